@@ -1,0 +1,102 @@
+"""``python -m dask_coro``: the demo of the README on an embedded LocalCluster."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections.abc import Sequence
+
+import dask_coro
+from dask_coro import coroutine
+
+
+@coroutine
+def fib(i):
+    if i < 2:
+        return i
+    a, b = yield [fib(i - 1), fib(i - 2)]
+    return a + b
+
+
+@coroutine
+async def afib(i):
+    if i < 2:
+        return i
+    a, b = await dask_coro.gather([afib(i - 1), afib(i - 2)])
+    return a + b
+
+
+@coroutine
+def generate_data():
+    return list(range(random.randint(0, 10)))  # a list of unknown length
+
+
+@coroutine
+def inc(x):
+    return x + 1
+
+
+@coroutine
+def my_len(L):
+    return len(L)
+
+
+@coroutine
+def process_all():
+    L = generate_data()  # a lazy call, nothing waits
+    n = yield my_len(L)
+    processed = [inc(L[i]) for i in range(n)]
+    total = yield sum(processed)
+    return total
+
+
+def _timed(label: str, fn) -> None:
+    start = time.perf_counter()
+    value = fn()
+    print(f"{label:<28} = {value!r:<8} {time.perf_counter() - start:7.2f} s", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m dask_coro",
+        description="Run the dask_coro demo (fib, async fib, process_all).",
+    )
+    parser.add_argument("--address", help="scheduler address of an existing cluster")
+    parser.add_argument("--workers", type=int, default=2, help="embedded cluster size")
+    parser.add_argument("--threads", type=int, default=1, help="threads per worker")
+    parser.add_argument("-n", type=int, default=15, help="fib(n) to compute")
+    args = parser.parse_args(argv)
+
+    from distributed import Client, LocalCluster
+
+    if args.address:
+        try:
+            client = Client(args.address, timeout="10s")
+        except OSError as e:
+            print(f"error: cannot reach a scheduler at {args.address}: {e}", file=sys.stderr)
+            return 2
+        cluster = None
+    else:
+        cluster = LocalCluster(
+            n_workers=args.workers,
+            threads_per_worker=args.threads,
+            processes=True,
+            dashboard_address=":0",
+        )
+        client = Client(cluster)
+    with client:
+        nthreads = sum(client.nthreads().values())
+        print(f"dask_coro {dask_coro.__version__} on {len(client.nthreads())} workers, "
+              f"{nthreads} threads; dashboard: {client.dashboard_link}")
+        _timed(f"fib({args.n})", lambda: fib(args.n).compute())
+        _timed(f"afib({args.n})", lambda: client.compute(afib(args.n)).result())
+        _timed("process_all()", lambda: process_all().compute())
+    if cluster is not None:
+        cluster.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The one conversion point: what may a coroutine yield or await?
+
+``is_lazy(obj)`` answers True for an object to compute (a ``Delayed`` or
+coroutine call, a ``distributed.Future``, any dask collection), False for a
+plain value returned as is, and raises ``BadYieldError`` for objects that are
+almost certainly a mistake. It is a ``functools.singledispatch`` function, so a
+new kind of yieldable registers itself (``is_lazy.register(MyType)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import types
+from collections.abc import Callable, Iterator
+from functools import singledispatch
+from typing import Any
+
+import dask
+from dask._task_spec import TaskRef
+
+from ._exceptions import BadYieldError
+from ._structure import Path, format_path
+
+ACCEPTED = (
+    "a coroutine may yield Delayed objects, coroutine calls, Futures, dask "
+    "collections, plain values, or lists/tuples/dicts of them"
+)
+
+
+class _Rejected(Exception):
+    """Internal: ``is_lazy`` refuses an object; carries a hint for the user."""
+
+    def __init__(self, hint: str = ""):
+        self.hint = hint
+
+
+@singledispatch
+def is_lazy(obj: Any) -> bool:
+    if dask.is_dask_collection(obj) or isinstance(obj, TaskRef):
+        return True  # Delayed, coroutine calls, arrays, bags, dataframes, Futures
+    if hasattr(obj, "__await__"):
+        raise _Rejected("an awaitable of another event loop cannot be waited for here")
+    if isinstance(obj, Iterator):
+        raise _Rejected("an iterator is consumed once; yield a list of its items instead")
+    return False
+
+
+@is_lazy.register(set)
+@is_lazy.register(frozenset)
+def _(obj: Any) -> bool:
+    raise _Rejected("a set has no order to give results back in; yield a list instead")
+
+
+@is_lazy.register(types.GeneratorType)
+@is_lazy.register(types.CoroutineType)
+@is_lazy.register(types.AsyncGeneratorType)
+def _(obj: Any) -> bool:
+    raise _Rejected(
+        "did you call a generator or async function without @dask_coro.coroutine?"
+    )
+
+
+@is_lazy.register(concurrent.futures.Future)
+@is_lazy.register(asyncio.Future)
+def _(obj: Any) -> bool:
+    raise _Rejected("only distributed.Future objects can be yielded")
+
+
+def classifier(name: str, index: int) -> Callable[[Any, Path], bool]:
+    """``is_lazy`` with an error message naming the coroutine, the yield and the
+    position of the offending object."""
+
+    def classify(obj: Any, path: Path) -> bool:
+        try:
+            return is_lazy(obj)
+        except _Rejected as e:
+            hint = f" ({e.hint})" if e.hint else ""
+            raise BadYieldError(
+                f"coroutine {name!r} yielded {_short_repr(obj)} at position "
+                f"{format_path(path)} of yield #{index}; {ACCEPTED}{hint}"
+            ) from None
+
+    return classify
+
+
+def _short_repr(obj: Any) -> str:
+    r = repr(obj)
+    return r if len(r) <= 200 else r[:197] + "..."

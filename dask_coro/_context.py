@@ -1,0 +1,64 @@
+"""Task context: which key is running here."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Hashable
+from contextvars import ContextVar
+
+from ._exceptions import NotInTaskError
+
+#: Set inside the context every coroutine step runs in (worker and local driver).
+running_key: ContextVar[Hashable] = ContextVar("dask_coro.running_key")
+
+
+def current_key() -> Hashable:
+    """The key of the task running this code.
+
+    Works in ``@coroutine`` bodies (generator and ``async def``, on a worker or
+    in the in-process driver), in ordinary tasks on a distributed worker's
+    thread pool, and in a plain ``async def`` task on a worker when it is the
+    only async task executing there.
+
+    Raises
+    ------
+    NotInTaskError
+        Outside of a task, or where the key cannot be told apart.
+    """
+    key = running_key.get(None)
+    if key is not None:
+        return key
+    dist = sys.modules.get("distributed")
+    if dist is not None:
+        from distributed.worker import get_worker, thread_state
+
+        key = getattr(thread_state, "key", None)  # set by distributed.worker._run_task
+        if key is not None:
+            return key
+        try:
+            worker = get_worker()
+        except ValueError:
+            pass
+        else:
+            # An async task runs on the event loop, where distributed sets no
+            # key (Worker.execute -> _run_task_async). If it is the only async
+            # task executing, it is us.
+            async_keys = [
+                k
+                for k in worker.active_keys
+                if (ts := worker.state.tasks.get(k)) is not None
+                and ts.run_spec is not None
+                and getattr(ts.run_spec, "is_coro", False)
+            ]
+            if len(async_keys) == 1:
+                return async_keys[0]
+            if async_keys:
+                raise NotInTaskError(
+                    f"current_key() cannot tell which of {len(async_keys)} async tasks "
+                    "executing on this worker is calling it; decorate the function "
+                    "with @dask_coro.coroutine, which always knows its key"
+                )
+    raise NotInTaskError(
+        "current_key() was called outside of a task; call it from a @coroutine "
+        "body or from a function running as a task on a distributed worker"
+    )

@@ -1,0 +1,135 @@
+"""Step a coroutine body: start, send, throw, close -> Step.
+
+Pure: no dask, no distributed, no threads, no event loop. The same driver runs a
+generator function (``x = yield lazy``), an ``async def`` function
+(``x = await dask_coro.gather(lazy)``) and a plain function (no yield at all).
+
+Generators and ``async def`` share one protocol: awaiting a dask_coro awaitable
+goes through ``Request.__await__``, which yields the ``Request`` itself, so the
+driver sees the same thing from ``yield x`` and ``await gather(x)``.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+from ._exceptions import BadYieldError
+
+
+class Request:
+    """What ``await dask_coro.gather(x)`` hands to the driver: compute ``x``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __await__(self) -> Generator[Request, Any, Any]:
+        return (yield self)
+
+    def __repr__(self) -> str:
+        return f"gather({self.value!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Yielded:
+    """The body is suspended and asks for ``value`` to be computed."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Returned:
+    """The body finished with ``value``."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Raised:
+    """The body finished by raising ``error``."""
+
+    error: BaseException
+
+
+Step = Yielded | Returned | Raised
+
+_BODY_TYPES = (types.GeneratorType, types.CoroutineType)
+
+
+class Driver:
+    """Drives one call of a coroutine function.
+
+    Every method runs user code and returns the next ``Step``; none raises what
+    the user code raised. After ``Returned`` or ``Raised`` the driver is done.
+    """
+
+    __slots__ = ("_body", "_is_async", "name", "done")
+
+    def __init__(self, name: str = "coroutine"):
+        self._body: Any = None
+        self._is_async = False
+        self.name = name
+        self.done = False
+
+    def start(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Step:
+        """Call ``func``; step into it if it made a generator or coroutine object."""
+        try:
+            result = func(*args, **kwargs)
+        except BaseException as e:  # noqa: B036 - a body may raise anything
+            return self._finish(Raised(e))
+        if not isinstance(result, _BODY_TYPES):
+            return self._finish(Returned(result))
+        self._body = result
+        self._is_async = isinstance(result, types.CoroutineType)
+        return self._advance(result.send, None)
+
+    def send(self, value: Any) -> Step:
+        """Resume the body at its current yield with ``value``."""
+        return self._advance(self._body.send, value)
+
+    def throw(self, error: BaseException) -> Step:
+        """Raise ``error`` inside the body at its current yield."""
+        return self._advance(self._body.throw, error)
+
+    def close(self) -> Raised | None:
+        """Close a suspended body (``GeneratorExit`` at the yield, finally blocks
+        run). Returns ``Raised`` if the body raised anything while closing."""
+        if self.done or self._body is None:
+            return None
+        self.done = True
+        try:
+            self._body.close()
+        except BaseException as e:  # noqa: B036
+            return Raised(e)
+        return None
+
+    def _advance(self, method: Callable[[Any], Any], arg: Any) -> Step:
+        while True:
+            try:
+                out = method(arg)
+            except StopIteration as stop:
+                return self._finish(Returned(stop.value))
+            except BaseException as e:  # noqa: B036
+                return self._finish(Raised(e))
+            if type(out) is Request:
+                return Yielded(out.value)
+            if not self._is_async:
+                return Yielded(out)
+            # An async body awaited something foreign (an asyncio future, a
+            # tornado future, ...): raise at that await, as the body would see.
+            method = self._body.throw
+            arg = BadYieldError(
+                f"coroutine {self.name!r} awaited {out!r}, which only an asyncio "
+                "event loop can wait for; a dask_coro coroutine may await "
+                "dask_coro.gather(...) or a coroutine call. Run asyncio code in a "
+                "separate task."
+            )
+
+    def _finish(self, step: Step) -> Step:
+        self.done = True
+        self._body = None
+        return step

@@ -1,0 +1,213 @@
+"""Turn the lazy leaves of one yield into one graph to submit.
+
+No distributed import: the same plan feeds the in-process driver and the worker
+runner. For each leaf the plan names the key that will hold its value.
+
+Keys. Every task a yield adds is renamed to a key derived from the parent's key,
+the yield's index and the leaf's position in the yielded structure (and, for
+tasks the leaf depends on, their depth-first position below it), so a parent
+that re-runs after a failure submits the same keys again. The prefix (``fib``
+in ``fib-1f0c...``) is kept, so the dashboard groups tasks as before.
+
+Compute once. ``known`` maps original keys computed by earlier yields of the
+same coroutine to the keys now holding their results; such tasks are referred
+to, never submitted again. ``Delayed`` graphs share their layers between every
+object built on them, so a layer that is still alive means the coroutine may
+still use its keys: ``layers`` lists them for the caller's liveness tracking.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dask._task_spec import (
+    Alias,
+    DataNode,
+    GraphNode,
+    Task,
+    TaskRef,
+    convert_legacy_task,
+)
+from dask.delayed import Delayed
+from dask.utils import key_split
+
+Key = Hashable
+
+
+@dataclass(slots=True)
+class Plan:
+    """What one yield submits.
+
+    graph
+        New tasks, already renamed, in dependency-safe order.
+    outputs
+        Per leaf, the key holding its value.
+    keep
+        Renamed keys whose results may be reused by later yields (Delayed nodes):
+        the caller holds them until their layer dies.
+    layers
+        ``(layer, {original_key: renamed_key})`` for the kept keys.
+    """
+
+    graph: dict[Key, GraphNode] = field(default_factory=dict)
+    outputs: list[Key] = field(default_factory=list)
+    keep: list[Key] = field(default_factory=list)
+    layers: list[tuple[Any, dict[Key, Key]]] = field(default_factory=list)
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def derive_key(prefix: str, *parts: Any) -> str:
+    """A short deterministic key ``prefix-<hex>`` from ``parts`` (reprs of
+    strings, numbers and tuples of them are stable across processes)."""
+    h = hashlib.blake2b(repr(parts).encode(), digest_size=16).hexdigest()
+    return f"{prefix}-{h}"
+
+
+def plan_yield(
+    leaves: Sequence[Any],
+    paths: Sequence[tuple],
+    known: Mapping[Key, Key],
+    parent: Key,
+    index: int,
+) -> Plan:
+    """Plan the submission of ``leaves`` (yielded at ``paths``) for yield number
+    ``index`` of the coroutine running as ``parent``."""
+    plan = Plan()
+    rename: dict[Key, Key] = dict(known)
+    for leaf, path in zip(leaves, paths):
+        if isinstance(leaf, TaskRef):
+            # A Future, already on the cluster. Its value comes back through a
+            # task of ours that depends on it: the scheduler then tells our
+            # client when it is ready (a Future made by another client, or by
+            # key, is not followed by ours), and a key the scheduler does not
+            # know fails that task instead of hanging.
+            k = derive_key(key_split(leaf.key), parent, index, path)
+            rename.setdefault(leaf.key, leaf.key)
+            plan.graph[k] = Task(k, _identity, TaskRef(leaf.key))
+            plan.outputs.append(k)
+            continue
+        if isinstance(leaf, Delayed):
+            hlg = leaf.__dask_graph__()
+            out, nodes, layer_of = leaf.key, _index_layers(hlg), True
+        else:
+            out, nodes = _collection_graph(leaf)
+            layer_of = False
+        added = _rename_below(out, nodes, rename, plan.graph, parent, index, path)
+        plan.outputs.append(rename[out])
+        if layer_of:
+            plan.keep.extend(rename[k] for k in added)
+            by_layer: dict[int, tuple[Any, dict[Key, Key]]] = {}
+            for k in added:
+                layer = nodes[k][1]
+                by_layer.setdefault(id(layer), (layer, {}))[1][k] = rename[k]
+            plan.layers.extend(by_layer.values())
+    return plan
+
+
+def _index_layers(hlg: Any) -> dict[Key, tuple[Any, Any]]:
+    """key -> (task, layer object) for every task of a HighLevelGraph."""
+    out: dict[Key, tuple[Any, Any]] = {}
+    for layer in hlg.layers.values():
+        for k, v in layer.items():
+            out[k] = (v, layer)
+    return out
+
+
+def _collection_graph(coll: Any) -> tuple[Key, dict[Key, tuple[Any, Any]]]:
+    """The optimized, finalized graph of any dask collection, as
+    ``Client.compute`` builds it (``distributed.Client.compute``)."""
+    from dask._expr import FinalizeCompute
+    from dask.base import collections_to_expr
+    from dask.core import flatten
+
+    expr = FinalizeCompute(collections_to_expr([coll], optimize_graph=True)).optimize()
+    (out,) = flatten(expr.__dask_keys__())
+    dsk = expr.__dask_graph__()
+    return out, {k: (v, None) for k, v in dict(dsk).items()}
+
+
+def _rename_below(
+    out: Key,
+    nodes: Mapping[Key, tuple[Any, Any]],
+    rename: dict[Key, Key],
+    graph: dict[Key, GraphNode],
+    parent: Key,
+    index: int,
+    path: tuple,
+) -> list[Key]:
+    """Rename ``out`` and every task below it that is not renamed yet; add the
+    renamed tasks to ``graph``. Returns the original keys added."""
+    added: list[Key] = []
+    tasks: list[GraphNode] = []
+    stack = [out]
+    while stack:
+        k = stack.pop()
+        if k in rename:
+            continue
+        entry = nodes.get(k)
+        if entry is None:
+            # Not in this graph: the key of a Future the graph depends on. It
+            # exists on the cluster already; keep its name.
+            rename[k] = k
+            continue
+        prefix = key_split(k)
+        n = len(added)
+        rename[k] = derive_key(prefix, parent, index, path) if n == 0 else derive_key(
+            prefix, parent, index, path, n
+        )
+        task = entry[0]
+        if not isinstance(task, GraphNode):  # a legacy tuple task
+            task = convert_legacy_task(k, task, nodes.keys())
+        added.append(k)
+        tasks.append(task)
+        stack.extend(reversed(_ordered_deps(task)))
+    # Dependencies first, so that the graph reads bottom-up.
+    for task in reversed(tasks):
+        graph[rename[task.key]] = _renamed(task, rename)
+    return added
+
+
+def _renamed(task: GraphNode, rename: Mapping[Key, Key]) -> GraphNode:
+    new_key = rename[task.key]
+    subs = {d: rename[d] for d in task.dependencies if rename.get(d, d) != d}
+    node = task.substitute(subs, key=new_key)
+    rekey = getattr(task, "func", None)
+    if isinstance(node, Task) and hasattr(rekey, "with_key"):
+        # A coroutine call carries its own key (an async task cannot learn it
+        # from distributed); keep it in step with the rename.
+        node = Task(new_key, rekey.with_key(new_key), *node.args, **node.kwargs)
+    return node
+
+
+def _ordered_deps(task: GraphNode) -> list[Key]:
+    """The task's dependencies in argument order (a frozenset has none, and
+    string hashing differs between processes), the rest sorted by name."""
+    deps = task.dependencies
+    if len(deps) <= 1:
+        return list(deps)
+    found: dict[Key, None] = {}
+    _walk_refs(task, found, deps)
+    rest = sorted((d for d in deps if d not in found), key=str)
+    return [*found, *rest]
+
+
+def _walk_refs(obj: Any, found: dict[Key, None], deps: Iterable[Key]) -> None:
+    if isinstance(obj, TaskRef):
+        if obj.key in deps:
+            found.setdefault(obj.key, None)
+    elif isinstance(obj, Task):
+        for a in obj.args:
+            _walk_refs(a, found, deps)
+        for a in obj.kwargs.values():
+            _walk_refs(a, found, deps)
+    elif isinstance(obj, Alias):
+        found.setdefault(obj.target, None) if obj.target in deps else None
+    elif isinstance(obj, (list, tuple)) and not isinstance(obj, DataNode):
+        for a in obj:
+            _walk_refs(a, found, deps)

@@ -1,0 +1,319 @@
+"""The runner on real clusters: gen_cluster, LocalCluster with processes, and
+`dask scheduler` / `dask worker` processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import dask
+import pytest
+from distributed import Client, LocalCluster, SchedulerPlugin
+from distributed.utils_test import async_poll_for, gen_cluster
+from workloads import afib, fib, inc, process_all, process_all_checked, sequential_fib
+
+import dask_coro
+from dask_coro import coroutine, current_key
+from dask_coro._plan import derive_key
+
+
+class Recorder(SchedulerPlugin):
+    """Records every update-graph and every transition on the scheduler."""
+
+    def __init__(self) -> None:
+        self.graphs: list[set] = []
+        self.transitions: list[tuple] = []
+        self.max_tasks = 0
+        self.scheduler = None
+
+    async def start(self, scheduler):
+        self.scheduler = scheduler
+
+    def update_graph(self, scheduler, *, keys, **kwargs):
+        self.graphs.append(set(keys))
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        self.transitions.append((key, start, finish))
+        if self.scheduler is not None:
+            self.max_tasks = max(self.max_tasks, len(self.scheduler.tasks))
+
+    def ran(self, prefix: str) -> list:
+        """Keys with this prefix that finished computing (went to memory)."""
+        return [
+            k
+            for k, start, finish in self.transitions
+            if finish == "memory" and str(k).startswith(prefix + "-")
+        ]
+
+
+async def recorder(s) -> Recorder:
+    r = Recorder()
+    s.add_plugin(r)
+    await r.start(s)
+    return r
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_recursion_deeper_than_threads_on_one_thread(c, s, a):
+    # 1,973 coroutine tasks nested 15 deep on one worker with one thread.
+    assert await c.compute(fib(15)) == 610
+    assert await c.compute(afib(12)) == 144
+
+
+@gen_cluster(client=True, nthreads=[("", 1), ("", 1)])
+async def test_process_all_reuses_the_list(c, s, a, b):
+    r = await recorder(s)
+    for _ in range(5):
+        total, data = await c.compute(process_all_checked())
+        assert total == sum(x + 1 for x in data)
+    # generate_data is random: one run per process_all, never recomputed.
+    assert len(r.ran("generate_data")) == 5
+    assert isinstance(await c.compute(process_all()), int)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_one_message_per_yield(c, s, a):
+    @coroutine
+    def fan(n, rounds):
+        total = 0
+        for _ in range(rounds):
+            total += sum((yield [inc(i) for i in range(n)]))
+        return total
+
+    r = await recorder(s)
+    assert await c.compute(fan(50, 3)) == 3 * sum(range(1, 51))
+    # One update-graph from the client, then one per yield with all 50 children.
+    assert len(r.graphs) == 4
+    assert [len(g) for g in r.graphs[1:]] == [50, 50, 50]
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_children_keys_are_derived_and_prioritised(c, s, a):
+    r = await recorder(s)
+
+    @coroutine
+    def parent():
+        values = yield [inc(1), {"x": inc(2)}]
+        return values
+
+    root = parent(dask_key_name="root")
+    assert await c.compute(root) == [2, {"x": 3}]
+    expected = {derive_key("inc", "root", 0, (0,)), derive_key("inc", "root", 0, (1, "x"))}
+    assert r.graphs[1] == expected
+
+    # Children rank ahead of unrelated work, as worker_client children do:
+    # Scheduler._set_priorities gives a graph with a submitting task an earlier
+    # generation than any graph a client submits.
+    seen = {}
+
+    class Prio(SchedulerPlugin):
+        def transition(self, key, start, finish, *args, **kwargs):
+            ts = s.tasks.get(key)
+            if ts is not None and ts.priority is not None:
+                seen[key] = ts.priority
+
+    s.add_plugin(Prio())
+    assert await c.compute(parent(dask_key_name="root2")) == [2, {"x": 3}]
+    child = derive_key("inc", "root2", 0, (0,))
+    unrelated = c.submit(inc.__wrapped__, 1, key="unrelated")
+    await unrelated
+    assert seen[child][1] < seen["root2"][1] <= seen["unrelated"][1]
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_results_released_after_resume(c, s, a):
+    @coroutine
+    def loop(n):
+        total = 0
+        for i in range(n):
+            total += yield inc(i)
+        return total
+
+    r = await recorder(s)
+    assert await c.compute(loop(1000)) == sum(range(1, 1001))
+    # Root plus at most a couple of children alive at any time, not 1,000.
+    assert r.max_tasks <= 5, r.max_tasks
+    # Released asynchronously after the run: the worker drops them soon after.
+    await async_poll_for(
+        lambda: not any(str(k).startswith("inc-") for k in a.data), timeout=10
+    )
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_yield_everything_a_user_may(c, s, a):
+    da = pytest.importorskip("dask.array")
+    db = pytest.importorskip("dask.bag")
+    future = c.submit(lambda: 40, key="forty")
+
+    @coroutine
+    def many(fut):
+        out = yield {
+            "array": da.ones(10, chunks=5).sum(),
+            "bag": db.from_sequence([1, 2, 3], npartitions=2).map(lambda v: v * 2),
+            "future": fut,
+            "delayed": dask.delayed(sum)([1, 2]),
+            "plain": ("a", 1, None),
+            "nested": [inc(1), (inc(2), {"deep": inc(3)})],
+        }
+        return out
+
+    out = await c.compute(many(future))
+    assert out == {
+        "array": 10.0,
+        "bag": [2, 4, 6],
+        "future": 40,
+        "delayed": 3,
+        "plain": ("a", 1, None),
+        "nested": [2, (3, {"deep": 4})],
+    }
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_lazy_object_interfaces_on_cluster(c, s, a):
+    @coroutine
+    def pair(x):
+        return (x, x + 1)
+
+    p = pair(1)
+    assert await c.compute(p[1] * 10) == 20
+    assert await c.compute(dask.delayed(sum)(p)) == 3
+    (fut,) = c.persist([p])
+    assert await c.compute(fut) == (1, 2)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_current_key_everywhere(c, s, a):
+    @coroutine
+    def gen_key():
+        child = yield async_key()
+        return current_key(), child
+
+    @coroutine
+    async def async_key():
+        return current_key()
+
+    def plain():
+        return current_key()
+
+    root = gen_key(dask_key_name="the-root")
+    me, child = await c.compute(root)
+    assert me == "the-root"
+    assert child == derive_key("async_key", "the-root", 0, ())
+    assert await c.submit(plain, key="plain-key") == "plain-key"
+
+    async def plain_async():
+        return current_key()
+
+    assert await c.submit(plain_async, key="async-key") == "async-key"
+
+
+def _worker_threads(dask_worker):
+    return threading.active_count(), dask_worker.state.nthreads, sum(
+        ts.state == "long-running" for ts in dask_worker.state.tasks.values()
+    )
+
+
+@coroutine
+def waiter(gate_key):
+    from distributed import Future, get_client
+
+    # The gate travels by key: a Future passed as an argument would be a
+    # dependency, and the coroutines would not start before it is done.
+    value = yield Future(gate_key, get_client())
+    return value
+
+
+@coroutine
+def hold(n, gate_key):
+    values = yield [waiter(gate_key) for _ in range(n)]
+    return sum(values)
+
+
+def test_2000_suspended_coroutines_hold_no_threads(tmp_path):
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster, Client(cluster) as client:
+        (worker,) = client.scheduler_info()["workers"]
+        # The gate needs a resource no worker has: it stays pending while 2,000
+        # coroutines wait on it, and runs once a worker that has it joins.
+        gate = client.submit(lambda: 1, resources={"GATE": 1}, pure=False)
+        root = client.compute(hold(2000, gate.key))
+        peak = 0
+        deadline = time.monotonic() + 90
+        while True:
+            ((threads, nthreads, waiting),) = client.run(
+                _worker_threads, workers=[worker]
+            ).values()
+            peak = max(peak, threads)
+            if waiting >= 2001:
+                break
+            assert time.monotonic() < deadline, f"only {waiting} coroutines waiting"
+            time.sleep(0.2)
+        assert not root.done()
+        assert peak <= nthreads + 10, (peak, nthreads)
+        gate_worker = _start_worker(cluster.scheduler_address, tmp_path, "--resources", "GATE=1")
+        try:
+            assert root.result(timeout=90) == 2000
+        finally:
+            gate_worker.terminate()
+            gate_worker.wait(timeout=30)
+
+
+def test_local_cluster_with_processes():
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster, Client(cluster):
+        assert fib(12).compute() == sequential_fib(12)
+        total, data = process_all_checked().compute()
+        assert total == sum(x + 1 for x in data)
+        (n,) = dask.compute(afib(10))
+        assert n == 55
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _dask(*args: str, log) -> subprocess.Popen:
+    bindir = os.path.dirname(sys.executable)
+    return subprocess.Popen(
+        [os.path.join(bindir, "dask"), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "w"),
+    )
+
+
+def _start_worker(address: str, tmp_path, *extra: str) -> subprocess.Popen:
+    n = len(list(tmp_path.glob("w*.log")))
+    return _dask(
+        "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
+        "--dashboard-address", ":0", "--local-directory", str(tmp_path / f"w{n}"),
+        *extra, log=tmp_path / f"w{n}.log",
+    )
+
+
+def test_dask_scheduler_and_worker_processes(tmp_path):
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    procs = [
+        _dask("scheduler", "--host", "127.0.0.1", "--port", str(port),
+              "--dashboard-address", ":0", log=tmp_path / "s.log")
+    ]
+    try:
+        procs += [_start_worker(address, tmp_path) for _ in range(2)]
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(2, timeout=60)
+            assert client.compute(fib(12)).result(timeout=60) == 144
+            assert len(client.scheduler_info(n_workers=-1)["workers"]) == 2
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)

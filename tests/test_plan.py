@@ -1,0 +1,311 @@
+"""plan_yield: deterministic renaming, compute-once via ``known``, collections."""
+
+from __future__ import annotations
+
+import json
+import operator
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import dask
+import dask.array as da
+from dask._task_spec import DataNode, Task, TaskRef
+from dask.delayed import Delayed
+from dask.highlevelgraph import HighLevelGraph
+from dask.local import get_sync
+from dask.utils import key_split
+
+from dask_coro import coroutine
+from dask_coro._api import CoroutineTask
+from dask_coro._plan import derive_key, plan_yield
+
+KEY_RE = re.compile(r"^[A-Za-z_][\w-]*-[0-9a-f]{32}$")
+
+
+@coroutine
+def fib(i):
+    return i
+
+
+@coroutine
+def gen():
+    return [10, 20, 30]
+
+
+@coroutine
+def my_len(L):
+    return len(L)
+
+
+@coroutine
+def add3(a, b, c):
+    return a + b + c
+
+
+def known_from(plan):
+    out = {}
+    for _layer, mapping in plan.layers:
+        out.update(mapping)
+    return out
+
+
+def test_derive_key():
+    k = derive_key("fib", "parent-1", 0, (1,))
+    assert KEY_RE.match(k)
+    assert k.startswith("fib-")
+    assert k == derive_key("fib", "parent-1", 0, (1,))
+    assert k != derive_key("fib", "parent-1", 1, (1,))
+    assert k != derive_key("fib", "parent-2", 0, (1,))
+    assert k != derive_key("fib", "parent-1", 0, (0,))
+    assert k != derive_key("fib", "parent-1", 0, (1,), 1)
+    # Only the prefix differs between prefixes.
+    assert derive_key("g", "parent-1", 0, (1,)).split("-", 1)[1] == k.split("-", 1)[1]
+
+
+def test_leaf_keys_deterministic_and_prefix_kept():
+    x = fib(3)
+    p1 = plan_yield([x], [(0,)], {}, "parent-1", 0)
+    (out,) = p1.outputs
+    assert out != x.key
+    assert out.startswith("fib-")
+    assert key_split(out) == "fib"
+    assert KEY_RE.match(out)
+    assert out == derive_key("fib", "parent-1", 0, (0,))
+    # The same parent / index / path gives the same key, also for a new call
+    # (with a different, random original key).
+    y = fib(3)
+    assert y.key != x.key
+    p2 = plan_yield([y], [(0,)], {}, "parent-1", 0)
+    assert p2.outputs == [out]
+    assert list(p2.graph) == list(p1.graph)
+
+
+def test_different_index_path_or_parent_gives_different_keys():
+    x = fib(3)
+    base = plan_yield([x], [(0,)], {}, "parent-1", 0).outputs[0]
+    assert plan_yield([x], [(0,)], {}, "parent-1", 1).outputs[0] != base
+    assert plan_yield([x], [(1,)], {}, "parent-1", 0).outputs[0] != base
+    assert plan_yield([x], [(0,)], {}, "parent-2", 0).outputs[0] != base
+
+
+def test_several_leaves_each_get_their_key():
+    a, b = fib(1), fib(2)
+    p = plan_yield([a, b], [(0,), (1,)], {}, "par", 0)
+    assert p.outputs == [
+        derive_key("fib", "par", 0, (0,)),
+        derive_key("fib", "par", 0, (1,)),
+    ]
+    assert set(p.graph) == set(p.outputs)
+    assert get_sync(dict(p.graph), p.outputs) == (1, 2)
+
+
+def test_same_leaf_twice_in_one_yield_is_planned_once():
+    a = fib(5)
+    p = plan_yield([a, a], [(0,), (1,)], {}, "par", 0)
+    assert p.outputs[0] == p.outputs[1]
+    assert len(p.graph) == 1
+
+
+def test_shared_dependency_planned_once():
+    L = gen()
+    x, y = my_len(L), L[0]
+    p = plan_yield([x, y], [(0,), (1,)], {}, "par", 0)
+    # gen, my_len, getitem
+    assert sorted(key_split(k) for k in p.graph) == ["gen", "getitem", "my_len"]
+    assert get_sync(dict(p.graph), p.outputs) == (3, 10)
+
+
+def test_coroutine_task_carries_renamed_key():
+    L = gen()
+    n = my_len(L)
+    p = plan_yield([n], [()], {}, "par", 0)
+    assert len(p.graph) == 2
+    for new_key, task in p.graph.items():
+        assert isinstance(task, Task)
+        assert task.key == new_key
+        assert isinstance(task.func, CoroutineTask)
+        assert task.func.key == new_key
+    # The original call is untouched.
+    orig = n.__dask_graph__()[n.key]
+    assert orig.func.key == n.key
+
+
+def test_dependencies_first_and_references_renamed():
+    L = gen()
+    n = my_len(L)
+    p = plan_yield([n], [()], {}, "par", 0)
+    gen_key, len_key = list(p.graph)  # bottom-up order
+    assert key_split(gen_key) == "gen"
+    assert key_split(len_key) == "my_len"
+    assert p.outputs == [len_key]
+    assert p.graph[len_key].dependencies == frozenset({gen_key})
+    assert L.key not in p.graph
+    assert gen_key == derive_key("gen", "par", 0, (), 1)
+    assert len_key == derive_key("my_len", "par", 0, ())
+
+
+def test_keep_and_layers_for_delayed():
+    L = gen()
+    n = my_len(L)
+    p = plan_yield([n], [()], {}, "par", 0)
+    assert sorted(p.keep) == sorted(p.graph)
+    assert known_from(p) == {
+        n.key: p.outputs[0],
+        L.key: next(k for k in p.graph if k.startswith("gen-")),
+    }
+    layers_of_n = set(map(id, n.__dask_graph__().layers.values()))
+    assert {id(layer) for layer, _ in p.layers} <= layers_of_n
+
+
+def test_known_keys_are_not_resubmitted():
+    L = gen()
+    n = my_len(L)
+    p1 = plan_yield([n], [()], {}, "par", 0)
+    known = known_from(p1)
+    renamed_L = known[L.key]
+
+    item = L[1]
+    p2 = plan_yield([item], [(0,)], known, "par", 1)
+    assert renamed_L not in p2.graph
+    assert L.key not in p2.graph
+    assert len(p2.graph) == 1
+    (getitem_key,) = p2.graph
+    assert key_split(getitem_key) == "getitem"
+    assert p2.graph[getitem_key].dependencies == frozenset({renamed_L})
+    assert p2.outputs == [getitem_key]
+    # Only the new task is kept by this plan.
+    assert p2.keep == [getitem_key]
+    assert known_from(p2) == {item.key: getitem_key}
+    # Computing it needs the earlier result.
+    first = get_sync(dict(p1.graph), [renamed_L])
+    graph = dict(p2.graph)
+    graph[renamed_L] = Task(renamed_L, lambda: first[0])
+    assert get_sync(graph, p2.outputs) == (20,)
+
+
+def test_known_leaf_itself_is_referenced_not_resubmitted():
+    L = gen()
+    p1 = plan_yield([my_len(L)], [()], {}, "par", 0)
+    known = known_from(p1)
+    p2 = plan_yield([L], [()], known, "par", 1)
+    assert p2.graph == {}
+    assert p2.outputs == [known[L.key]]
+    assert p2.keep == []
+    assert p2.layers == []
+
+
+def test_known_is_not_mutated():
+    L = gen()
+    p1 = plan_yield([my_len(L)], [()], {}, "par", 0)
+    known = known_from(p1)
+    before = dict(known)
+    plan_yield([L[0]], [()], known, "par", 1)
+    assert known == before
+
+
+def test_dask_array_leaf():
+    x = da.ones(10, chunks=5).sum()
+    p = plan_yield([x], [()], {}, "par", 0)
+    assert len(p.outputs) == 1
+    (out,) = p.outputs
+    assert out in p.graph
+    assert all(KEY_RE.match(k) for k in p.graph)
+    # Collections are not kept for later yields.
+    assert p.keep == []
+    assert p.layers == []
+    (value,) = get_sync(dict(p.graph), p.outputs)
+    assert value == 10.0
+    # Deterministic: same again, different index -> different keys.
+    again = plan_yield([da.ones(10, chunks=5).sum()], [()], {}, "par", 0)
+    assert sorted(again.graph) == sorted(p.graph)
+    other = plan_yield([x], [()], {}, "par", 1)
+    assert not set(other.graph) & set(p.graph)
+
+
+def test_dask_array_non_scalar_leaf():
+    x = da.arange(6, chunks=2) * 2
+    p = plan_yield([x], [()], {}, "par", 0)
+    (value,) = get_sync(dict(p.graph), p.outputs)
+    assert value.tolist() == [0, 2, 4, 6, 8, 10]
+
+
+def test_delayed_leaf_depending_on_collection():
+    arr = da.ones(4, chunks=2)
+    d = dask.delayed(lambda a: int(a.sum()))(arr)
+    p = plan_yield([d], [()], {}, "par", 0)
+    assert all(isinstance(k, str) and KEY_RE.match(k) for k in p.graph)
+    assert get_sync(dict(p.graph), p.outputs) == (4,)
+
+
+def test_future_like_task_ref_leaf():
+    # A Future (a TaskRef) is not resubmitted: one task of ours, keyed like
+    # any other leaf, depends on it and hands its value back.
+    fkey = "inc-0123456789abcdef0123456789abcdef"
+    ref = TaskRef(fkey)
+    p = plan_yield([ref], [(2,)], {}, "par", 0)
+    (out,) = p.outputs
+    assert out == derive_key("inc", "par", 0, (2,))
+    assert list(p.graph) == [out]
+    assert fkey not in p.graph
+    assert p.graph[out].dependencies == frozenset({fkey})
+    assert p.keep == []
+    assert p.layers == []
+    graph = dict(p.graph)
+    graph[fkey] = DataNode(fkey, 123)
+    assert get_sync(graph, p.outputs) == (123,)
+
+
+def test_legacy_tuple_tasks_are_converted():
+    hlg = HighLevelGraph.from_collections(
+        "b-1", {"a-1": (operator.add, 1, 2), "b-1": (operator.mul, "a-1", 10)}
+    )
+    d = Delayed("b-1", hlg)
+    p = plan_yield([d], [()], {}, "par", 0)
+    assert sorted(key_split(k) for k in p.graph) == ["a", "b"]
+    assert get_sync(dict(p.graph), p.outputs) == (30,)
+
+
+def test_mixed_leaves():
+    x = fib(4)
+    arr = da.ones(4, chunks=2).sum()
+    p = plan_yield([x, arr], [(0,), (1, "k")], {}, "par", 2)
+    assert p.outputs[0] == derive_key("fib", "par", 2, (0,))
+    assert p.keep == [p.outputs[0]]
+    assert get_sync(dict(p.graph), p.outputs) == (4, 4.0)
+
+
+def test_keys_independent_of_hash_seed():
+    code = textwrap.dedent(
+        """
+        import json
+        from dask_coro import coroutine
+        from dask_coro._plan import plan_yield
+
+        @coroutine
+        def a(): return 1
+        @coroutine
+        def b(): return 2
+        @coroutine
+        def c(): return 3
+        @coroutine
+        def add3(x, y, z): return x + y + z
+
+        leaf = add3(a(), b(), c())
+        p = plan_yield([leaf], [("k", 0)], {}, "parent-xyz", 4)
+        print(json.dumps(list(p.graph)))
+        """
+    )
+    outs = []
+    for seed in ("0", "1", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        r = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stderr
+        outs.append(json.loads(r.stdout))
+    assert outs[0] == outs[1] == outs[2]
+    assert [key_split(k) for k in outs[0]][-1] == "add3"
+    assert len(outs[0]) == 4
