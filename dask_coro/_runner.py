@@ -67,6 +67,7 @@ class _KeyWatcher(WorkerPlugin):
 
     def __init__(self) -> None:
         self.runs: dict[Hashable, _Run] = {}
+        self.client: Client | None = None
 
     def transition(self, key: Hashable, start: str, finish: str, **kwargs: Any) -> None:
         run = self.runs.get(key)
@@ -126,9 +127,14 @@ class _Run:
         self.seceded = True
 
     async def _client(self) -> Client:
-        client = get_client()
-        if client.status != "running":
-            await client  # the worker's client is created lazily, unstarted
+        # One lookup per worker: get_client() also logs a "worker-get-client"
+        # event, which is a message to the scheduler on every call.
+        client = self.watcher.client
+        if client is None or client.status != "running":
+            client = get_client()
+            if client.status != "running":
+                await client  # the worker's client is created lazily, unstarted
+            self.watcher.client = client
         return client
 
     def _release(self, keys: list[Hashable]) -> None:
@@ -147,7 +153,7 @@ class _Run:
                 f"(state {getattr(ts, 'state', None)!r}); was its key renamed by a "
                 "graph optimization? Compute coroutine calls without low-level fusion."
             )
-        watcher = _watcher(self.worker)
+        watcher = self.watcher = _watcher(self.worker)
         watcher.runs[self.key] = self
         driver = Driver(self.name)
         step: Step | None = None
