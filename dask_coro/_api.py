@@ -92,7 +92,7 @@ def _on_worker_event_loop() -> bool:
         asyncio.get_running_loop()
     except RuntimeError:
         return False
-    if "distributed" not in sys.modules:
+    if sys.modules.get("distributed") is None:  # not imported, or blocked
         return False
     from distributed.worker import get_worker
 

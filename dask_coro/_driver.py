@@ -93,7 +93,17 @@ class Driver:
 
     def throw(self, error: BaseException) -> Step:
         """Raise ``error`` inside the body at its current yield."""
-        return self._advance(self._body.throw, error)
+        step = self._advance(self._body.throw, error)
+        if (
+            type(step) is Raised
+            and isinstance(error, StopIteration)
+            and type(step.error) is RuntimeError
+            and step.error.__cause__ is error
+        ):
+            # PEP 479 turned the StopIteration we threw, which the body did not
+            # catch, into RuntimeError; report the error itself.
+            return Raised(error)
+        return step
 
     def close(self) -> Raised | None:
         """Close a suspended body (``GeneratorExit`` at the yield, finally blocks

@@ -80,7 +80,13 @@ def plan_yield(
     ``index`` of the coroutine running as ``parent``."""
     plan = Plan()
     rename: dict[Key, Key] = dict(known)
-    for leaf, path in zip(leaves, paths):
+    seen: set[str] = set()
+    for i, (leaf, path) in enumerate(zip(leaves, paths)):
+        # Keys are derived from repr(path); dict keys that print alike (two
+        # objects with one repr, two NaNs) would give two leaves one key.
+        while repr(path) in seen:
+            path = (*path, ("#", i))
+        seen.add(repr(path))
         if isinstance(leaf, TaskRef):
             # A Future, already on the cluster. Its value comes back through a
             # task of ours that depends on it: the scheduler then tells our
@@ -96,7 +102,7 @@ def plan_yield(
             hlg = leaf.__dask_graph__()
             out, nodes, layer_of = leaf.key, _index_layers(hlg), True
         else:
-            out, nodes = _collection_graph(leaf)
+            out, nodes = _collection_graph(leaf, rename)
             layer_of = False
         added = _rename_below(out, nodes, rename, plan.graph, parent, index, path)
         plan.outputs.append(rename[out])
@@ -119,14 +125,22 @@ def _index_layers(hlg: Any) -> dict[Key, tuple[Any, Any]]:
     return out
 
 
-def _collection_graph(coll: Any) -> tuple[Key, dict[Key, tuple[Any, Any]]]:
+def _collection_graph(
+    coll: Any, known: Mapping[Key, Key] = {}
+) -> tuple[Key, dict[Key, tuple[Any, Any]]]:
     """The optimized, finalized graph of any dask collection, as
-    ``Client.compute`` builds it (``distributed.Client.compute``)."""
+    ``Client.compute`` builds it (``distributed.Client.compute``).
+
+    Graph optimization fuses tasks into new keys; a collection built on a
+    result an earlier yield computed (``da.from_delayed(L, ...)``) would then
+    compute it again. Such a collection is not optimized, so ``known`` keys
+    stay in its graph and are referred to."""
     from dask._expr import FinalizeCompute
     from dask.base import collections_to_expr
     from dask.core import flatten
 
-    expr = FinalizeCompute(collections_to_expr([coll], optimize_graph=True)).optimize()
+    optimize = not known or known.keys().isdisjoint(coll.__dask_graph__().keys())
+    expr = FinalizeCompute(collections_to_expr([coll], optimize_graph=optimize)).optimize()
     (out,) = flatten(expr.__dask_keys__())
     dsk = expr.__dask_graph__()
     return out, {k: (v, None) for k, v in dict(dsk).items()}
@@ -165,16 +179,19 @@ def _rename_below(
         if not isinstance(task, GraphNode):  # a legacy tuple task
             task = convert_legacy_task(k, task, nodes.keys())
         added.append(k)
-        tasks.append(task)
+        tasks.append((k, task))
         stack.extend(reversed(_ordered_deps(task)))
-    # Dependencies first, so that the graph reads bottom-up.
-    for task in reversed(tasks):
-        graph[rename[task.key]] = _renamed(task, rename)
+    # Dependencies first, so that the graph reads bottom-up. A node's own
+    # ``.key`` may differ from the key the graph holds it under (dask-expr's
+    # from_delayed stores Alias nodes keyed by their target): the graph's key
+    # is the one dependents refer to.
+    for k, task in reversed(tasks):
+        graph[rename[k]] = _renamed(k, task, rename)
     return added
 
 
-def _renamed(task: GraphNode, rename: Mapping[Key, Key]) -> GraphNode:
-    new_key = rename[task.key]
+def _renamed(k: Key, task: GraphNode, rename: Mapping[Key, Key]) -> GraphNode:
+    new_key = rename[k]
     subs = {d: rename[d] for d in task.dependencies if rename.get(d, d) != d}
     node = task.substitute(subs, key=new_key)
     rekey = getattr(task, "func", None)

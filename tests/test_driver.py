@@ -258,15 +258,45 @@ def test_stop_iteration_raised_in_generator_becomes_runtime_error():
     assert type(step.error.__cause__) is StopIteration
 
 
-def test_stop_iteration_thrown_into_generator_becomes_runtime_error():
+def test_stop_iteration_thrown_and_caught_by_body():
+    def body():
+        try:
+            yield 1
+        except StopIteration as e:
+            return f"caught {e}"
+
+    d = Driver()
+    d.start(body, (), {})
+    assert d.throw(StopIteration("thrown")) == Returned("caught thrown")
+
+
+def test_stop_iteration_thrown_and_uncaught_is_raised_as_is():
+    # BUG: "throw uncaught -> Raised with the same exception object" holds for
+    # every exception but StopIteration: PEP 479 turns it into RuntimeError
+    # when it leaves the body, so a child's StopIteration fails the parent with
+    # "generator raised StopIteration" instead of the child's own error.
     def body():
         yield 1
 
     d = Driver()
     d.start(body, (), {})
-    step = d.throw(StopIteration("thrown"))
+    err = StopIteration("thrown")
+    step = d.throw(err)
     assert type(step) is Raised
-    assert type(step.error) is RuntimeError
+    assert step.error is err
+
+
+def test_stop_iteration_thrown_into_async_and_uncaught_is_raised_as_is():
+    # BUG: as above, for async bodies ("coroutine raised StopIteration").
+    async def body():
+        await Request(1)
+
+    d = Driver()
+    d.start(body, (), {})
+    err = StopIteration("thrown")
+    step = d.throw(err)
+    assert type(step) is Raised
+    assert step.error is err
 
 
 def test_stop_iteration_from_plain_function_is_raised_not_returned():

@@ -309,6 +309,39 @@ def test_yield_plain_values():
     assert e.tolist() == [0, 1, 2]
 
 
+def test_yield_dict_keys_with_equal_reprs():
+    # BUG: the renamed key of a leaf is derived from repr(path); two dict keys
+    # that print alike give two leaves the same key, and both get one result.
+    class Tag:
+        def __init__(self, v):
+            self.v = v
+
+        def __repr__(self):
+            return "Tag"
+
+    t1, t2 = Tag(1), Tag(2)
+
+    @coroutine
+    def parent():
+        return (yield {t1: ident("one"), t2: ident("two")})
+
+    out = parent().compute()
+    assert out[t1] == "one"
+    assert out[t2] == "two"
+
+
+def test_yield_dict_with_two_nan_keys():
+    # BUG: same as above with float("nan") keys (distinct keys, both "nan").
+    n1, n2 = float("nan"), float("nan")
+
+    @coroutine
+    def parent():
+        return (yield {n1: ident(1), n2: ident(2)})
+
+    out = parent().compute()
+    assert [out[n1], out[n2]] == [1, 2]
+
+
 def test_yield_empty_containers():
     @coroutine
     def parent():
@@ -371,6 +404,50 @@ def test_yield_dask_dataframe():
     total, frame = parent().compute()
     assert total == 10
     pd.testing.assert_frame_equal(frame, pdf[pdf.a > 2])
+
+
+def test_yield_dataframe_from_delayed_coroutine_result():
+    # BUG: dd.from_delayed's graph holds Alias nodes under a key other than
+    # their own; the plan renames by the node's key and the yield fails with
+    # "ValueError: Missing dependency fromdelayed-...".
+    pd = pytest.importorskip("pandas")
+    dd = pytest.importorskip("dask.dataframe")
+
+    @coroutine
+    def frame():
+        return pd.DataFrame({"a": [1, 2, 3]})
+
+    @coroutine
+    def parent():
+        ddf = dd.from_delayed([frame()], meta={"a": "i8"}, verify_meta=False)
+        return (yield ddf.a.sum())
+
+    assert parent().compute() == 6
+
+
+def test_collection_on_earlier_result_computes_it_once():
+    # BUG: a collection built on a result an earlier yield computed (here
+    # da.from_delayed(L)) computes it again: graph optimization fuses L's task
+    # into the chunk task under a new key, so ``known`` does not match. With a
+    # random generate_data the array then holds other data than ``n`` counted.
+    ran = []
+
+    @coroutine
+    def make():
+        ran.append(1)
+        return np.arange(5)
+
+    @coroutine
+    def parent():
+        L = make()
+        n = yield my_len(L)
+        arr = da.from_delayed(L, shape=(n,), dtype=int)
+        s = yield arr.sum()
+        b = yield db.from_delayed([L]).sum()
+        return n, s, b
+
+    assert parent().compute() == (5, 10, 10)
+    assert ran == [1]
 
 
 def test_yield_dask_delayed():
@@ -490,6 +567,37 @@ def test_builtin_error_type_kept():
     assert parent().compute() == "caught division by zero"
     with pytest.raises(ZeroDivisionError):
         divide(1, 0).compute()
+
+
+def test_child_stop_iteration_caught_in_parent():
+    @coroutine
+    def stops():
+        return next(iter([]))
+
+    @coroutine
+    def parent():
+        try:
+            yield stops()
+        except StopIteration:
+            return "caught"
+
+    assert parent().compute() == "caught"
+
+
+def test_child_stop_iteration_unhandled_keeps_its_type():
+    # BUG: the child's StopIteration, thrown into the parent at the yield and
+    # not caught there, becomes "RuntimeError: generator raised StopIteration"
+    # (PEP 479) instead of failing the compute with the child's own error.
+    @coroutine
+    def stops():
+        raise StopIteration("child stop")
+
+    @coroutine
+    def parent():
+        return (yield stops())
+
+    with pytest.raises(StopIteration, match=r"^child stop$"):
+        parent().compute(scheduler="sync")
 
 
 def test_parent_finally_runs_on_unhandled_child_error():

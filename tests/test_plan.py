@@ -12,7 +12,7 @@ import textwrap
 
 import dask
 import dask.array as da
-from dask._task_spec import DataNode, Task, TaskRef
+from dask._task_spec import Alias, DataNode, Task, TaskRef
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 from dask.local import get_sync
@@ -99,6 +99,21 @@ def test_several_leaves_each_get_their_key():
         derive_key("fib", "par", 0, (1,)),
     ]
     assert set(p.graph) == set(p.outputs)
+    assert get_sync(dict(p.graph), p.outputs) == (1, 2)
+
+
+def test_leaves_at_paths_with_equal_repr_get_distinct_keys():
+    # BUG: keys are derived from repr(path); dict keys that print alike (here
+    # two objects with the same repr) give two different leaves one key, and
+    # the second task silently replaces the first in the graph.
+    class Tag:
+        def __repr__(self):
+            return "Tag"
+
+    a, b = fib(1), fib(2)
+    p = plan_yield([a, b], [(Tag(),), (Tag(),)], {}, "par", 0)
+    assert p.outputs[0] != p.outputs[1]
+    assert len(p.graph) == 2
     assert get_sync(dict(p.graph), p.outputs) == (1, 2)
 
 
@@ -265,6 +280,25 @@ def test_legacy_tuple_tasks_are_converted():
     d = Delayed("b-1", hlg)
     p = plan_yield([d], [()], {}, "par", 0)
     assert sorted(key_split(k) for k in p.graph) == ["a", "b"]
+    assert get_sync(dict(p.graph), p.outputs) == (30,)
+
+
+def test_node_key_differing_from_graph_key():
+    # BUG: dask allows a node's own ``.key`` to differ from the key the graph
+    # holds it under (dask-expr's dd.from_delayed makes such Alias nodes);
+    # dask's schedulers use the graph's key. _rename_below renames by
+    # ``task.key`` and fails with KeyError (or, when ``task.key`` is in the
+    # graph too, drops the node so that a dependent's input is missing).
+    g = {
+        "z-1": Task("z-1", operator.add, 1, 2),
+        "x-1": Alias("y-1", "z-1"),  # held under "x-1", says it is "y-1"
+        "out-1": Task("out-1", operator.mul, TaskRef("x-1"), 10),
+    }
+    assert get_sync(g, "out-1") == 30
+    d = Delayed("out-1", HighLevelGraph.from_collections("out-1", g))
+    assert d.compute(scheduler="sync") == 30
+    p = plan_yield([d], [()], {}, "par", 0)
+    assert len(p.graph) == 3
     assert get_sync(dict(p.graph), p.outputs) == (30,)
 
 

@@ -92,6 +92,33 @@ def test_local_compute_with_distributed_blocked():
     assert r.stdout.strip() == "ok"
 
 
+def test_local_compute_in_running_event_loop_with_distributed_blocked():
+    # BUG (minor): _api._on_worker_event_loop checks ``"distributed" not in
+    # sys.modules`` and then imports distributed.worker; with distributed
+    # blocked (sys.modules["distributed"] = None, as above) and an event loop
+    # running in the calling thread (Jupyter, asyncio.run) that import fails.
+    # _context.current_key uses sys.modules.get(...) and is fine.
+    r = run(
+        """
+        import asyncio, sys
+        sys.modules["distributed"] = None
+        import dask_coro
+
+        @dask_coro.coroutine
+        def f(x):
+            return (yield [x, x])
+
+        async def main():
+            return f(2).compute(scheduler="sync")
+
+        assert asyncio.run(main()) == [2, 2]
+        print("ok")
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
 def test_import_dask_coro_does_not_import_distributed():
     r = run(
         """
