@@ -8,6 +8,7 @@ from ._api import coroutine as coroutine
 from ._api import gather as gather
 from ._context import current_key as current_key
 from ._exceptions import BadYieldError as BadYieldError
+from ._exceptions import CoroutineCancelledError as CoroutineCancelledError
 from ._exceptions import DaskCoroError as DaskCoroError
 from ._exceptions import NotInTaskError as NotInTaskError
 
@@ -16,6 +17,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BadYieldError",
     "CoroutineCall",
+    "CoroutineCancelledError",
     "CoroutineFunction",
     "DaskCoroError",
     "NotInTaskError",

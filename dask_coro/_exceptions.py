@@ -5,8 +5,8 @@ Hierarchy::
     DaskCoroError                      base of everything below
     ├── BadYieldError (TypeError)      a coroutine yielded or awaited something it may not
     ├── NotInTaskError (RuntimeError)  a task-context accessor was called outside a task
-    └── CoroutineCancelledError        the task running a coroutine was cancelled
-        (asyncio.CancelledError)       by the scheduler; raised into ``yield`` / ``await``
+    └── CoroutineCancelledError        the scheduler cancelled the task running a
+        (asyncio.CancelledError)       coroutine; the body sees GeneratorExit
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ class NotInTaskError(DaskCoroError, RuntimeError):
 
 
 class CoroutineCancelledError(DaskCoroError, asyncio.CancelledError):
-    """The task running this coroutine was cancelled (released by the scheduler).
+    """The scheduler cancelled the task running this coroutine.
 
-    It is thrown into the coroutine at its current ``yield``/``await`` only through
-    ``generator.close()``, i.e. as ``GeneratorExit``; this class is what the task
-    itself ends with, so that logs name the reason.
+    The body itself sees ``GeneratorExit`` at its current ``yield``/``await``
+    (``finally`` blocks run); the task then ends with this error, which the
+    worker discards because the task was cancelled. It appears in worker logs.
     """

@@ -148,11 +148,15 @@ async def test_results_released_after_resume(c, s, a):
 async def test_yield_everything_a_user_may(c, s, a):
     da = pytest.importorskip("dask.array")
     db = pytest.importorskip("dask.bag")
+    dd = pytest.importorskip("dask.dataframe")
+    pd = pytest.importorskip("pandas")
     future = c.submit(lambda: 40, key="forty")
+    frame = dd.from_pandas(pd.DataFrame({"a": [1, 2, 3, 4]}), npartitions=2)
 
     @coroutine
     def many(fut):
         out = yield {
+            "frame": frame.a.sum(),
             "array": da.ones(10, chunks=5).sum(),
             "bag": db.from_sequence([1, 2, 3], npartitions=2).map(lambda v: v * 2),
             "future": fut,
@@ -164,6 +168,7 @@ async def test_yield_everything_a_user_may(c, s, a):
 
     out = await c.compute(many(future))
     assert out == {
+        "frame": 10,
         "array": 10.0,
         "bag": [2, 4, 6],
         "future": 40,
@@ -267,8 +272,11 @@ def test_2000_suspended_coroutines_hold_no_threads(tmp_path):
 def test_local_cluster_with_processes():
     with LocalCluster(
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
-    ) as cluster, Client(cluster):
+    ) as cluster, Client(cluster) as client:
         assert fib(12).compute() == sequential_fib(12)
+        # With a client active, coroutines run on the cluster's workers.
+        where = coroutine(lambda: __import__("distributed").get_worker().address)()
+        assert where.compute() in client.nthreads()
         total, data = process_all_checked().compute()
         assert total == sum(x + 1 for x in data)
         (n,) = dask.compute(afib(10))

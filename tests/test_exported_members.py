@@ -37,6 +37,7 @@ def test_all_matches_public_names():
 def test_all_exact():
     assert set(dask_coro.__all__) == {
         "BadYieldError",
+        "CoroutineCancelledError",
         "CoroutineCall",
         "CoroutineFunction",
         "DaskCoroError",
