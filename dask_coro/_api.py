@@ -77,6 +77,17 @@ class CoroutineTask:
         return run_local(self, args, kwargs)
 
     def __reduce__(self) -> tuple[Any, ...]:
+        # The module names the @coroutine wrapper, not self.func, so pickle and
+        # cloudpickle would copy the function, and every global it uses, by
+        # value into every task. Refer to an importable wrapper by name.
+        module = getattr(self.func, "__module__", None)
+        qualname = getattr(self.func, "__qualname__", "")
+        if module and module != "__main__" and "<locals>" not in qualname:
+            wrapper: Any = sys.modules.get(module)
+            for part in qualname.split("."):
+                wrapper = getattr(wrapper, part, None)
+            if isinstance(wrapper, CoroutineFunction) and wrapper.__wrapped__ is self.func:
+                return _task_by_name, (module, qualname, self.key)
         return CoroutineTask, (self.func, self.key)
 
     def __dask_tokenize__(self) -> tuple[str, Hashable]:
@@ -84,6 +95,15 @@ class CoroutineTask:
 
     def __repr__(self) -> str:
         return f"<coroutine {funcname(self.func)} {self.key!r}>"
+
+
+def _task_by_name(module: str, qualname: str, key: Hashable) -> CoroutineTask:
+    import importlib
+
+    wrapper: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        wrapper = getattr(wrapper, part)
+    return CoroutineTask(wrapper.__wrapped__, key)
 
 
 def _on_worker_event_loop() -> bool:
