@@ -3,53 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import time
 from collections.abc import Sequence
 
 import dask_coro
-from dask_coro import coroutine
-
-
-@coroutine
-def fib(i):
-    if i < 2:
-        return i
-    a, b = yield [fib(i - 1), fib(i - 2)]
-    return a + b
-
-
-@coroutine
-async def afib(i):
-    if i < 2:
-        return i
-    a, b = await dask_coro.gather([afib(i - 1), afib(i - 2)])
-    return a + b
-
-
-@coroutine
-def generate_data():
-    return list(range(random.randint(0, 10)))  # a list of unknown length
-
-
-@coroutine
-def inc(x):
-    return x + 1
-
-
-@coroutine
-def my_len(L):
-    return len(L)
-
-
-@coroutine
-def process_all():
-    L = generate_data()  # a lazy call, nothing waits
-    n = yield my_len(L)
-    processed = [inc(L[i]) for i in range(n)]
-    total = yield sum(processed)
-    return total
+from dask_coro.examples import afib, fib, process_all
 
 
 def _timed(label: str, fn) -> None:

@@ -2,50 +2,8 @@
 
 from __future__ import annotations
 
-import random
-
-import dask_coro
 from dask_coro import coroutine
-
-
-@coroutine
-def fib(i):
-    if i < 2:
-        return i
-    a, b = yield [fib(i - 1), fib(i - 2)]
-    return a + b
-
-
-@coroutine
-async def afib(i):
-    if i < 2:
-        return i
-    a, b = await dask_coro.gather([afib(i - 1), afib(i - 2)])
-    return a + b
-
-
-@coroutine
-def generate_data():
-    return list(range(random.randint(0, 10)))
-
-
-@coroutine
-def inc(x):
-    return x + 1
-
-
-@coroutine
-def my_len(L):
-    return len(L)
-
-
-@coroutine
-def process_all():
-    L = generate_data()
-    n = yield my_len(L)
-    processed = [inc(L[i]) for i in range(n)]
-    total = yield sum(processed)
-    return total
+from dask_coro.examples import afib, fib, generate_data, inc, my_len, process_all  # noqa: F401
 
 
 @coroutine
