@@ -16,6 +16,7 @@ from dask.utils import funcname
 
 from ._classify import _Rejected, is_lazy
 from ._driver import Request
+from ._exceptions import DaskCoroError
 
 
 def gather(x: Any) -> Request:
@@ -68,10 +69,21 @@ class CoroutineTask:
         return CoroutineTask(self.func, key)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _on_worker_event_loop():
-            from ._runner import run_on_worker
+        worker = _worker_of_event_loop()
+        if worker is not None:
+            ts = worker.state.tasks.get(self.key)
+            if ts is not None and ts.state == "executing":
+                from ._runner import run_on_worker
 
-            return run_on_worker(self, args, kwargs)
+                return run_on_worker(self, args, kwargs)
+            # Called on the loop, but not as the task the worker is executing:
+            # a synchronous scheduler run from inside an async task, or a key
+            # renamed by graph fusion. Never hand back an unawaited coroutine.
+            raise DaskCoroError(
+                f"coroutine task {self.key!r} was called on a worker's event loop "
+                "but is not a task executing there; compute coroutine calls from a "
+                "thread (not inside an async task), and without low-level fusion"
+            )
         from ._local import run_local
 
         return run_local(self, args, kwargs)
@@ -106,21 +118,20 @@ def _task_by_name(module: str, qualname: str, key: Hashable) -> CoroutineTask:
     return CoroutineTask(wrapper.__wrapped__, key)
 
 
-def _on_worker_event_loop() -> bool:
-    """True when a distributed worker is awaiting us on its event loop."""
+def _worker_of_event_loop() -> Any:
+    """The distributed worker whose event loop is running this code, or None."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return False
+        return None
     if sys.modules.get("distributed") is None:  # not imported, or blocked
-        return False
+        return None
     from distributed.worker import get_worker
 
     try:
-        get_worker()  # thread_state or the ContextVar Worker.execute sets
+        return get_worker()  # thread_state, or the ContextVar Worker.execute sets
     except ValueError:
-        return False
-    return True
+        return None
 
 
 class CoroutineFunction:

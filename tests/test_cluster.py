@@ -325,3 +325,14 @@ def test_dask_scheduler_and_worker_processes(tmp_path):
             p.terminate()
         for p in procs:
             p.wait(timeout=30)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_sync_compute_inside_an_async_task_is_a_clear_error(c, s, a):
+    # A synchronous scheduler run on the worker's event loop would otherwise
+    # get back an unawaited coroutine as the "result".
+    async def inside():
+        return fib(3).compute(scheduler="sync")
+
+    with pytest.raises(dask_coro.DaskCoroError, match="not a task executing there"):
+        await c.submit(inside)

@@ -271,7 +271,7 @@ def test_stop_iteration_thrown_and_caught_by_body():
 
 
 def test_stop_iteration_thrown_and_uncaught_is_raised_as_is():
-    # BUG: "throw uncaught -> Raised with the same exception object" holds for
+    # Regression: "throw uncaught -> Raised with the same exception object" holds for
     # every exception but StopIteration: PEP 479 turns it into RuntimeError
     # when it leaves the body, so a child's StopIteration fails the parent with
     # "generator raised StopIteration" instead of the child's own error.
@@ -287,7 +287,7 @@ def test_stop_iteration_thrown_and_uncaught_is_raised_as_is():
 
 
 def test_stop_iteration_thrown_into_async_and_uncaught_is_raised_as_is():
-    # BUG: as above, for async bodies ("coroutine raised StopIteration").
+    # Regression: as above, for async bodies ("coroutine raised StopIteration").
     async def body():
         await Request(1)
 

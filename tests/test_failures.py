@@ -810,12 +810,10 @@ async def test_child_traceback_points_at_its_source_file(c, s, a):
     """The child's frame in the traceback names the file it was defined in, as
     for any dask task, so that tools (and people) can find the source.
 
-    Fails today: ``CoroutineTask.__reduce__`` pickles the undecorated
-    function, which its module does not name (the module's attribute is the
-    ``@coroutine`` wrapper), so cloudpickle copies it by value and renames its
-    code's file to ``"<dynamic-code>"``. The same copy-by-value ships every
-    global the function uses with every task and gives each task its own copy
-    of module state.
+    Regression: ``CoroutineTask`` once pickled the undecorated function by
+    value (its module names the ``@coroutine`` wrapper, not the function), so
+    the code's file became ``"<dynamic-code>"``, every global it used was
+    shipped with every task, and each task had its own copy of module state.
     """
     (etype, msg, tb), after = await c.compute(catches_and_continues())
     line = _line_of(boom.__wrapped__, "BOOM-LINE")

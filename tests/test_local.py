@@ -310,7 +310,7 @@ def test_yield_plain_values():
 
 
 def test_yield_dict_keys_with_equal_reprs():
-    # BUG: the renamed key of a leaf is derived from repr(path); two dict keys
+    # Regression: the renamed key of a leaf is derived from repr(path); two dict keys
     # that print alike give two leaves the same key, and both get one result.
     class Tag:
         def __init__(self, v):
@@ -331,7 +331,7 @@ def test_yield_dict_keys_with_equal_reprs():
 
 
 def test_yield_dict_with_two_nan_keys():
-    # BUG: same as above with float("nan") keys (distinct keys, both "nan").
+    # Regression: same as above with float("nan") keys (distinct keys, both "nan").
     n1, n2 = float("nan"), float("nan")
 
     @coroutine
@@ -407,7 +407,7 @@ def test_yield_dask_dataframe():
 
 
 def test_yield_dataframe_from_delayed_coroutine_result():
-    # BUG: dd.from_delayed's graph holds Alias nodes under a key other than
+    # Regression: dd.from_delayed's graph holds Alias nodes under a key other than
     # their own; the plan renames by the node's key and the yield fails with
     # "ValueError: Missing dependency fromdelayed-...".
     pd = pytest.importorskip("pandas")
@@ -426,7 +426,7 @@ def test_yield_dataframe_from_delayed_coroutine_result():
 
 
 def test_collection_on_earlier_result_computes_it_once():
-    # BUG: a collection built on a result an earlier yield computed (here
+    # Regression: a collection built on a result an earlier yield computed (here
     # da.from_delayed(L)) computes it again: graph optimization fuses L's task
     # into the chunk task under a new key, so ``known`` does not match. With a
     # random generate_data the array then holds other data than ``n`` counted.
@@ -585,7 +585,7 @@ def test_child_stop_iteration_caught_in_parent():
 
 
 def test_child_stop_iteration_unhandled_keeps_its_type():
-    # BUG: the child's StopIteration, thrown into the parent at the yield and
+    # Regression: the child's StopIteration, thrown into the parent at the yield and
     # not caught there, becomes "RuntimeError: generator raised StopIteration"
     # (PEP 479) instead of failing the compute with the child's own error.
     @coroutine

@@ -103,7 +103,7 @@ def test_several_leaves_each_get_their_key():
 
 
 def test_leaves_at_paths_with_equal_repr_get_distinct_keys():
-    # BUG: keys are derived from repr(path); dict keys that print alike (here
+    # Regression: keys are derived from repr(path); dict keys that print alike (here
     # two objects with the same repr) give two different leaves one key, and
     # the second task silently replaces the first in the graph.
     class Tag:
@@ -284,7 +284,7 @@ def test_legacy_tuple_tasks_are_converted():
 
 
 def test_node_key_differing_from_graph_key():
-    # BUG: dask allows a node's own ``.key`` to differ from the key the graph
+    # Regression: dask allows a node's own ``.key`` to differ from the key the graph
     # holds it under (dask-expr's dd.from_delayed makes such Alias nodes);
     # dask's schedulers use the graph's key. _rename_below renames by
     # ``task.key`` and fails with KeyError (or, when ``task.key`` is in the

@@ -93,11 +93,9 @@ def test_local_compute_with_distributed_blocked():
 
 
 def test_local_compute_in_running_event_loop_with_distributed_blocked():
-    # BUG (minor): _api._on_worker_event_loop checks ``"distributed" not in
-    # sys.modules`` and then imports distributed.worker; with distributed
-    # blocked (sys.modules["distributed"] = None, as above) and an event loop
-    # running in the calling thread (Jupyter, asyncio.run) that import fails.
-    # _context.current_key uses sys.modules.get(...) and is fine.
+    # Regression: the worker-loop check must treat a blocked distributed
+    # (sys.modules["distributed"] = None) as absent when an event loop runs in
+    # the calling thread (Jupyter, asyncio.run).
     r = run(
         """
         import asyncio, sys
