@@ -14,15 +14,7 @@ import time
 
 from distributed import Client, LocalCluster, worker_client
 
-from dask_coro import coroutine
-
-
-@coroutine
-def coro_fib(i):
-    if i < 2:
-        return i
-    a, b = yield [coro_fib(i - 1), coro_fib(i - 2)]
-    return a + b
+from dask_coro.examples import fib as coro_fib
 
 
 def wc_fib(i):

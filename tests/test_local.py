@@ -24,6 +24,7 @@ import pytest
 import dask_coro
 from dask_coro import BadYieldError, CoroutineCall, NotInTaskError, coroutine, current_key
 from dask_coro._plan import derive_key
+from dask_coro.examples import afib, fib, inc, my_len
 
 
 @pytest.fixture(autouse=True)
@@ -47,22 +48,6 @@ class Boom(Exception):
 
 
 @coroutine
-def fib(i):
-    if i < 2:
-        return i
-    a, b = yield [fib(i - 1), fib(i - 2)]
-    return a + b
-
-
-@coroutine
-async def afib(i):
-    if i < 2:
-        return i
-    a, b = await dask_coro.gather([afib(i - 1), afib(i - 2)])
-    return a + b
-
-
-@coroutine
 async def afib_await(i):
     if i < 2:
         return i
@@ -79,16 +64,6 @@ def generate_data():
     L = list(range(random.randint(0, 10)))
     GENERATED.append(L)
     return L
-
-
-@coroutine
-def inc(x):
-    return x + 1
-
-
-@coroutine
-def my_len(L):
-    return len(L)
 
 
 @coroutine
