@@ -11,6 +11,8 @@ from ._exceptions import BadYieldError as BadYieldError
 from ._exceptions import CoroutineCancelledError as CoroutineCancelledError
 from ._exceptions import DaskCoroError as DaskCoroError
 from ._exceptions import NotInTaskError as NotInTaskError
+from ._exceptions import PromiseError as PromiseError
+from ._promise import Promise as Promise
 
 __version__ = "0.1.0"
 
@@ -21,6 +23,8 @@ __all__ = [
     "CoroutineFunction",
     "DaskCoroError",
     "NotInTaskError",
+    "Promise",
+    "PromiseError",
     "coroutine",
     "current_key",
     "gather",

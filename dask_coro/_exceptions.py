@@ -5,6 +5,7 @@ Hierarchy::
     DaskCoroError                      base of everything below
     ├── BadYieldError (TypeError)      a coroutine yielded or awaited something it may not
     ├── NotInTaskError (RuntimeError)  a task-context accessor was called outside a task
+    ├── PromiseError (RuntimeError)    a Promise was misused, or can never get a value
     └── CoroutineCancelledError        the scheduler cancelled the task running a
         (asyncio.CancelledError)       coroutine; the body sees GeneratorExit
 """
@@ -33,3 +34,7 @@ class CoroutineCancelledError(DaskCoroError, asyncio.CancelledError):
     (``finally`` blocks run); the task then ends with this error, which the
     worker discards because the task was cancelled. It appears in worker logs.
     """
+
+
+class PromiseError(DaskCoroError, RuntimeError):
+    """A ``Promise`` was misused, or can never get a value."""

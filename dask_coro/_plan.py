@@ -87,9 +87,13 @@ def plan_yield(
         while repr(path) in seen:
             path = (*path, ("#", i))
         seen.add(repr(path))
-        if isinstance(leaf, TaskRef):
-            # A Future, already on the cluster. Its value comes back through a
-            # task of ours that depends on it: the scheduler then tells our
+        nodes: Mapping[Key, tuple[Any, Any]] = {}
+        if isinstance(leaf, Delayed):
+            nodes = _index_layers(leaf.__dask_graph__())
+        if isinstance(leaf, TaskRef) or (nodes and _on_cluster(leaf.key, nodes)):
+            # A Future, or a Delayed that stands for one (a persisted Delayed,
+            # a Promise): already on the cluster. Its value comes back through
+            # a task of ours that depends on it: the scheduler then tells our
             # client when it is ready (a Future made by another client, or by
             # key, is not followed by ours), and a key the scheduler does not
             # know fails that task instead of hanging.
@@ -99,8 +103,9 @@ def plan_yield(
             plan.outputs.append(k)
             continue
         if isinstance(leaf, Delayed):
-            hlg = leaf.__dask_graph__()
-            out, nodes, layer_of = leaf.key, _index_layers(hlg), True
+            # Results are reused across yields while their layer lives; a
+            # plain dict graph has no layers to follow.
+            out, layer_of = leaf.key, hasattr(leaf.__dask_graph__(), "layers")
         else:
             out, nodes = _collection_graph(leaf, rename)
             layer_of = False
@@ -116,9 +121,18 @@ def plan_yield(
     return plan
 
 
+def _on_cluster(key: Key, nodes: Mapping[Key, tuple[Any, Any]]) -> bool:
+    """Whether the graph holds ``key`` as a reference to itself: a Future in a
+    persisted collection's graph (``{key: Future(key)}``)."""
+    entry = nodes.get(key)
+    return entry is not None and isinstance(entry[0], TaskRef) and entry[0].key == key
+
+
 def _index_layers(hlg: Any) -> dict[Key, tuple[Any, Any]]:
     """key -> (task, layer object) for every task of a HighLevelGraph."""
     out: dict[Key, tuple[Any, Any]] = {}
+    if not hasattr(hlg, "layers"):  # a plain dict graph (a persisted Delayed)
+        return {k: (v, None) for k, v in hlg.items()}
     for layer in hlg.layers.values():
         for k, v in layer.items():
             out[k] = (v, layer)
@@ -165,8 +179,8 @@ def _rename_below(
         if k in rename:
             continue
         entry = nodes.get(k)
-        if entry is None:
-            # Not in this graph: the key of a Future the graph depends on. It
+        if entry is None or _on_cluster(k, nodes):
+            # Not in this graph, or standing for a Future of the same key: it
             # exists on the cluster already; keep its name.
             rename[k] = k
             continue

@@ -336,3 +336,16 @@ async def test_sync_compute_inside_an_async_task_is_a_clear_error(c, s, a):
 
     with pytest.raises(dask_coro.DaskCoroError, match="not a task executing there"):
         await c.submit(inside)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_yield_a_persisted_delayed(c, s, a):
+    # A persisted Delayed's graph is {key: Future(key)}: it is read back like
+    # a Future, not renamed into a task that would lose its data.
+    (persisted,) = c.persist([dask.delayed(sum)([1, 2, 3])])
+
+    @coroutine
+    def uses():
+        return (yield persisted) * 2  # from the closure: not an argument
+
+    assert await c.compute(uses()) == 12

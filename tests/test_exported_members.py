@@ -42,6 +42,8 @@ def test_all_exact():
         "CoroutineFunction",
         "DaskCoroError",
         "NotInTaskError",
+        "Promise",
+        "PromiseError",
         "coroutine",
         "current_key",
         "gather",

@@ -1,0 +1,191 @@
+"""``Promise``: a graph node others may depend on before it exists.
+
+Compare Parsl's ``join_app``: a join app's future resolves to the result of the
+futures it returns. Here a promise resolves to the value of what it was last
+pointed at with ``resolve_with``, and the task it points at may point it
+elsewhere while it runs (delegation), any number of levels deep.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Hashable
+from typing import Any
+
+import dask
+from dask._task_spec import DataNode, GraphNode, Task, TaskRef, convert_legacy_task
+from dask.delayed import Delayed
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+from ._context import current_key
+from ._exceptions import NotInTaskError, PromiseError
+from ._plan import _collection_graph
+
+
+#: The resource that parks an unresolved promise; no worker has it.
+PARK_RESOURCE = "dask-coro-unresolved-promise"
+
+Key = Hashable
+
+
+def unresolved(key: Key, creator: Key | None) -> Any:
+    """The run_spec of a parked promise. It runs only if a worker claims the
+    parking resource, or under a local scheduler."""
+    raise PromiseError(
+        f"promise {key!r} was computed before it was resolved, outside a "
+        "distributed cluster that parks it; a Promise needs a distributed Client"
+    )
+
+
+def _client() -> Any:
+    """The client to talk to the scheduler through: the worker's inside a task,
+    else the default client."""
+    from distributed import get_client
+
+    try:
+        return get_client()
+    except ValueError:
+        raise PromiseError(
+            "a Promise is a node on a distributed scheduler: create and resolve it "
+            "with a distributed Client active, or inside a task on a worker"
+        ) from None
+
+
+def _install(client: Any) -> None:
+    # Once per client; the plugin is idempotent on the scheduler as well.
+    if not getattr(client, "_dask_coro_promises", False):
+        from ._promise_scheduler import PromisePlugin
+
+        client.register_plugin(PromisePlugin())
+        client._dask_coro_promises = True
+
+
+def _running_key() -> Hashable | None:
+    try:
+        return current_key()
+    except NotInTaskError:
+        return None
+
+
+class Promise(Delayed):
+    """A lazy value with a key that graphs may depend on before it is resolved.
+
+    ``Promise()`` puts a parked task on the scheduler at once (so graphs that
+    depend on it can be submitted); ``p.resolve_with(x)`` points it at ``x``. It
+    is a dask ``Delayed``: ``dask.delayed(f)(p)``, ``client.compute(p)``,
+    ``p.compute()``, passing it into coroutines and yielding it all wait for
+    its value, holding no thread or slot meanwhile.
+
+    Inside the graph it is resolved with, a promise stands for itself (its
+    value cannot be an input of its own computation): the task receives the
+    ``Promise`` and may call ``resolve_with`` on it again, which is how a task
+    hands its result on to a subgraph it built at run time.
+
+    Rules, each checked by the scheduler:
+
+    - while unresolved, any client or task may resolve it;
+    - once it points at a task, only that task may point it elsewhere; the
+      last target wins; a task that re-runs (its worker died) and resolves
+      again is a no-op;
+    - a promise with a final value cannot be resolved again;
+    - a promise created in a task, which that task finished without resolving,
+      fails with ``PromiseError`` (nothing else could resolve it);
+    - a promise whose target fails gets the target's exception; one whose
+      target is forgotten first fails with ``PromiseError``.
+
+    Parameters
+    ----------
+    name
+        Key prefix (default ``"promise"``).
+    """
+
+    __slots__ = ("_future",)
+
+    def __init__(self, name: str = "promise", *, _key: Hashable | None = None):
+        if _key is not None:
+            # Rebuilt from a pickle inside a task: bind to the key, no new node.
+            from distributed import Future
+
+            key = _key
+            future = Future(key)
+        else:
+            client = _client()
+            _install(client)
+            key = f"{name}-{uuid.uuid4().hex}"
+            creator = _running_key()
+            layer = MaterializedLayer(
+                {key: Task(key, unresolved, key, creator)},
+                annotations={"resources": {PARK_RESOURCE: 1}},
+            )
+            (future,) = client.get(
+                HighLevelGraph({key: layer}, {key: set()}), [key], sync=False
+            )
+        super().__init__(key, HighLevelGraph.from_collections(key, {key: future}, ()))
+        self._future = future
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _promise_from_key, (self.key,)
+
+    def __repr__(self) -> str:
+        return f"Promise({self.key!r})"
+
+    def resolve_with(self, x: Any) -> None:
+        """Point this promise at ``x`` (a ``Delayed`` or coroutine call, a
+        ``Future``, a dask collection or a plain value) and return at once.
+
+        Its value becomes the value of ``x``; nothing waits for ``x`` here.
+
+        Raises
+        ------
+        PromiseError
+            If the promise already has a final value, or if it points at a task
+            other than the caller.
+        """
+        client = _client()
+        _install(client)
+        target, dsk = self._target_graph(x)
+        futures = client.get(dsk, [target], sync=False) if dsk else []
+        try:
+            reply = client.sync(
+                client.scheduler.dask_coro_promise_resolve,
+                promise=self.key,
+                target=target,
+                resolver=_running_key(),
+            )
+        finally:
+            for f in futures:
+                f.release()
+        if reply.get("status") != "OK":
+            raise PromiseError(reply.get("message", repr(reply)))
+
+    def _target_graph(self, x: Any) -> tuple[Hashable, dict[Hashable, Any]]:
+        """The key ``x`` lives under and the graph to submit for it, with this
+        promise standing for itself (see the class docstring)."""
+        if isinstance(x, TaskRef):  # a Future: already on the cluster
+            return x.key, {}
+        if isinstance(x, Delayed):
+            target = x.key
+            dsk: dict[Hashable, Any] = dict(x.__dask_graph__())
+        elif dask.is_dask_collection(x):
+            target, nodes = _collection_graph(x)
+            dsk = {k: v for k, (v, _) in nodes.items()}
+        else:
+            target = f"promise-value-{uuid.uuid4().hex}"
+            return target, {target: DataNode(target, x)}
+        dsk.pop(self.key, None)
+        me = DataNode(None, self)
+        for k, v in list(dsk.items()):
+            if isinstance(v, TaskRef):
+                continue  # a Future already on the cluster
+            if not isinstance(v, GraphNode):
+                v = convert_legacy_task(k, v, dsk.keys())
+            if self.key in v.dependencies:
+                v = v.substitute({self.key: me})
+            dsk[k] = v
+        if target == self.key:
+            raise PromiseError(f"promise {self.key!r} cannot be resolved with itself")
+        return target, dsk
+
+
+def _promise_from_key(key: Hashable) -> Promise:
+    return Promise(_key=key)

@@ -1,0 +1,225 @@
+"""Scheduler side of ``Promise``: every change dask_coro makes to scheduler state.
+
+A promise is a task ``P`` parked in ``no-worker`` by a resource no worker has.
+Resolving it with a target ``T`` turns ``P`` into ``Alias(P -> T)`` with ``T`` as
+its only dependency, so ``P`` runs on ``T``'s worker without a copy, and after
+data loss is recomputed through its new lineage. Re-pointing (the task ``P``
+points at resolves it again) moves that one dependency edge. Nothing waits on a
+worker while ``P`` is pending.
+
+The plugin also turns hangs into errors: a promise with no target whose
+creating task finished, and a promise whose target was forgotten before it
+produced a value, fail with ``PromiseError``.
+
+distributed only logs exceptions raised in plugin hooks, so the hooks here
+catch, log with context, and fail the promise themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Hashable
+from time import time
+from typing import Any
+
+from dask._task_spec import Alias, Task
+from distributed.core import error_message
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from ._exceptions import PromiseError
+from ._promise import unresolved
+
+logger = logging.getLogger("dask_coro")
+
+Key = Hashable
+
+def is_placeholder(run_spec: Any) -> bool:
+    return isinstance(run_spec, Task) and run_spec.func is unresolved
+
+
+class PromisePlugin(SchedulerPlugin):
+    """Installed once per scheduler (``idempotent``); see the module docstring."""
+
+    name = "dask-coro-promises"
+    idempotent = True
+
+    def __init__(self) -> None:
+        self.targets: dict[Key, Key] = {}  # promise -> what it points at now
+        self.history: dict[Key, list[Key]] = {}  # promise -> every target, in order
+        self.pointed_by: dict[Key, set[Key]] = {}  # target -> promises pointing at it
+        self.created_by: dict[Key, set[Key]] = {}  # creating task -> its promises
+        self.scheduler: Any = None
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        scheduler.handlers["dask_coro_promise_resolve"] = self.resolve
+
+    # -- hooks ---------------------------------------------------------------
+
+    def update_graph(self, scheduler: Any, *, tasks: list[Key] = (), **kwargs: Any) -> None:  # type: ignore[assignment]
+        for key in tasks:
+            ts = scheduler.tasks.get(key)
+            if ts is not None and is_placeholder(ts.run_spec):
+                creator = ts.run_spec.args[1]
+                if creator is not None:
+                    self.created_by.setdefault(creator, set()).add(key)
+
+    def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        if finish not in ("memory", "erred", "forgotten"):
+            return
+        try:
+            for p in self.created_by.pop(key, ()):
+                if p not in self.targets:
+                    self._fail_later(
+                        p,
+                        f"promise {p!r} was never resolved: the task {key!r} that "
+                        "created it finished without calling resolve_with",
+                    )
+            if finish == "forgotten":
+                for p in self.pointed_by.pop(key, ()):
+                    if self.targets.get(p) == key:
+                        self._fail_later(
+                            p,
+                            f"promise {p!r} lost its target {key!r} before it "
+                            "produced a value (was it cancelled?)",
+                        )
+                self.targets.pop(key, None)
+                self.history.pop(key, None)
+        except Exception:
+            logger.exception("dask_coro promise bookkeeping failed on %r", key)
+
+    # -- resolving -----------------------------------------------------------
+
+    async def resolve(
+        self, promise: Key, target: Key, resolver: Key | None = None, timeout: float = 60
+    ) -> dict[str, Any]:
+        """Point ``promise`` at ``target`` on behalf of ``resolver`` (a task key,
+        or None for a client). Returns ``{"status": "OK"}`` or an error message."""
+        s = self.scheduler
+        # The target's graph travels on the resolver's batched stream, which
+        # this request/response call may overtake: wait until it has arrived.
+        deadline = time() + timeout
+        # So may the promise's own creation, sent on another client's stream.
+        while target not in s.tasks or promise not in s.tasks:
+            if time() > deadline:
+                missing = target if target not in s.tasks else promise
+                return _error(
+                    f"{missing!r} never reached the scheduler while resolving "
+                    f"promise {promise!r} (was it released?)"
+                )
+            await asyncio.sleep(0.002)
+        ts = s.tasks.get(promise)
+        if ts is None:
+            return _error(f"promise {promise!r} is not known to the scheduler (was it released?)")
+        history = self.history.setdefault(promise, [])
+        if resolver is not None and resolver in history[:-1]:
+            # A rerun of a task that already pointed this promise onwards.
+            return {"status": "OK", "noop": True}
+        if ts.state in ("memory", "erred"):
+            return _error(f"promise {promise!r} already has a final value; it cannot be resolved again")
+        current = self.targets.get(promise)
+        if current is not None and resolver != current:
+            who = "a client" if resolver is None else f"task {resolver!r}"
+            return _error(
+                f"{who} may not resolve promise {promise!r}: it points at "
+                f"{current!r}, and only that task may point it elsewhere"
+            )
+        if target == promise:
+            return _error(f"promise {promise!r} cannot be resolved with itself")
+        tt = s.tasks[target]
+        stimulus_id = f"dask-coro-promise-resolve-{time()}"
+        error = rewire(s, ts, tt, stimulus_id)
+        if error:
+            return _error(f"promise {promise!r}: {error}")
+        history.append(target)
+        self.targets[promise] = target
+        self.pointed_by.setdefault(target, set()).add(promise)
+        if current is not None and current in self.pointed_by:
+            self.pointed_by[current].discard(promise)
+        return {"status": "OK"}
+
+    def _fail_later(self, promise: Key, message: str) -> None:
+        # Not from inside a transition hook: transitions are not re-entrant.
+        self.scheduler.loop.add_callback(self._fail, promise, message)
+
+    def _fail(self, promise: Key, message: str) -> None:
+        s = self.scheduler
+        ts = s.tasks.get(promise)
+        if ts is None or ts.state != "no-worker" or promise in self.targets:
+            return
+        try:
+            raise PromiseError(message)
+        except PromiseError as e:
+            msg = error_message(e)
+        stimulus_id = f"dask-coro-promise-failed-{time()}"
+        recs = s.transition(
+            promise,
+            "erred",
+            stimulus_id,
+            cause=promise,
+            exception=msg["exception"],
+            traceback=msg["traceback"],
+            exception_text=msg["exception_text"],
+            traceback_text=msg["traceback_text"],
+        )
+        s.transitions(recs, stimulus_id)
+
+
+def rewire(s: Any, ts: Any, target: Any, stimulus_id: str) -> str | None:
+    """Make promise ``ts`` an alias of ``target``. Returns an error text, or None.
+
+    The only function that edits scheduler state for promises.
+    """
+    if ts.state not in ("no-worker", "waiting"):
+        return f"cannot re-point it in state {ts.state!r}"
+    if target.state == "erred" and ts.state == "waiting":
+        return f"its new target {target.key!r} has already failed"
+    ts.run_spec = Alias(ts.key, target.key)
+    ts.resource_restrictions = None
+    if ts.annotations:
+        ts.annotations.pop("resources", None)
+    if ts.state == "no-worker":
+        ts.add_dependency(target)
+        if target.state == "erred":
+            blame = target.exception_blame or target
+            recs = s.transition(
+                ts.key, "erred", stimulus_id, cause=blame.key,
+                exception=blame.exception, traceback=blame.traceback,
+                exception_text=blame.exception_text, traceback_text=blame.traceback_text,
+            )
+        else:
+            # no-worker -> released -> waiting: Scheduler._propagate_released
+            # recommends "waiting" because the promise has waiters or is wanted,
+            # and _transition_released_waiting waits for the new dependency.
+            recs = s.transition(ts.key, "released", stimulus_id)
+            if recs.get(ts.key) != "waiting":
+                recs[ts.key] = "waiting"
+        s.transitions(recs, stimulus_id)
+        return None
+    # "waiting" on the previous target: move the one dependency edge. The old
+    # target is not released here; once done, it is released like any result
+    # nobody waits for (Scheduler._add_to_memory).
+    for dts in list(ts.dependencies):
+        ts.dependencies.discard(dts)
+        dts.dependents.discard(ts)
+        if dts.waiters:
+            dts.waiters.discard(ts)
+    ts.waiting_on = None
+    ts.add_dependency(target)
+    recs: dict[Key, str] = {}
+    if target.who_has:
+        recs[ts.key] = "processing"
+    else:
+        ts.waiting_on = {target}
+        if target.waiters is None:
+            target.waiters = set()
+        target.waiters.add(ts)
+        if target.state == "released":
+            recs[target.key] = "waiting"
+    s.transitions(recs, stimulus_id)
+    return None
+
+
+def _error(message: str) -> dict[str, Any]:
+    return {"status": "error", "message": message}

@@ -1,0 +1,269 @@
+"""Promise: depend on a result before it exists; rewire it at run time.
+
+Every test runs with the scheduler's and the workers' validation on, so each
+rewrite of scheduler state is checked by distributed's own invariants."""
+
+from __future__ import annotations
+
+import dask
+import pytest
+from distributed import Event, Future, wait
+from distributed.utils_test import async_poll_for, gen_cluster
+
+import dask_coro
+from dask_coro import Promise, PromiseError, coroutine
+
+validated = dict(
+    client=True,
+    nthreads=[("", 1), ("", 1)],
+    scheduler_kwargs={"validate": True},
+    worker_kwargs={"validate": True},
+)
+
+
+@dask.delayed
+def initial(x):
+    return list(range(x))
+
+
+@dask.delayed
+def subtask(s):
+    return s * 10
+
+
+@dask.delayed
+def aggregate(sub):
+    return sum(sub)
+
+
+@dask.delayed
+def subprocess(initial_results, result_promise):
+    sub = [subtask(s) for s in initial_results]
+    result_promise.resolve_with(aggregate(sub))  # rewire and return at once
+
+
+class HandleOf:
+    """Carries a promise into a task without making it a dependency."""
+
+    def __init__(self, p):
+        self.p = p
+
+    def __getitem__(self, i):
+        return self.p
+
+
+def logical_task(x):
+    p = Promise()
+    p.resolve_with(subprocess(initial(x), p))
+    return p
+
+
+@gen_cluster(**validated)
+async def test_the_use_case_delegates_from_inside_a_task(c, s, a, b):
+    p = await asyncio_to(logical_task, 5)
+    assert await c.compute(dask.delayed(lambda v: v + 1)(p)) == 101
+    assert await c.compute(p) == 100
+    plugin = s.plugins["dask-coro-promises"]
+    assert len(plugin.history[p.key]) == 2  # subprocess, then aggregate
+
+
+async def asyncio_to(fn, *args):
+    # Promise() and resolve_with() are blocking client calls; run them off the
+    # event loop the asynchronous test client lives on.
+    import asyncio
+
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+@gen_cluster(**validated)
+async def test_dependents_submitted_before_the_promise_is_resolved(c, s, a, b):
+    p = await asyncio_to(Promise)
+    total = c.compute(dask.delayed(lambda v: v * 2)(p))
+    direct = c.compute(p)
+    await async_poll_for(lambda: p.key in s.tasks and len(s.tasks) >= 2, timeout=10)
+    assert s.tasks[p.key].state == "no-worker"  # parked: nothing runs, nothing waits
+    assert not total.done() and not direct.done()
+    await asyncio_to(p.resolve_with, dask.delayed(sum)([1, 2, 3]))
+    assert await total == 12
+    assert await direct == 6
+
+
+@gen_cluster(**validated)
+async def test_resolve_with_every_kind_of_value(c, s, a, b):
+    da = pytest.importorskip("dask.array")
+    fut = c.submit(lambda: "from a future", key="the-future")
+    for x, expected in [
+        (fut, "from a future"),
+        (7, 7),
+        (da.ones(10, chunks=5).sum(), 10.0),
+        (dask.delayed(max)([1, 5]), 5),
+    ]:
+        p = await asyncio_to(Promise)
+        await asyncio_to(p.resolve_with, x)
+        assert await c.compute(p) == expected
+
+
+@coroutine
+def resolves(handle, x):
+    handle[0].resolve_with(x)
+    return "resolved"
+
+
+@coroutine
+def creates_and_waits():
+    p = Promise()  # created inside a running coroutine, on a worker
+    done = yield resolves(HandleOf(p), dask.delayed(lambda: 21)())
+    value = yield p
+    return done, value * 2
+
+
+@coroutine
+def yields_promise(q):
+    return (yield q) + 1
+
+
+@gen_cluster(**validated)
+async def test_promises_in_coroutines(c, s, a, b):
+    assert await c.compute(creates_and_waits()) == ("resolved", 42)
+    # A promise passed into a coroutine as an argument is a dependency: the
+    # coroutine starts once the promise has its value.
+    p = await asyncio_to(Promise)
+    fut = c.compute(yields_promise(p))
+    await asyncio_to(p.resolve_with, 5)
+    assert await fut == 6
+
+
+@gen_cluster(**validated)
+async def test_value_not_copied_when_target_is_local(c, s, a, b):
+    @dask.delayed
+    def big():
+        return list(range(1000))
+
+    p = await asyncio_to(Promise)
+    target = big()
+    keep_target = c.compute(target)  # keep the target's data to compare with
+    await asyncio_to(p.resolve_with, target)
+    fut = c.compute(p)
+    await fut
+    holder = a if p.key in a.data else b
+    # The promise ran on its target's worker, as an alias: the same object.
+    assert holder.data[p.key] is holder.data[target.key]
+    del keep_target
+
+
+# --- errors ---------------------------------------------------------------------
+
+
+@gen_cluster(**validated)
+async def test_resolving_a_promise_with_a_final_value(c, s, a, b):
+    p = await asyncio_to(Promise)
+    await asyncio_to(p.resolve_with, 1)
+    assert await c.compute(p) == 1
+    keep = c.compute(p)
+    await keep
+    with pytest.raises(PromiseError, match="already has a final value"):
+        await asyncio_to(p.resolve_with, 2)
+
+
+@gen_cluster(**validated)
+async def test_only_the_target_may_repoint(c, s, a, b):
+    ev = Event()
+    p = await asyncio_to(Promise)
+
+    @dask.delayed
+    def slow_target():
+        Event(ev.name).wait()
+        return "target"
+
+    await asyncio_to(p.resolve_with, slow_target())
+    keep = c.compute(p)
+
+    # The client is not the target:
+    with pytest.raises(PromiseError, match="may not resolve promise .* only that task"):
+        await asyncio_to(p.resolve_with, 3)
+
+    # Nor is another task:
+    @dask.delayed
+    def intruder(q):
+        q[0].resolve_with(4)
+
+    with pytest.raises(PromiseError, match=r"task .*intruder.* may not resolve"):
+        await c.compute(intruder(HandleOf(p)))
+    await ev.set()
+    assert await keep == "target"
+
+
+@gen_cluster(**validated)
+async def test_target_that_fails_fails_the_dependents(c, s, a, b):
+    @dask.delayed
+    def broken():
+        raise ValueError("target broke")
+
+    p = await asyncio_to(Promise)
+    dep = c.compute(dask.delayed(lambda v: v)(p))
+    await asyncio_to(p.resolve_with, broken())
+    with pytest.raises(ValueError, match="target broke"):
+        await dep
+
+
+@gen_cluster(**validated)
+async def test_resolver_that_fails_before_resolving(c, s, a, b):
+    @dask.delayed
+    def resolver(initial, promise):
+        raise KeyError("resolver failed first")
+
+    def logical():
+        p = Promise()
+        p.resolve_with(resolver(1, p))
+        return p
+
+    p = await asyncio_to(logical)
+    with pytest.raises(KeyError, match="resolver failed first"):
+        await c.compute(dask.delayed(lambda v: v)(p))
+
+
+@gen_cluster(**validated)
+async def test_promise_nobody_will_resolve_is_an_error(c, s, a, b):
+    @coroutine
+    def forgets():
+        p = Promise()  # created here, never resolved, returned to the caller
+        return HandleOf(p)
+
+    handle = await c.compute(forgets())
+    p = handle[0]
+    with pytest.raises(PromiseError, match="never resolved: the task .*forgets"):
+        await c.compute(p)
+
+
+@gen_cluster(**validated)
+async def test_resolving_with_itself(c, s, a, b):
+    p = await asyncio_to(Promise)
+    with pytest.raises(PromiseError, match="with itself"):
+        await asyncio_to(p.resolve_with, p)
+
+
+def test_promise_needs_a_cluster():
+    with pytest.raises(PromiseError, match="needs a distributed Client|distributed scheduler"):
+        Promise()
+
+
+# --- scale ------------------------------------------------------------------------
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], scheduler_kwargs={"validate": True})
+async def test_recursive_delegation_depth_10(c, s, a):
+    @dask.delayed
+    def step(n, acc, promise):
+        if n == 0:
+            promise.resolve_with(acc)
+        else:
+            promise.resolve_with(step(n - 1, acc + n, promise))
+
+    def start():
+        p = Promise()
+        p.resolve_with(step(10, 0, p))
+        return p
+
+    p = await asyncio_to(start)
+    assert await c.compute(p) == sum(range(11))
+    assert len(s.plugins["dask-coro-promises"].history[p.key]) == 12
