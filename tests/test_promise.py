@@ -267,3 +267,33 @@ async def test_recursive_delegation_depth_10(c, s, a):
     p = await asyncio_to(start)
     assert await c.compute(p) == sum(range(11))
     assert len(s.plugins["dask-coro-promises"].history[p.key]) == 12
+
+
+@gen_cluster(**validated)
+async def test_resolver_cancelled_before_resolving(c, s, a, b):
+    from distributed.client import FutureCancelledError
+
+    ev = Event()
+
+    @dask.delayed
+    def resolver(promise):
+        Event(ev.name).wait()  # never set before the cancel
+        promise.resolve_with(1)
+
+    def logical():
+        p = Promise()
+        r = resolver(p)
+        p.resolve_with(r)
+        return p, r
+
+    p, r = await asyncio_to(logical)
+    dep = c.compute(dask.delayed(lambda v: v)(p))
+    held = c.compute(r)  # the user holds the resolver too, and cancels it
+    await async_poll_for(lambda: s.tasks.get(r.key) is not None
+                         and s.tasks[r.key].state == "processing", timeout=10)
+    await c.cancel([held])
+    # Cancelling the resolver cancels what depends on it: the promise and its
+    # dependents fail instead of waiting for ever.
+    with pytest.raises(FutureCancelledError, match=p.key + "|lost dependencies|cancelled"):
+        await dep
+    await ev.set()
