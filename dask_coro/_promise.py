@@ -143,20 +143,42 @@ class Promise(Delayed):
         """
         client = _client()
         _install(client)
+        resolver = _running_key()
         target, dsk = self._target_graph(x)
-        futures = client.get(dsk, [target], sync=False) if dsk else []
-        try:
-            reply = client.sync(
-                client.scheduler.dask_coro_promise_resolve,
-                promise=self.key,
-                target=target,
-                resolver=_running_key(),
-            )
-        finally:
-            for f in futures:
-                f.release()
+        # Vet first (one round trip, so errors reach the caller), then send the
+        # target's graph and the rewiring on the client's batched stream, where
+        # the scheduler handles them in order without waiting for each other.
+        reply = client.sync(
+            client.scheduler.dask_coro_promise_check,
+            promise=self.key,
+            target=target,
+            resolver=resolver,
+        )
         if reply.get("status") != "OK":
             raise PromiseError(reply.get("message", repr(reply)))
+        if reply.get("noop"):
+            return
+        futures = client.get(dsk, [target], sync=False) if dsk else []
+        client._send_to_scheduler(
+            {
+                "op": "dask-coro-promise-resolve",
+                "promise": self.key,
+                "target": target,
+                "resolver": resolver,
+            }
+        )
+        if reply.get("repoint"):
+            # We are the promise's current target: our own completion (on the
+            # worker's stream) must not reach the scheduler before the rewiring.
+            done = client.sync(
+                client.scheduler.dask_coro_promise_applied, promise=self.key, target=target
+            )
+            if done.get("status") != "OK":
+                raise PromiseError(done.get("message", repr(done)))
+        # Our futures on the target may go: once rewired, the promise depends
+        # on it. Releases travel on the same stream, after the rewiring.
+        for f in futures:
+            f.release()
 
     def _target_graph(self, x: Any) -> tuple[Hashable, dict[Hashable, Any]]:
         """The key ``x`` lives under and the graph to submit for it, with this
@@ -182,8 +204,6 @@ class Promise(Delayed):
             if self.key in v.dependencies:
                 v = v.substitute({self.key: me})
             dsk[k] = v
-        if target == self.key:
-            raise PromiseError(f"promise {self.key!r} cannot be resolved with itself")
         return target, dsk
 
 

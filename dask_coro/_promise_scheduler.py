@@ -49,16 +49,24 @@ class PromisePlugin(SchedulerPlugin):
         self.history: dict[Key, list[Key]] = {}  # promise -> every target, in order
         self.pointed_by: dict[Key, set[Key]] = {}  # target -> promises pointing at it
         self.created_by: dict[Key, set[Key]] = {}  # creating task -> its promises
+        self.arrived: dict[Key, asyncio.Event] = {}  # keys a resolve waits to see
+        self.done: dict[tuple[Key, Key], asyncio.Event] = {}  # (promise, target) handled
+        self.rewired: dict[Key, set[Key]] = {}  # promise -> targets handled so far
         self.scheduler: Any = None
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
-        scheduler.handlers["dask_coro_promise_resolve"] = self.resolve
+        scheduler.handlers["dask_coro_promise_check"] = self.check
+        scheduler.handlers["dask_coro_promise_applied"] = self.applied
+        scheduler.stream_handlers["dask-coro-promise-resolve"] = self.resolve
 
     # -- hooks ---------------------------------------------------------------
 
     def update_graph(self, scheduler: Any, *, tasks: list[Key] = (), **kwargs: Any) -> None:  # type: ignore[assignment]
         for key in tasks:
+            arrived = self.arrived.pop(key, None)
+            if arrived is not None:
+                arrived.set()
             ts = scheduler.tasks.get(key)
             if ts is not None and is_placeholder(ts.run_spec):
                 creator = ts.run_spec.args[1]
@@ -86,35 +94,51 @@ class PromisePlugin(SchedulerPlugin):
                         )
                 self.targets.pop(key, None)
                 self.history.pop(key, None)
+                self.rewired.pop(key, None)
         except Exception:
             logger.exception("dask_coro promise bookkeeping failed on %r", key)
 
     # -- resolving -----------------------------------------------------------
 
-    async def resolve(
+    async def check(
         self, promise: Key, target: Key, resolver: Key | None = None, timeout: float = 60
     ) -> dict[str, Any]:
-        """Point ``promise`` at ``target`` on behalf of ``resolver`` (a task key,
-        or None for a client). Returns ``{"status": "OK"}`` or an error message."""
+        """RPC: may ``resolver`` (a task key, or None for a client) point
+        ``promise`` at ``target``? If so the promise counts as pointing at
+        ``target`` from now on (later checks see it), and the rewiring itself
+        follows on the resolver's batched stream. Returns ``{"status": "OK"}``
+        (with ``"repoint": True`` when the resolver is the current target),
+        ``{"status": "OK", "noop": True}`` for a rerun of a task that already
+        pointed it onwards, or an error."""
         s = self.scheduler
-        # The target's graph travels on the resolver's batched stream, which
-        # this request/response call may overtake: wait until it has arrived.
-        deadline = time() + timeout
-        # So may the promise's own creation, sent on another client's stream.
-        while target not in s.tasks or promise not in s.tasks:
-            if time() > deadline:
-                missing = target if target not in s.tasks else promise
-                return _error(
-                    f"{missing!r} never reached the scheduler while resolving "
-                    f"promise {promise!r} (was it released?)"
-                )
-            await asyncio.sleep(0.002)
-        ts = s.tasks.get(promise)
+        if promise not in s.tasks:
+            # Its creation may still be on another client's batched stream.
+            arrived = self.arrived.setdefault(promise, asyncio.Event())
+            try:
+                await asyncio.wait_for(arrived.wait(), timeout)
+            except asyncio.TimeoutError:
+                return _error(f"promise {promise!r} is not known to the scheduler (was it released?)")
+            finally:
+                if self.arrived.get(promise) is arrived and not arrived.is_set():
+                    del self.arrived[promise]
+        verdict = self._verdict(promise, resolver)
+        if verdict["status"] == "OK" and not verdict.get("noop"):
+            if target == promise:
+                return _error(f"promise {promise!r} cannot be resolved with itself")
+            previous = self.targets.get(promise)
+            self.history.setdefault(promise, []).append(target)
+            self.targets[promise] = target
+            self.pointed_by.setdefault(target, set()).add(promise)
+            if previous is not None and previous in self.pointed_by:
+                self.pointed_by[previous].discard(promise)
+        return verdict
+
+    def _verdict(self, promise: Key, resolver: Key | None) -> dict[str, Any]:
+        ts = self.scheduler.tasks.get(promise)
         if ts is None:
             return _error(f"promise {promise!r} is not known to the scheduler (was it released?)")
-        history = self.history.setdefault(promise, [])
+        history = self.history.get(promise, ())
         if resolver is not None and resolver in history[:-1]:
-            # A rerun of a task that already pointed this promise onwards.
             return {"status": "OK", "noop": True}
         if ts.state in ("memory", "erred"):
             return _error(f"promise {promise!r} already has a final value; it cannot be resolved again")
@@ -125,28 +149,60 @@ class PromisePlugin(SchedulerPlugin):
                 f"{who} may not resolve promise {promise!r}: it points at "
                 f"{current!r}, and only that task may point it elsewhere"
             )
-        if target == promise:
-            return _error(f"promise {promise!r} cannot be resolved with itself")
-        tt = s.tasks[target]
-        stimulus_id = f"dask-coro-promise-resolve-{time()}"
-        error = rewire(s, ts, tt, stimulus_id)
-        if error:
-            return _error(f"promise {promise!r}: {error}")
-        history.append(target)
-        self.targets[promise] = target
-        self.pointed_by.setdefault(target, set()).add(promise)
-        if current is not None and current in self.pointed_by:
-            self.pointed_by[current].discard(promise)
+        if current is not None:
+            return {"status": "OK", "repoint": True}
         return {"status": "OK"}
+
+    async def applied(self, promise: Key, target: Key, timeout: float = 60) -> dict[str, Any]:
+        """RPC: wait until the rewiring of ``promise`` to ``target`` sent on a
+        batched stream has been handled. A task that re-points the promise it
+        is the target of waits for this before it returns: its completion
+        travels on the worker's stream and must not overtake the rewiring."""
+        if target in self.rewired.get(promise, ()):
+            return {"status": "OK"}
+        done = self.done.setdefault((promise, target), asyncio.Event())
+        try:
+            await asyncio.wait_for(done.wait(), timeout)
+        except asyncio.TimeoutError:
+            return _error(f"promise {promise!r} was not re-pointed to {target!r} in time")
+        finally:
+            self.done.pop((promise, target), None)
+        return {"status": "OK"}
+
+    def resolve(self, promise: Key, target: Key, resolver: Key | None = None, **kwargs: Any) -> None:
+        """Stream handler: rewire ``promise`` to ``target``, as ``check``
+        granted. It comes on the resolver's batched stream right after the
+        target's graph, so the scheduler knows the target already
+        (``handle_stream`` awaits ``update_graph`` before the next message)."""
+        try:
+            if self.targets.get(promise) != target:
+                return  # superseded, or the promise was forgotten meanwhile
+            s = self.scheduler
+            ts, tt = s.tasks.get(promise), s.tasks.get(target)
+            if ts is None:
+                return
+            if tt is None:
+                self._fail(promise, f"promise {promise!r}: its target {target!r} is not known to the scheduler", force=True)
+                return
+            error = rewire(s, ts, tt, f"dask-coro-promise-resolve-{time()}")
+            if error:
+                self._fail(promise, f"promise {promise!r}: {error}", force=True)
+        except Exception:
+            logger.exception("dask_coro: resolving promise %r with %r failed", promise, target)
+        finally:
+            self.rewired.setdefault(promise, set()).add(target)
+            done = self.done.get((promise, target))
+            if done is not None:
+                done.set()
 
     def _fail_later(self, promise: Key, message: str) -> None:
         # Not from inside a transition hook: transitions are not re-entrant.
         self.scheduler.loop.add_callback(self._fail, promise, message)
 
-    def _fail(self, promise: Key, message: str) -> None:
+    def _fail(self, promise: Key, message: str, force: bool = False) -> None:
         s = self.scheduler
         ts = s.tasks.get(promise)
-        if ts is None or ts.state != "no-worker" or promise in self.targets:
+        if ts is None or ts.state != "no-worker" or (promise in self.targets and not force):
             return
         try:
             raise PromiseError(message)
