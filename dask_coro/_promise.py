@@ -8,6 +8,7 @@ elsewhere while it runs (delegation), any number of levels deep.
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections.abc import Hashable
 from typing import Any
@@ -203,9 +204,65 @@ class Promise(Delayed):
                 v = convert_legacy_task(k, v, dsk.keys())
             if self.key in v.dependencies:
                 v = v.substitute({self.key: me})
+                if isinstance(v, Task):
+                    # A task that receives the promise is one of its resolvers:
+                    # if it fails, say which promise it left unresolved.
+                    v = Task(k, _Resolving(self.key, v.func), *v.args, **v.kwargs)
             dsk[k] = v
         return target, dsk
 
 
 def _promise_from_key(key: Hashable) -> Promise:
     return Promise(_key=key)
+
+
+class _Resolving:
+    """Wraps the function of a task that received a promise to resolve: an
+    exception it raises becomes a ``PromiseError`` naming the promise (with
+    the original as its cause and in its message), for the promise's
+    dependents to see. Async functions (coroutine calls) stay async."""
+
+    __slots__ = ("promise", "func")
+
+    def __init__(self, promise: Hashable, func: Any):
+        self.promise = promise
+        self.func = func
+
+    @property
+    def __tornado_coroutine__(self) -> bool:
+        from distributed.utils import iscoroutinefunction
+
+        return iscoroutinefunction(self.func)
+
+    @property
+    def key(self) -> Any:
+        return getattr(self.func, "key", None)
+
+    def with_key(self, key: Hashable) -> _Resolving:
+        rekey = getattr(self.func, "with_key", None)
+        return _Resolving(self.promise, rekey(key) if rekey else self.func)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            out = self.func(*args, **kwargs)
+        except Exception as e:
+            raise self._error(e) from e
+        if inspect.isawaitable(out):
+            return self._await(out)
+        return out
+
+    async def _await(self, awaitable: Any) -> Any:
+        try:
+            return await awaitable
+        except Exception as e:
+            raise self._error(e) from e
+
+    def _error(self, e: BaseException) -> PromiseError:
+        who = _running_key()
+        return PromiseError(
+            f"promise {self.promise!r} was not resolved: its resolver "
+            f"{who!r} raised {type(e).__name__}: {e}"
+        )
+
+    def __repr__(self) -> str:
+        return f"<resolving {self.promise!r}: {self.func!r}>"

@@ -218,8 +218,27 @@ async def test_resolver_that_fails_before_resolving(c, s, a, b):
         return p
 
     p = await asyncio_to(logical)
-    with pytest.raises(KeyError, match="resolver failed first"):
+    # The resolver received the promise: its failure names the promise it
+    # left unresolved, and carries the original error's text.
+    with pytest.raises(PromiseError, match=rf"promise '{p.key}' was not resolved: its resolver .*resolver.* raised KeyError: 'resolver failed first'"):
         await c.compute(dask.delayed(lambda v: v)(p))
+
+
+@gen_cluster(**validated)
+async def test_coroutine_resolver_that_fails_before_resolving(c, s, a, b):
+    @coroutine
+    def resolver(promise):
+        yield dask.delayed(lambda: 1)()  # a real coroutine, suspended once
+        raise ValueError("coroutine resolver failed")
+
+    def logical():
+        p = Promise()
+        p.resolve_with(resolver(p))
+        return p
+
+    p = await asyncio_to(logical)
+    with pytest.raises(PromiseError, match=rf"promise '{p.key}' was not resolved: .*ValueError: coroutine resolver failed"):
+        await c.compute(p)
 
 
 @gen_cluster(**validated)
