@@ -45,13 +45,19 @@ class PromisePlugin(SchedulerPlugin):
     idempotent = True
 
     def __init__(self) -> None:
-        self.targets: dict[Key, Key] = {}  # promise -> what it points at now
-        self.history: dict[Key, list[Key]] = {}  # promise -> every target, in order
+        self.targets: dict[Key, Key] = {}  # promise -> what it is rewired to now
+        self.history: dict[Key, list[Key]] = {}  # promise -> every target rewired, in order
+        # promise -> (resolver, target) granted by ``check``, its rewiring still
+        # on the resolver's stream (lost if the resolver's worker dies first)
+        self.pending: dict[Key, tuple[Key | None, Key]] = {}
         self.pointed_by: dict[Key, set[Key]] = {}  # target -> promises pointing at it
         self.created_by: dict[Key, set[Key]] = {}  # creating task -> its promises
         self.arrived: dict[Key, asyncio.Event] = {}  # keys a resolve waits to see
         self.done: dict[tuple[Key, Key], asyncio.Event] = {}  # (promise, target) handled
-        self.rewired: dict[Key, set[Key]] = {}  # promise -> targets handled so far
+        # Former targets detached by a re-pointing: nothing else would ever
+        # forget them once released (distributed forgets a task when its
+        # dependents are forgotten or its clients release it).
+        self.orphans: set[Key] = set()
         self.scheduler: Any = None
 
     async def start(self, scheduler: Any) -> None:
@@ -74,11 +80,16 @@ class PromisePlugin(SchedulerPlugin):
                     self.created_by.setdefault(creator, set()).add(key)
 
     def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        if key in self.orphans:
+            if finish == "released":
+                self.scheduler.loop.add_callback(self._forget_orphan, key)
+            elif finish == "forgotten":
+                self.orphans.discard(key)
         if finish not in ("memory", "erred", "forgotten"):
             return
         try:
             for p in self.created_by.pop(key, ()):
-                if p not in self.targets:
+                if p not in self.targets and p not in self.pending:
                     self._fail_later(
                         p,
                         f"promise {p!r} was never resolved: the task {key!r} that "
@@ -94,7 +105,7 @@ class PromisePlugin(SchedulerPlugin):
                         )
                 self.targets.pop(key, None)
                 self.history.pop(key, None)
-                self.rewired.pop(key, None)
+                self.pending.pop(key, None)
         except Exception:
             logger.exception("dask_coro promise bookkeeping failed on %r", key)
 
@@ -125,12 +136,7 @@ class PromisePlugin(SchedulerPlugin):
         if verdict["status"] == "OK" and not verdict.get("noop"):
             if target == promise:
                 return _error(f"promise {promise!r} cannot be resolved with itself")
-            previous = self.targets.get(promise)
-            self.history.setdefault(promise, []).append(target)
-            self.targets[promise] = target
-            self.pointed_by.setdefault(target, set()).add(promise)
-            if previous is not None and previous in self.pointed_by:
-                self.pointed_by[previous].discard(promise)
+            self.pending[promise] = (resolver, target)
         return verdict
 
     def _verdict(self, promise: Key, resolver: Key | None) -> dict[str, Any]:
@@ -139,10 +145,18 @@ class PromisePlugin(SchedulerPlugin):
             return _error(f"promise {promise!r} is not known to the scheduler (was it released?)")
         history = self.history.get(promise, ())
         if resolver is not None and resolver in history[:-1]:
+            # It pointed the promise onwards, and that took effect: a rerun.
             return {"status": "OK", "noop": True}
         if ts.state in ("memory", "erred"):
             return _error(f"promise {promise!r} already has a final value; it cannot be resolved again")
         current = self.targets.get(promise)
+        pending = self.pending.get(promise)
+        if pending is not None and (resolver is None or pending[0] != resolver):
+            # A grant is on its way: it counts as the target. Only a grant of
+            # the same task is superseded (it re-points again, or re-runs after
+            # its worker died before the rewiring reached us); a client never
+            # re-points.
+            current = pending[1]
         if current is not None and resolver != current:
             who = "a client" if resolver is None else f"task {resolver!r}"
             return _error(
@@ -158,7 +172,7 @@ class PromisePlugin(SchedulerPlugin):
         batched stream has been handled. A task that re-points the promise it
         is the target of waits for this before it returns: its completion
         travels on the worker's stream and must not overtake the rewiring."""
-        if target in self.rewired.get(promise, ()):
+        if target in self.history.get(promise, ()):
             return {"status": "OK"}
         done = self.done.setdefault((promise, target), asyncio.Event())
         try:
@@ -175,8 +189,9 @@ class PromisePlugin(SchedulerPlugin):
         target's graph, so the scheduler knows the target already
         (``handle_stream`` awaits ``update_graph`` before the next message)."""
         try:
-            if self.targets.get(promise) != target:
+            if self.pending.get(promise) != (resolver, target):
                 return  # superseded, or the promise was forgotten meanwhile
+            del self.pending[promise]
             s = self.scheduler
             ts, tt = s.tasks.get(promise), s.tasks.get(target)
             if ts is None:
@@ -184,16 +199,37 @@ class PromisePlugin(SchedulerPlugin):
             if tt is None:
                 self._fail(promise, f"promise {promise!r}: its target {target!r} is not known to the scheduler", force=True)
                 return
-            error = rewire(s, ts, tt, f"dask-coro-promise-resolve-{time()}")
+            stimulus_id = f"dask-coro-promise-resolve-{time()}"
+            detached = ts.dependencies - {tt}
+            error = rewire(s, ts, tt, stimulus_id)
             if error:
                 self._fail(promise, f"promise {promise!r}: {error}", force=True)
+                return
+            for dts in detached:
+                self.orphans.add(dts.key)
+                if dts.state == "released":
+                    self._forget_orphan(dts.key)
+            previous = self.targets.get(promise)
+            self.history.setdefault(promise, []).append(target)
+            self.targets[promise] = target
+            self.pointed_by.setdefault(target, set()).add(promise)
+            if previous is not None and previous in self.pointed_by:
+                self.pointed_by[previous].discard(promise)
         except Exception:
             logger.exception("dask_coro: resolving promise %r with %r failed", promise, target)
         finally:
-            self.rewired.setdefault(promise, set()).add(target)
             done = self.done.get((promise, target))
             if done is not None:
                 done.set()
+
+    def _forget_orphan(self, key: Key) -> None:
+        s = self.scheduler
+        ts = s.tasks.get(key)
+        if ts is None:
+            self.orphans.discard(key)
+        elif ts.state == "released" and not (ts.dependents or ts.who_wants or ts.waiters):
+            self.orphans.discard(key)
+            s.transitions({key: "forgotten"}, f"dask-coro-promise-orphan-{time()}")
 
     def _fail_later(self, promise: Key, message: str) -> None:
         # Not from inside a transition hook: transitions are not re-entrant.
