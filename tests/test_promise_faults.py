@@ -128,6 +128,22 @@ def assert_no_duplicate_targets(history: list) -> None:
     assert len(history) == len(set(history)), history
 
 
+async def value(fut, timeout: float = 60):
+    """The result of ``fut``, failing the test (not hanging it) if it never
+    finishes: a promise that lost its resolution stays parked forever."""
+    await async_poll_for(fut.done, timeout=timeout)
+    return await fut
+
+
+async def all_forgotten(s, timeout: float = 30) -> None:
+    """Once the client holds nothing, the scheduler and the plugin's
+    bookkeeping are empty: no former target or resolver is left behind."""
+    await async_poll_for(lambda: not s.tasks, timeout=timeout)
+    plugin = s.plugins[PLUGIN]
+    left = {name: v for name, v in vars(plugin).items() if isinstance(v, (dict, set)) and v}
+    assert not left, left
+
+
 # --------------------------------------------------------------------------
 # a. the worker running the resolver dies before it resolves
 
@@ -159,8 +175,8 @@ async def test_resolver_worker_dies_before_resolving(c, s, a, b, tmp_path, how):
         await Event(go, client=c).set()
     if closing is not None:
         await closing
-    assert await out.result(timeout=60) == expected(n) + 1
-    assert await c.compute(p).result(timeout=60) == expected(n)
+    assert await value(out) == expected(n) + 1
+    assert await value(c.compute(p)) == expected(n)
 
     history = s.plugins[PLUGIN].history[p.key]
     assert_no_duplicate_targets(history)
@@ -173,6 +189,8 @@ async def test_resolver_worker_dies_before_resolving(c, s, a, b, tmp_path, how):
     assert 1 <= len(_lines(folder, "resolved")) <= 2
     if how == "sigkill":
         assert _lines(folder, "resolved") == [survivor.worker_address]
+    del p, resolver, out
+    await all_forgotten(s)
 
 
 def resolve_but_die_before_rewiring(promise: Promise, n: int, folder: str) -> str:
@@ -219,16 +237,16 @@ async def test_resolver_worker_dies_between_grant_and_rewiring(c, s, a, b, tmp_p
     await async_poll_for(lambda: died not in s.workers, timeout=30)
     # The rerun resolves the promise: its value is the target's, not the
     # resolver's own return value, and it does not hang parked.
-    pf = c.compute(p)
-    await async_poll_for(lambda: pf.done() and out.done(), timeout=30)
-    assert await pf == expected(n)
-    assert await out == expected(n) + 1
+    assert await value(c.compute(p), timeout=30) == expected(n)
+    assert await value(out, timeout=30) == expected(n) + 1
     assert len(_lines(folder, "resolved")) == 1
     history = s.plugins[PLUGIN].history[p.key]
     assert_no_duplicate_targets(history)
     if not first:
         assert history[0] == resolver.key
     assert s.tasks[history[-1]].state in ("memory", "released")
+    del p, resolver, out
+    await all_forgotten(s)
 
 
 # --------------------------------------------------------------------------
@@ -267,15 +285,20 @@ async def test_resolver_worker_dies_after_resolving(c, s, a, b, tmp_path, how, h
         await Event(go, client=c).set()
     if closing is not None:
         await closing
-    assert await out.result(timeout=60) == expected(n) + 1
-    assert await c.compute(p).result(timeout=60) == expected(n)
+    assert await value(out) == expected(n) + 1
+    assert await value(c.compute(p)) == expected(n)
     if held:
-        assert await resolver.result(timeout=60) == "resolver done"
+        assert await value(resolver) == "resolver done"
         # It ran (and resolved) again; that changed nothing.
         assert len(_lines(folder, "resolver")) >= 2
         assert len(_lines(folder, "resolved")) >= 2
+    else:
+        # Nothing wants it any more: it is not kept around.
+        await async_poll_for(lambda: resolver.key not in s.tasks, timeout=30)
     assert s.plugins[PLUGIN].history[p.key] == history
     assert s.plugins[PLUGIN].targets[p.key] == history[-1]
+    del p, resolver, out
+    await all_forgotten(s)
 
 
 # --------------------------------------------------------------------------
@@ -319,11 +342,11 @@ async def test_target_data_lost_after_fulfilment_recomputes_through_new_lineage(
 ):
     folder = str(tmp_path)
     x = 6
-    value = sum(10 * v for v in range(x))
+    total_value = sum(10 * v for v in range(x))
     p = await asyncio.to_thread(logical_task, x, folder)
     pf = c.compute(p)  # a future on the promise itself, kept throughout
-    assert await c.compute(add(p, 1)).result(timeout=30) == value + 1
-    assert await pf.result(timeout=30) == value
+    assert await value(c.compute(add(p, 1))) == total_value + 1
+    assert await value(pf) == total_value
 
     history = s.plugins[PLUGIN].history[p.key]
     assert len(history) == 2 and history[0].startswith("subprocess-")
@@ -340,13 +363,15 @@ async def test_target_data_lost_after_fulfilment_recomputes_through_new_lineage(
 
     # Asked again: recomputed through Alias(P -> aggregate) and the subtasks,
     # not through the resolver (subprocess) nor what it depended on (initial).
-    assert await c.compute(add(p, 2)).result(timeout=60) == value + 2
-    assert await pf.result(timeout=60) == value
+    assert await value(c.compute(add(p, 2))) == total_value + 2
+    assert await value(pf) == total_value
     assert len(_lines(folder, "subtask")) == 2 * x
     assert len(_lines(folder, "aggregate")) == 2
     assert len(_lines(folder, "subprocess")) == 1
     assert len(_lines(folder, "initial")) == 1
     assert s.plugins[PLUGIN].history[p.key] == history
+    del p, pf
+    await all_forgotten(s)
 
 
 # --------------------------------------------------------------------------
@@ -378,10 +403,12 @@ async def test_thousands_of_pending_promises(c, s, a):
             p.resolve_with(i)
 
     await asyncio.to_thread(resolve_all)
-    assert await everything.result(timeout=60) == N_PENDING * (N_PENDING - 1) // 2
-    assert await firsts.result(timeout=60) == N_PENDING - 1
+    assert await value(everything) == N_PENDING * (N_PENDING - 1) // 2
+    assert await value(firsts) == N_PENDING - 1
     history = s.plugins[PLUGIN].history
     assert all(len(history[p.key]) == 1 for p in promises)
+    del promises, everything, firsts
+    await all_forgotten(s)
 
 
 # --------------------------------------------------------------------------
@@ -432,7 +459,7 @@ def explore(state: int, depth: int, promise: Promise) -> None:
 
 
 class Recorder(SchedulerPlugin):
-    """Keys that reached memory, and every target each promise ever had."""
+    """Keys that reached memory."""
 
     def __init__(self) -> None:
         self.memory: list = []
@@ -454,7 +481,7 @@ async def test_branched_search_through_promises(c, s, a, b):
     s.add_plugin(r)
     root = await asyncio.to_thread(search, DEPTH)
     result = c.compute(root)
-    assert await result.result(timeout=90) == best_sequential(0, DEPTH)
+    assert await value(result, timeout=90) == best_sequential(0, DEPTH)
 
     nodes = count_nodes(0, DEPTH)
     assert nodes > 2**DEPTH  # eight levels, not cut short
@@ -466,8 +493,7 @@ async def test_branched_search_through_promises(c, s, a, b):
     assert len(history) == 2
     assert history[0].startswith("explore-") and history[1].startswith("combine-")
 
-    # Everything is released once the client lets go of the root.
+    # Every node re-pointed its promise away from itself; once the client
+    # lets go of the root, none of them, nor any promise, is left behind.
     del result, root
-    await async_poll_for(lambda: not s.tasks, timeout=30)
-    plugin = s.plugins[PLUGIN]
-    assert not plugin.targets and not plugin.history and not plugin.created_by
+    await all_forgotten(s)
