@@ -8,6 +8,7 @@ elsewhere while it runs (delegation), any number of levels deep.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import uuid
 from collections.abc import Hashable
@@ -44,12 +45,24 @@ def _client() -> Any:
     from distributed import get_client
 
     try:
-        return get_client()
+        client = get_client()
     except ValueError:
         raise PromiseError(
             "a Promise is a node on a distributed scheduler: create and resolve it "
             "with a distributed Client active, or inside a task on a worker"
         ) from None
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        return client
+    if running is getattr(client.loop, "asyncio_loop", None):
+        # Client.sync would hand back coroutines nobody awaits here.
+        raise PromiseError(
+            "Promise() and resolve_with() are blocking calls and cannot run on "
+            "the event loop of their client; from async code call them in a "
+            "thread, e.g. await asyncio.to_thread(Promise)"
+        )
+    return client
 
 
 def _install(client: Any) -> None:
