@@ -505,7 +505,8 @@ async def test_branched_search_through_promises(c, s, a, b):
 
 # --------------------------------------------------------------------------
 # found on the way: every test above calls Promise() and resolve_with from a
-# thread. On the event loop of an asynchronous client they are broken.
+# thread. On the event loop of an asynchronous client they used to drop the
+# plugin registration; now they raise PromiseError there.
 
 
 @gen_cluster(client=True, **VALIDATE)
