@@ -88,8 +88,10 @@ def plan_yield(
             path = (*path, ("#", i))
         seen.add(repr(path))
         nodes: Mapping[Key, tuple[Any, Any]] = {}
+        graph = None
         if isinstance(leaf, Delayed):
-            nodes = _index_layers(leaf.__dask_graph__())
+            graph = leaf.__dask_graph__()
+            nodes = _index_layers(graph)
         if isinstance(leaf, TaskRef) or (nodes and _on_cluster(leaf.key, nodes)):
             # A Future, or a Delayed that stands for one (a persisted Delayed,
             # a Promise): already on the cluster. Its value comes back through
@@ -105,7 +107,7 @@ def plan_yield(
         if isinstance(leaf, Delayed):
             # Results are reused across yields while their layer lives; a
             # plain dict graph has no layers to follow.
-            out, layer_of = leaf.key, hasattr(leaf.__dask_graph__(), "layers")
+            out, layer_of = leaf.key, hasattr(graph, "layers")
         else:
             out, nodes = _collection_graph(leaf, rename)
             layer_of = False
@@ -140,7 +142,7 @@ def _index_layers(hlg: Any) -> dict[Key, tuple[Any, Any]]:
 
 
 def _collection_graph(
-    coll: Any, known: Mapping[Key, Key] = {}
+    coll: Any, known: Mapping[Key, Key] | None = None
 ) -> tuple[Key, dict[Key, tuple[Any, Any]]]:
     """The optimized, finalized graph of any dask collection, as
     ``Client.compute`` builds it (``distributed.Client.compute``).

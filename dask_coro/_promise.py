@@ -247,10 +247,6 @@ class _Resolving:
 
         return iscoroutinefunction(self.func)
 
-    @property
-    def key(self) -> Any:
-        return getattr(self.func, "key", None)
-
     def with_key(self, key: Hashable) -> _Resolving:
         rekey = getattr(self.func, "with_key", None)
         return _Resolving(self.promise, rekey(key) if rekey else self.func)

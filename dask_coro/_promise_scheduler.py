@@ -115,9 +115,10 @@ class PromisePlugin(SchedulerPlugin):
         self, promise: Key, target: Key, resolver: Key | None = None, timeout: float = 60
     ) -> dict[str, Any]:
         """RPC: may ``resolver`` (a task key, or None for a client) point
-        ``promise`` at ``target``? If so the promise counts as pointing at
-        ``target`` from now on (later checks see it), and the rewiring itself
-        follows on the resolver's batched stream. Returns ``{"status": "OK"}``
+        ``promise`` at ``target``? If so the grant is kept as pending until the
+        rewiring, which follows on the resolver's batched stream, arrives;
+        meanwhile other resolvers' checks see ``target`` as the promise's
+        target (``_verdict``). Returns ``{"status": "OK"}``
         (with ``"repoint": True`` when the resolver is the current target),
         ``{"status": "OK", "noop": True}`` for a rerun of a task that already
         pointed it onwards, or an error."""
