@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
+if _TYPE_CHECKING:
+    from typing import Any
+
 from ._api import CoroutineCall as CoroutineCall
 from ._api import CoroutineFunction as CoroutineFunction
 from ._api import coroutine as coroutine
@@ -16,16 +22,54 @@ from ._promise import Promise as Promise
 
 __version__ = "0.1.0"
 
+# These import distributed, which importing dask_coro does not.
+_LAZY = {
+    "tie": ("._lifetimes_worker", "tie"),
+    "LifetimesPlugin": ("._lifetimes_scheduler", "LifetimesPlugin"),
+    "PromisePlugin": ("._promise_scheduler", "PromisePlugin"),
+}
+
+
+def __getattr__(name: str) -> Any:  # PEP 562
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        return getattr(_importlib.import_module(module, __name__), attr)
+    if name == "shm":  # needs numpy
+        return _importlib.import_module(".shm", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+async def dask_setup(server: Any) -> None:
+    """Preload hook: ``dask scheduler --preload dask_coro`` installs the
+    scheduler plugins; ``dask worker --preload dask_coro`` asks its scheduler
+    to install them. Installing them again later (first use) is a no-op."""
+    from distributed import Scheduler
+    from distributed.protocol.pickle import dumps
+
+    from ._lifetimes_scheduler import LifetimesPlugin
+    from ._promise_scheduler import PromisePlugin
+
+    for plugin in (PromisePlugin(), LifetimesPlugin()):
+        if isinstance(server, Scheduler):
+            server.add_plugin(plugin, idempotent=True)
+        else:
+            await server.scheduler.register_scheduler_plugin(
+                plugin=dumps(plugin), name=plugin.name, idempotent=True
+            )
+
 __all__ = [
     "BadYieldError",
     "CoroutineCall",
     "CoroutineCancelledError",
     "CoroutineFunction",
     "DaskCoroError",
+    "LifetimesPlugin",
     "NotInTaskError",
     "Promise",
     "PromiseError",
+    "PromisePlugin",
     "coroutine",
     "current_key",
     "gather",
+    "tie",
 ]

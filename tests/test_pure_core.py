@@ -173,7 +173,7 @@ def _imported_modules(path: pathlib.Path) -> set[str]:
 
 def test_pure_modules_import_neither_dask_nor_distributed():
     # _structure, _driver and _cache say "Pure: no dask, no distributed".
-    for name in ("_structure.py", "_driver.py", "_cache.py", "_exceptions.py"):
+    for name in ("_structure.py", "_driver.py", "_cache.py", "_exceptions.py", "_lifetimes.py"):
         mods = _imported_modules(PKG / name)
         assert "dask" not in mods, name
         assert "distributed" not in mods, name
@@ -184,9 +184,16 @@ def test_pure_modules_import_neither_dask_nor_distributed():
 def test_no_module_level_distributed_import_anywhere():
     # distributed is imported lazily (inside functions) only, except by the
     # adapters that only run inside distributed: the worker runner and the
-    # promise scheduler plugin (imported on first use of a Promise).
+    # plugins (imported on first use of a Promise or a tie).
+    adapters = (
+        "_runner.py",
+        "_promise_scheduler.py",
+        "_lifetimes_scheduler.py",
+        "_lifetimes_worker.py",
+        "__main__.py",
+    )
     for path in sorted(PKG.glob("*.py")):
-        if path.name in ("_runner.py", "_promise_scheduler.py", "__main__.py"):
+        if path.name in adapters:
             continue
         tree = ast.parse(path.read_text())
         for node in tree.body:

@@ -1,0 +1,154 @@
+"""The lifetimes ledger: which resources are tied to which keys, and which
+releases are owed to which worker. Pure: events in, releases out.
+
+A resource id is held by a set of keys. When the last of them is forgotten the
+id's release is *owed*. ``assign`` hands owed releases to live workers: the one
+that first tied the id if it is alive, else another worker on the same host
+(resources such as shared memory belong to a host), else the release waits for
+a worker on that host to join. A release handed out is *sent* until the worker
+acknowledges it; if the worker leaves first, or the call fails, it is owed
+again. So a release runs once in normal operation and at least once when
+workers die, never while a key holds the id.
+
+The scheduler plugin (``_lifetimes_scheduler``) feeds this from scheduler
+events; it keeps only ids, keys, hosts and worker addresses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+
+Key = Hashable
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a resource lives: its host, and the worker that tied it first."""
+
+    host: str
+    worker: str
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self._holders: dict[str, set[Key]] = {}  # id -> keys tying it
+        self._ids: dict[Key, set[str]] = {}  # key -> ids it ties
+        self._origin: dict[str, Origin] = {}  # id -> where it lives (tied or owed)
+        self._owed: set[str] = set()  # releases to hand out
+        self._sent: dict[str, str] = {}  # id -> worker running its release
+
+    # -- events in -----------------------------------------------------------
+
+    def tie(self, rid: str, key: Key, origin: Origin, *, key_alive: bool = True) -> None:
+        """``key`` ties ``rid``. A key that is no longer alive ties nothing: if
+        no live key holds ``rid`` either, its release is owed at once."""
+        self._origin.setdefault(rid, origin)
+        if not key_alive:
+            if not self._holders.get(rid) and rid not in self._sent:
+                self._owed.add(rid)
+            return
+        # Tied again before its release was handed out: the resource is alive
+        # and held, so the release is no longer owed. (Once sent it cannot be
+        # recalled: resource ids must not be reused, see ``dask_coro.tie``.)
+        self._owed.discard(rid)
+        self._holders.setdefault(rid, set()).add(key)
+        self._ids.setdefault(key, set()).add(rid)
+
+    def forget(self, key: Key) -> None:
+        """``key`` was forgotten by the scheduler."""
+        for rid in self._ids.pop(key, ()):
+            holders = self._holders[rid]
+            holders.discard(key)
+            if not holders:
+                del self._holders[rid]
+                self._owed.add(rid)
+
+    def forget_all(self) -> None:
+        """Every key was forgotten at once (``Scheduler.restart``)."""
+        for key in list(self._ids):
+            self.forget(key)
+
+    def worker_left(self, worker: str) -> None:
+        """Releases sent to ``worker`` and not acknowledged are owed again."""
+        for rid, to in list(self._sent.items()):
+            if to == worker:
+                del self._sent[rid]
+                self._owed.add(rid)
+
+    def acknowledged(self, worker: str, rids: Iterable[str]) -> None:
+        """``worker`` ran these releases (or found nothing to do)."""
+        for rid in rids:
+            if self._sent.get(rid) == worker:
+                del self._sent[rid]
+                if rid not in self._holders and rid not in self._owed:
+                    del self._origin[rid]
+
+    def failed(self, worker: str, rids: Iterable[str]) -> None:
+        """The call that carried these releases to ``worker`` failed; owe them
+        again (unless they were handed to another worker meanwhile)."""
+        for rid in rids:
+            if self._sent.get(rid) == worker:
+                del self._sent[rid]
+                self._owed.add(rid)
+
+    # -- releases out --------------------------------------------------------
+
+    def assign(self, workers: Mapping[str, str]) -> dict[str, list[str]]:
+        """Hand owed releases to workers, given live ``{address: host}``.
+        Returns ``{worker: [ids]}``; those ids are *sent* until acknowledged
+        or failed. Releases with no live worker on their host stay owed."""
+        by_host: dict[str, list[str]] = {}
+        for address in sorted(workers):
+            by_host.setdefault(workers[address], []).append(address)
+        out: dict[str, list[str]] = {}
+        for rid in sorted(self._owed):
+            origin = self._origin[rid]
+            if origin.worker in workers:
+                to = origin.worker
+            elif by_host.get(origin.host):
+                to = by_host[origin.host][0]
+            else:
+                continue
+            self._owed.discard(rid)
+            self._sent[rid] = to
+            out.setdefault(to, []).append(rid)
+        return out
+
+    # -- views ---------------------------------------------------------------
+
+    def holders(self, rid: str) -> frozenset[Key]:
+        return frozenset(self._holders.get(rid, ()))
+
+    def ids_of(self, key: Key) -> frozenset[str]:
+        return frozenset(self._ids.get(key, ()))
+
+    def ties(self, key: Key) -> bool:
+        """Whether ``key`` ties anything (cheap; asked for every forgotten key)."""
+        return key in self._ids
+
+    @property
+    def owed(self) -> frozenset[str]:
+        return frozenset(self._owed)
+
+    @property
+    def sent(self) -> Mapping[str, str]:
+        return dict(self._sent)
+
+    def waiting_hosts(self, workers: Mapping[str, str]) -> set[str]:
+        """Hosts with owed releases and no live worker to run them."""
+        hosts = set(workers.values())
+        return {
+            self._origin[rid].host
+            for rid in self._owed
+            if self._origin[rid].worker not in workers and self._origin[rid].host not in hosts
+        }
+
+    def __bool__(self) -> bool:
+        return bool(self._holders or self._owed or self._sent)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Ledger: {len(self._holders)} tied, {len(self._owed)} owed, "
+            f"{len(self._sent)} being released>"
+        )

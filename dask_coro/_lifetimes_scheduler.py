@@ -1,0 +1,187 @@
+"""Scheduler side of lifetimes: feeds the pure ``Ledger`` from scheduler events
+and hands owed releases to workers.
+
+The scheduler keeps ids, keys, hosts and worker addresses, nothing else: a
+release callable never reaches it (workers keep them, see
+``_lifetimes_worker``), so it never deserializes user code for this.
+
+Messages:
+
+- ``dask_coro_tie`` (RPC from a worker thread, answered): one id, one key.
+  Answers whether the key was alive; a dead key's tie releases at once.
+- ``dask-coro-tie`` (worker's batched stream): ids a finished task's result
+  holds. The worker sends it from its ``transition`` hook, so it reaches us
+  before that task's ``task-finished`` and therefore before the dependencies
+  that handed the ids over can be forgotten.
+- ``dask_coro_release`` (RPC to a worker): run these releases; the answer
+  acknowledges them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Hashable
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.protocol.pickle import dumps
+
+from ._lifetimes import Ledger, Origin
+
+logger = logging.getLogger("dask_coro")
+
+Key = Hashable
+NAME = "dask-coro-lifetimes"
+
+#: Seconds between attempts to hand out a release whose call failed while its
+#: worker stayed (for example a worker that has not set up our plugin yet).
+RETRY_DELAY = 0.5
+
+
+class LifetimesPlugin(SchedulerPlugin):
+    """Ties resources to keys and releases them when the last key is forgotten.
+
+    Installed on first use by ``dask_coro.tie`` (and ``dask_coro.shm``), by
+    ``client.register_plugin(LifetimesPlugin())``, or by
+    ``dask scheduler --preload dask_coro``; installing it again is a no-op.
+    ``start`` does not yield to the event loop, so two concurrent
+    registrations cannot both install it (``Scheduler.register_scheduler_plugin``
+    checks the name, then awaits ``start``, then adds the plugin).
+    """
+
+    name = NAME
+    idempotent = True
+
+    def __init__(self) -> None:
+        self.ledger = Ledger()
+        self.scheduler: Any = None
+        self._ready: asyncio.Future[None] | None = None
+        self._dispatch_scheduled = False
+        self._calls: set[asyncio.Task[None]] = set()
+        self._warned_hosts: set[str] = set()
+
+    async def start(self, scheduler: Any) -> None:
+        from ._lifetimes_worker import LifetimesWorkerPlugin
+
+        self.scheduler = scheduler
+        scheduler.handlers["dask_coro_tie"] = self.handle_tie
+        scheduler.handlers["dask_coro_lifetimes_ready"] = self.handle_ready
+        scheduler.stream_handlers["dask-coro-tie"] = self.handle_result_ties
+        # Every worker, present and future, runs releases and ties results.
+        # Stored before we yield so a worker joining meanwhile gets it too
+        # (Scheduler.add_worker sends ``worker_plugins`` with its answer).
+        plugin = dumps(LifetimesWorkerPlugin(token=scheduler.id))
+        scheduler.worker_plugins[LifetimesWorkerPlugin.name] = plugin
+        self._ready = asyncio.ensure_future(
+            scheduler.broadcast(
+                msg={"op": "plugin-add", "plugin": plugin, "name": LifetimesWorkerPlugin.name},
+                on_error="ignore",  # a worker dying meanwhile gets it on its return
+            )
+        )
+
+    async def close(self) -> None:
+        for call in list(self._calls):
+            call.cancel()
+
+    # -- handlers ------------------------------------------------------------
+
+    async def handle_ready(self) -> None:
+        """Answers once every worker present at install time has our worker plugin."""
+        assert self._ready is not None
+        await asyncio.shield(self._ready)
+
+    def handle_tie(self, rid: str, key: Key, worker: str) -> dict[str, bool]:
+        alive = self._tie([rid], key, worker)
+        if not alive:
+            logger.warning(
+                "resource %r was tied to key %r, which the scheduler has already "
+                "forgotten; it is released now",
+                rid,
+                key,
+            )
+        return {"alive": alive}
+
+    def handle_result_ties(self, rids: list[str], key: Key, worker: str) -> None:
+        if not self._tie(rids, key, worker):
+            logger.warning(
+                "the result of %r holds %s but that key was forgotten before it "
+                "finished; released now",
+                key,
+                list(rids),
+            )
+
+    def _tie(self, rids: list[str], key: Key, worker: str) -> bool:
+        ws = self.scheduler.workers.get(worker)
+        # A worker that has just left still tied these on its host.
+        host = ws.host if ws is not None else _host_of(worker)
+        alive = key in self.scheduler.tasks
+        for rid in rids:
+            self.ledger.tie(rid, key, Origin(host, worker), key_alive=alive)
+        if not alive:
+            self._dispatch_soon()
+        return alive
+
+    # -- scheduler hooks -----------------------------------------------------
+
+    def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        if finish == "forgotten" and self.ledger.ties(key):
+            self.ledger.forget(key)
+            self._dispatch_soon()
+
+    def restart(self, scheduler: Any) -> None:
+        # Scheduler.restart clears task state without "forgotten" transitions.
+        self.ledger.forget_all()
+        self._dispatch_soon()
+
+    def add_worker(self, scheduler: Any, worker: str) -> None:
+        if self.ledger.owed:
+            self._dispatch_soon()
+
+    def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        self.ledger.worker_left(worker)
+        self._dispatch_soon()
+
+    # -- handing releases out ------------------------------------------------
+
+    def _dispatch_soon(self) -> None:
+        # Many keys are forgotten in one scheduler step; hand their releases
+        # out together, one call per worker.
+        if not self._dispatch_scheduled:
+            self._dispatch_scheduled = True
+            asyncio.get_running_loop().call_soon(self._dispatch)
+
+    def _dispatch(self) -> None:
+        self._dispatch_scheduled = False
+        workers = {address: ws.host for address, ws in self.scheduler.workers.items()}
+        for worker, rids in self.ledger.assign(workers).items():
+            call = asyncio.ensure_future(self._release(worker, rids))
+            self._calls.add(call)
+            call.add_done_callback(self._calls.discard)
+        for host in self.ledger.waiting_hosts(workers) - self._warned_hosts:
+            self._warned_hosts.add(host)
+            logger.warning(
+                "releases are owed on host %s, which has no worker now; they run "
+                "when a worker on that host joins",
+                host,
+            )
+
+    async def _release(self, worker: str, rids: list[str]) -> None:
+        try:
+            await self.scheduler.rpc(worker).dask_coro_release(rids=rids)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.ledger.failed(worker, rids)
+            if worker in self.scheduler.workers:
+                logger.info("releasing %s on %s failed (%r); retrying", rids, worker, e)
+                await asyncio.sleep(RETRY_DELAY)
+            self._dispatch_soon()
+        else:
+            self.ledger.acknowledged(worker, rids)
+
+
+def _host_of(address: str) -> str:
+    from distributed.comm import get_address_host
+
+    return get_address_host(address)

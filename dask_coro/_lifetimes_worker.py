@@ -1,0 +1,285 @@
+"""Worker side of lifetimes: ``tie``, the release registry, and the worker plugin.
+
+A release callable stays on the host it was tied on: ``tie`` writes it, pickled,
+to a per-cluster folder under dask's temporary directory, named by a hash of
+the resource id. When the scheduler asks a worker to release an id, the worker
+runs the callable it finds there and deletes the file. Because the folder is
+per host rather than per worker process, another worker on the same host can
+run the release of a worker that died; the file going away is what makes a
+second run (after a worker died mid-release) find nothing to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import sys
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from ._context import current_key
+from ._exceptions import DaskCoroError, NotInTaskError
+
+logger = logging.getLogger("dask_coro")
+
+Key = Hashable
+NAME = "dask-coro-lifetimes"
+
+
+def tie(resource_id: str, release: Callable[[str], object], *, key: Key | None = None) -> None:
+    """Tie a resource to a task key; ``release(resource_id)`` runs once the
+    last key tied to it is forgotten by the scheduler.
+
+    Call it inside a task on a distributed worker: ``key`` defaults to the
+    running task's key (``current_key()``). Tying one id from several keys
+    counts references: the release waits for all of them. It runs on a
+    worker, never on the scheduler: the worker that tied the id first, or
+    another worker on the same host if that one is gone. It runs exactly once
+    in normal operation and at least once when workers die, so it must be
+    idempotent. An exception it raises is logged on that worker.
+
+    The id names one resource for the whole cluster: do not reuse an id for a
+    new resource (use a uuid). Every tie of an id should pass the same
+    ``release``; the latest one is kept.
+
+    Tying to a key the scheduler has already forgotten releases the resource
+    at once (when no other key holds it) and warns.
+
+    This blocks for one round trip to the scheduler. From an ``async def``
+    function running on the worker's event loop, call it in a thread:
+    ``await asyncio.to_thread(tie, ...)``.
+
+    Raises
+    ------
+    TypeError
+        For an id that is not a non-empty string, a ``release`` that is not
+        callable, or a key that is not a valid dask key.
+    NotInTaskError
+        Outside a distributed worker, or with no ``key`` outside a task.
+    DaskCoroError
+        On the worker's event loop.
+    """
+    if not isinstance(resource_id, str) or not resource_id:
+        raise TypeError(f"tie() needs a non-empty string resource id, got {resource_id!r}")
+    if not callable(release):
+        raise TypeError(
+            f"tie() needs a callable release(resource_id), got {type(release).__name__}: "
+            f"{release!r}"
+        )
+    worker = _worker("tie()")
+    if key is None:
+        key = current_key()
+    else:
+        from dask.core import validate_key
+
+        validate_key(key)
+    if not _tie(worker, resource_id, release, key):
+        warnings.warn(
+            f"resource {resource_id!r} was tied to key {key!r}, which the scheduler "
+            "has already forgotten; it is released now",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+def tie_quietly(resource_id: str, release: Callable[[str], object], key: Key) -> bool:
+    """``tie`` for resources dask_coro makes on a worker; answers whether the
+    key was alive (if not, the release is already on its way)."""
+    return _tie(_worker("tie()"), resource_id, release, key)
+
+
+def _tie(worker: Any, rid: str, release: Callable[[str], object], key: Key) -> bool:
+    plugin = ensure_installed(worker)
+    new = plugin.record(rid, release)
+    try:
+        answer = _sync(
+            worker, worker.scheduler.dask_coro_tie, rid=rid, key=key, worker=worker.address
+        )
+    except BaseException:
+        if new:  # nobody will ask for it
+            plugin.forget_record(rid)
+        raise
+    if key in worker.state.tasks:  # popped when the key leaves this worker
+        plugin.sent_ties.setdefault(key, set()).add(rid)
+    return bool(answer["alive"])
+
+
+def _worker(what: str) -> Any:
+    from distributed import get_worker
+
+    try:
+        return get_worker()
+    except ValueError:
+        raise NotInTaskError(
+            f"{what} ties a resource to a key of a distributed cluster; call it "
+            "inside a task running on a distributed worker"
+        ) from None
+
+
+def _sync(on: Any, func: Callable[..., Any], **kwargs: Any) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise DaskCoroError(
+            "tie() waits for the scheduler and cannot run on the worker's event "
+            "loop; from async code call it in a thread: "
+            "await asyncio.to_thread(dask_coro.tie, ...)"
+        )
+    from distributed.utils import sync
+
+    return sync(on.loop, func, **kwargs)
+
+
+def ensure_installed(worker: Any) -> LifetimesWorkerPlugin:
+    """This worker's plugin, installing the scheduler plugin on first use
+    (one round trip; ``register_scheduler_plugin`` is idempotent)."""
+    plugin = worker.plugins.get(NAME)
+    if isinstance(plugin, LifetimesWorkerPlugin) and plugin.token is not None:
+        return plugin
+
+    async def install() -> None:
+        from distributed.protocol.pickle import dumps
+
+        from ._lifetimes_scheduler import LifetimesPlugin
+
+        await worker.scheduler.register_scheduler_plugin(
+            plugin=dumps(LifetimesPlugin()), name=LifetimesPlugin.name, idempotent=True
+        )
+        await worker.scheduler.dask_coro_lifetimes_ready()
+
+    _sync(worker, install)
+    plugin = worker.plugins.get(NAME)
+    if not isinstance(plugin, LifetimesWorkerPlugin) or plugin.token is None:
+        raise DaskCoroError(
+            f"the dask_coro lifetimes plugin was installed on the scheduler but "
+            f"has not reached worker {worker.address}"
+        )
+    return plugin
+
+
+def registry_dir(token: str) -> str:
+    import dask
+
+    base = dask.config.get("temporary-directory", None) or tempfile.gettempdir()
+    user = str(os.getuid()) if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    return os.path.join(base, f"dask-coro-{user}", "ties", token)
+
+
+def _file_name(rid: str) -> str:
+    return hashlib.blake2b(rid.encode(), digest_size=16).hexdigest()
+
+
+class LifetimesWorkerPlugin(WorkerPlugin):
+    """Runs releases the scheduler hands out, and ties the ids a finished
+    task's result holds (shared-memory arrays) to that task's key."""
+
+    name = NAME
+
+    def __init__(self, token: str | None = None) -> None:
+        self.token = token  # the scheduler's id, names this cluster's registry
+        self.worker: Any = None
+        # ids this worker has told the scheduler a key ties (drops duplicates)
+        self.sent_ties: dict[Key, set[str]] = {}
+
+    def setup(self, worker: Any) -> None:
+        self.worker = worker
+        worker.handlers["dask_coro_release"] = self.release
+
+    def teardown(self, worker: Any) -> None:
+        if worker.handlers.get("dask_coro_release") == self.release:
+            del worker.handlers["dask_coro_release"]
+
+    # -- registry ------------------------------------------------------------
+
+    def _path(self, rid: str) -> str:
+        assert self.token is not None
+        return os.path.join(registry_dir(self.token), _file_name(rid))
+
+    def record(self, rid: str, release: Callable[[str], object]) -> bool:
+        """Write ``release`` for ``rid`` on this host; answers whether it is new."""
+        from distributed.protocol.pickle import dumps
+
+        data = dumps((rid, release))
+        path = self._path(rid)
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident():x}.tmp"
+        for attempt in range(3):
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                break
+            except FileNotFoundError:  # the folder was removed as it emptied
+                if attempt == 2:
+                    raise
+        new = not os.path.exists(path)
+        os.replace(tmp, path)  # atomic: a reader sees the old or the new file
+        return new
+
+    def forget_record(self, rid: str) -> None:
+        path = self._path(rid)
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            return
+        try:
+            os.rmdir(os.path.dirname(path))
+        except OSError:
+            pass  # not empty
+
+    async def release(self, rids: list[str]) -> None:
+        from distributed.utils import offload
+
+        for rid in rids:
+            await offload(self._release_one, rid)
+
+    def _release_one(self, rid: str) -> None:
+        from distributed.protocol.pickle import loads
+
+        path = self._path(rid)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            # Released already by a worker that died before acknowledging, or
+            # tied on a host whose registry we cannot see.
+            logger.debug("release of %r: nothing recorded on this host", rid)
+            return
+        try:
+            stored, release = loads(data)
+            assert stored == rid, (stored, rid)
+            release(rid)
+        except Exception:
+            logger.exception("release of resource %r failed on %s", rid, self.worker.address)
+        finally:
+            self.forget_record(rid)
+
+    # -- results that hold resources -----------------------------------------
+
+    def transition(self, key: Key, start: str, finish: str, **kwargs: Any) -> None:
+        if finish == "memory" and start in ("executing", "long-running"):
+            shm = sys.modules.get("dask_coro.shm")
+            if shm is None or not shm.any_attached():
+                return
+            data = self.worker.data
+            value = data.fast.get(key) if hasattr(data, "fast") else data.get(key)
+            rids = shm.segments_in(value) - self.sent_ties.get(key, set())
+            if rids:
+                self.sent_ties.setdefault(key, set()).update(rids)
+                # Ordered before this task's task-finished message, which the
+                # worker sends after its transition hooks ran
+                # (WorkerState._transition -> _notify_plugins, then
+                # Worker._handle_instructions).
+                self.worker.batched_stream.send(
+                    {"op": "dask-coro-tie", "rids": sorted(rids), "key": key}
+                )
+        elif finish in ("released", "forgotten"):
+            self.sent_ties.pop(key, None)
