@@ -237,9 +237,16 @@ class LifetimesWorkerPlugin(WorkerPlugin):
 
     async def release(self, rids: list[str]) -> None:
         from distributed.utils import offload
+        from distributed.worker import _worker_cvar
 
-        for rid in rids:
-            await offload(self._release_one, rid)
+        # get_worker() works in a release, as in a task (Worker.execute sets
+        # the same context variable; offload copies the context).
+        token = _worker_cvar.set(self.worker)
+        try:
+            for rid in rids:
+                await offload(self._release_one, rid)
+        finally:
+            _worker_cvar.reset(token)
 
     def _release_one(self, rid: str) -> None:
         from distributed.protocol.pickle import loads

@@ -1,0 +1,491 @@
+"""Shared-memory arrays (``dask_coro.shm``) and ``dask_coro.tie`` under faults,
+on a ``LocalCluster`` of worker processes (2 workers x 1 thread).
+
+After each of these the host holds no segment a test made: success; an error
+in a consumer; the root future cancelled mid-run; the client closed mid-run; a
+worker killed while holding a segment; ``client.restart()``. A segment is never
+released while a key that holds it is still wanted (a consumer that starts late
+still reads correct data). Tying an id to a key that is already forgotten
+releases at once with a warning. A release runs in a worker process, never in
+the scheduler (which, for a ``LocalCluster``, is this test process).
+
+Every task that makes a segment appends its name to a file under ``tmp_path``,
+and the tests check those names only: other processes on the machine may make
+``dask-coro-*`` segments of their own meanwhile. Releases are asynchronous, so
+every check polls with a deadline and, on failure, lists what is left. Anything
+that blocks a worker thread waits on a ``distributed.Event`` with a timeout and
+is let go in a ``finally``, so closing the cluster never hangs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+from distributed import Client, Event, LocalCluster, get_worker
+
+import dask_coro
+from dask_coro import DaskCoroError, coroutine, shm
+from dask_coro._lifetimes_worker import registry_dir
+
+try:
+    shm.segments()
+except DaskCoroError:  # pragma: no cover - not Linux
+    pytest.skip("listing shared-memory segments needs Linux", allow_module_level=True)
+
+N = 1000
+EXPECTED = N * (N - 1) // 2  # sum(range(N))
+DEADLINE = 20  # seconds, for anything asynchronous to happen
+
+# --------------------------------------------------------------------------
+# helpers (tasks run in worker processes: they only touch files, shared memory
+# and distributed primitives)
+
+
+def _append(folder: str, name: str, line: str) -> None:
+    with open(Path(folder, name), "a") as f:
+        f.write(line + "\n")
+
+
+def _lines(folder, name: str) -> list[str]:
+    p = Path(folder, name)
+    return p.read_text().splitlines() if p.exists() else []
+
+
+def _made(folder: str, n: int = N) -> shm.ShmArray:
+    """A new segment holding ``arange(n)``, its name recorded in ``folder``."""
+    a = shm.from_array(np.arange(n, dtype=np.int64))
+    assert a.segment_name is not None
+    _append(folder, "segments", a.segment_name)
+    return a
+
+
+def make(folder: str, n: int = N) -> shm.ShmArray:
+    return _made(folder, n)
+
+
+def halves(a: shm.ShmArray) -> dict:
+    """Views of ``a``, inside a dict and a tuple: the result holds the segment."""
+    mid = len(a) // 2
+    return {"halves": (a[:mid], a[mid:])}
+
+
+def total(x) -> int:
+    if isinstance(x, dict):
+        return sum(int(h.sum()) for h in x["halves"])
+    return int(np.asarray(x).sum())
+
+
+def part_sum(a) -> int:
+    return int(np.asarray(a).sum())
+
+
+def fails_reading(a, folder: str) -> None:
+    _append(folder, "read", str(int(np.asarray(a).sum())))
+    raise ValueError("consumer failed after reading")
+
+
+def wait_for(go: str) -> str:
+    """Block this task until the test sets the Event ``go``."""
+    if not Event(go).wait(timeout=60):
+        raise TimeoutError(f"event {go!r} was never set")
+    return "go"
+
+
+def make_and_wait(folder: str, go: str) -> int:
+    """A plain root that holds a segment while it runs, then blocks."""
+    a = _made(folder)
+    _append(folder, "parts", str(int(a.sum())))
+    wait_for(go)
+    return int(a.sum())
+
+
+@coroutine
+def holds_and_waits(folder: str, go: str):
+    """A coroutine root that makes a segment, has two children read it, then
+    waits on a child that blocks until the test lets it go."""
+    a = _made(folder)
+    try:
+        parts = yield [dask.delayed(part_sum)(a[i::2]) for i in range(2)]
+        _append(folder, "parts", str(sum(parts)))
+        yield dask.delayed(wait_for)(go)
+        return sum(parts)
+    finally:
+        _append(folder, "root-finally", "ran")
+
+
+@coroutine
+def root_with_failing_child(folder: str):
+    a = _made(folder)
+    yield dask.delayed(fails_reading)(a[1:], folder)  # raises here, not caught
+    return "not reached"
+
+
+def _roots(kind: str, folder: str, go: str) -> Callable[[Client], object]:
+    """How each mid-run test starts its root, on a given client."""
+    if kind == "coroutine":
+        return lambda c: c.compute(holds_and_waits(folder, go))
+    return lambda c: c.submit(make_and_wait, folder, go, pure=False)
+
+
+# -- checks run in this process ---------------------------------------------
+
+
+def poll(condition: Callable[[], bool], what: Callable[[], str], timeout: float = DEADLINE):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"after {timeout} s: {what()}")
+        time.sleep(0.05)
+
+
+def existing(names: Iterable[str]) -> set[str]:
+    return set(names) & set(shm.segments())
+
+
+def assert_unlinked(names: Iterable[str]) -> None:
+    """Every one of ``names`` is unlinked (polling for it)."""
+    names = set(names)
+    assert names, "the test made no segment: it would pass vacuously"
+    poll(lambda: not existing(names), lambda: f"segments left: {sorted(existing(names))}")
+
+
+def assert_nothing_owed(client: Client, token: str | None = None) -> None:
+    """The scheduler's ledger is empty and this cluster's release registry
+    (one folder per host, named by the scheduler's id) holds no file."""
+    poll(
+        lambda: not client.run_on_scheduler(_ledger_left),
+        lambda: f"scheduler ledger not empty: {client.run_on_scheduler(_ledger_left)}",
+    )
+    folder = registry_dir(token or client.scheduler_info()["id"])
+
+    def files() -> list[str]:
+        return os.listdir(folder) if os.path.isdir(folder) else []
+
+    poll(lambda: not files(), lambda: f"release registry not empty: {files()}")
+
+
+def assert_released(client: Client, names: Iterable[str]) -> None:
+    assert_unlinked(names)
+    assert_nothing_owed(client)
+
+
+def _ledger_left(dask_scheduler=None) -> str:
+    plugin = dask_scheduler.plugins.get("dask-coro-lifetimes")
+    return "" if plugin is None or not plugin.ledger else repr(plugin.ledger)
+
+
+def _tasks(dask_scheduler=None) -> dict:
+    return {str(k): ts.state for k, ts in dask_scheduler.tasks.items()}
+
+
+def wait_lines(folder, name: str, n: int = 1) -> list[str]:
+    poll(lambda: len(_lines(folder, name)) >= n, lambda: f"{name}: {_lines(folder, name)}")
+    return _lines(folder, name)
+
+
+@pytest.fixture
+def cluster():
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def client(cluster):
+    with Client(cluster) as client:
+        yield client
+
+
+# --------------------------------------------------------------------------
+# success and errors
+
+
+@coroutine
+def shm_sum(folder: str):
+    """A coroutine root that makes a segment and has children read views of it."""
+    a = _made(folder)
+    parts = yield [dask.delayed(part_sum)(a[i::3]) for i in range(3)]
+    return sum(parts)
+
+
+def test_success_releases_every_segment(client, tmp_path):
+    folder = str(tmp_path)
+    p = client.submit(make, folder, pure=False)
+    v = client.submit(halves, p)  # views in a dict and a tuple: v holds it too
+    c = client.submit(total, v)
+    r = client.compute(shm_sum(folder))
+    assert c.result(timeout=60) == EXPECTED
+    assert r.result(timeout=60) == EXPECTED
+    arr = p.result(timeout=60)
+    assert isinstance(arr, shm.ShmArray)
+    np.testing.assert_array_equal(arr, np.arange(N))
+    names = _lines(folder, "segments")
+    assert len(names) == 2 and arr.segment_name in names
+    assert existing(names) == set(names)  # held by futures we still hold
+    del p, v, c, r, arr
+    assert_released(client, names)
+
+
+def test_error_in_a_consumer(client, tmp_path):
+    folder = str(tmp_path)
+    p = client.submit(make, folder, pure=False)
+    bad = client.submit(fails_reading, p, folder)
+    with pytest.raises(ValueError, match="consumer failed after reading"):
+        bad.result(timeout=60)
+    root = client.compute(root_with_failing_child(folder))
+    with pytest.raises(ValueError, match="consumer failed after reading"):
+        root.result(timeout=60)
+    # Both consumers read the data before they failed.
+    assert _lines(folder, "read") == [str(EXPECTED)] * 2
+    names = _lines(folder, "segments")
+    assert len(names) == 2
+    assert existing(names) == set(names)  # the erred root is still held
+    del p, bad, root
+    assert_released(client, names)
+
+
+# --------------------------------------------------------------------------
+# cancelled and closed mid-run
+
+
+@pytest.mark.parametrize("kind", ["coroutine", "task"])
+def test_root_cancelled_mid_run(client, tmp_path, kind):
+    folder = str(tmp_path)
+    go = f"go-{uuid.uuid4().hex}"
+    try:
+        fut = _roots(kind, folder, go)(client)
+        assert wait_lines(folder, "parts") == [str(EXPECTED)]  # it ran and read the data
+        (name,) = _lines(folder, "segments")
+        assert existing([name]) == {name}
+        assert not fut.done()
+        fut.cancel()
+        assert_released(client, [name])
+        if kind == "coroutine":
+            wait_lines(folder, "root-finally")
+    finally:
+        Event(go, client=client).set()
+    assert fut.cancelled()
+
+
+@pytest.mark.parametrize("kind", ["coroutine", "task"])
+def test_client_closed_mid_run(cluster, tmp_path, kind):
+    folder = str(tmp_path)
+    go = f"go-{uuid.uuid4().hex}"
+    with Client(cluster, set_as_default=False) as control:
+        try:
+            user = Client(cluster, set_as_default=False)
+            try:
+                fut = _roots(kind, folder, go)(user)
+                assert wait_lines(folder, "parts") == [str(EXPECTED)]
+                (name,) = _lines(folder, "segments")
+                assert existing([name]) == {name}
+                assert not fut.done()
+            finally:
+                user.close()
+            assert_unlinked([name])
+            assert_nothing_owed(control)
+        finally:
+            Event(go, client=control).set()
+        # The cluster still serves shared memory to the client left.
+        assert control.submit(total, control.submit(make, folder, pure=False)).result(
+            timeout=60
+        ) == EXPECTED
+        assert_released(control, _lines(folder, "segments"))
+
+
+# --------------------------------------------------------------------------
+# workers dying, restart
+
+
+def _kill(cluster: LocalCluster, client: Client, address: str, how: str) -> int:
+    """Kill the worker at ``address`` (its nanny starts a new one); its pid."""
+    pid = client.run(os.getpid, workers=[address])[address]
+    if how == "sigkill":
+        os.kill(pid, signal.SIGKILL)
+    else:
+        (nanny,) = [n for n in cluster.workers.values() if n.worker_address == address]
+        cluster.sync(nanny.kill, timeout=30)
+    poll(
+        lambda: address not in client.scheduler_info()["workers"],
+        lambda: f"{address} still in {list(client.scheduler_info()['workers'])}",
+    )
+    return pid
+
+
+@pytest.mark.parametrize("how", ["sigkill", "nanny-kill"])
+def test_worker_killed_while_holding_a_segment(cluster, client, tmp_path, how):
+    folder = str(tmp_path)
+    p = client.submit(make, folder, pure=False)
+    first = p.result(timeout=60)
+    (old,) = _lines(folder, "segments")
+    assert first.segment_name == old and existing([old]) == {old}
+    ((address,),) = client.who_has(p).values()
+    _kill(cluster, client, address, how)
+    # The only copy of p is gone: the scheduler computes it again (the client
+    # still wants it), on a worker of this host, into a new segment.
+    wait_lines(folder, "segments", 2)
+    second = p.result(timeout=60)
+    new = second.segment_name
+    assert new != old and _lines(folder, "segments") == [old, new]
+    np.testing.assert_array_equal(second, np.arange(N))
+    assert client.submit(total, client.submit(halves, p)).result(timeout=60) == EXPECTED
+    assert new in shm.segments()
+    del p, first, second
+    # The old segment's worker is gone: another worker of the host unlinks it.
+    assert_released(client, [old, new])
+
+
+def test_restart_releases_every_segment(client, tmp_path):
+    folder = str(tmp_path)
+    futures = [client.submit(make, folder, pure=False) for _ in range(4)]
+    views = [client.submit(halves, f) for f in futures[:2]]
+    client.gather(views + futures)
+    names = _lines(folder, "segments")
+    assert len(names) == 4 and existing(names) == set(names)
+    client.restart()
+    assert_released(client, names)
+    # After the restart the workers make and release segments as before.
+    assert client.submit(total, client.submit(make, folder, pure=False)).result(
+        timeout=60
+    ) == EXPECTED
+    assert_released(client, _lines(folder, "segments"))
+
+
+# --------------------------------------------------------------------------
+# never released while wanted
+
+
+def consume(x, _gate) -> int:
+    return total(x)
+
+
+@pytest.mark.parametrize("through", ["producer", "view"])
+def test_late_consumer_reads_correct_data(client, tmp_path, through):
+    """The client holds only the consumer. It waits on a gate, so its inputs
+    are done long before it runs; the segment must outlive them being done
+    (``producer``) and, when a view task handed it on, the producer being
+    forgotten (``view``: only the view task's result holds it then)."""
+    folder = str(tmp_path)
+    go = f"go-{uuid.uuid4().hex}"
+    p = dask.delayed(make, pure=False)(folder)
+    held = dask.delayed(halves, pure=False)(p) if through == "view" else p
+    gate = dask.delayed(wait_for, pure=False)(go)
+    consumer = dask.delayed(consume, pure=False)(held, gate)
+    try:
+        fut = client.compute(consumer)
+
+        def ready() -> bool:
+            tasks = client.run_on_scheduler(_tasks)
+            if through == "view":
+                return p.key not in tasks and tasks.get(held.key) == "memory"
+            return tasks.get(p.key) == "memory"
+
+        poll(ready, lambda: str(client.run_on_scheduler(_tasks)), timeout=60)
+        (name,) = _lines(folder, "segments")
+        time.sleep(0.5)  # not a timing assertion: a wrong release gets a chance
+        assert existing([name]) == {name}, "released while the consumer still wants it"
+        assert not fut.done()
+    finally:
+        Event(go, client=client).set()
+    assert fut.result(timeout=60) == EXPECTED
+    del fut
+    assert_released(client, [name])
+
+
+# --------------------------------------------------------------------------
+# tie() to a forgotten key; where releases run
+
+
+def released_marker(folder: str, rid: str) -> None:
+    """A release: appends this process's pid to a file named by the id."""
+    _append(folder, f"released-{rid}", str(os.getpid()))
+
+
+def tie_to_forgotten(folder: str, gone: str) -> tuple:
+    held, dead = f"held-{uuid.uuid4().hex}", f"dead-{uuid.uuid4().hex}"
+    release = functools.partial(released_marker, folder)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dask_coro.tie(held, release)  # to this task's key
+        dask_coro.tie(held, release, key=gone)  # warns; this task's key still holds it
+        dask_coro.tie(dead, release, key=gone)  # warns; nothing holds it: released now
+    return held, dead, [(w.category.__name__, str(w.message)) for w in caught]
+
+
+def test_tie_to_a_forgotten_key_releases_at_once_with_a_warning(client, tmp_path):
+    folder = str(tmp_path)
+    gone = f"never-submitted-{uuid.uuid4().hex}"
+    f = client.submit(tie_to_forgotten, folder, gone, pure=False)
+    held, dead, caught = f.result(timeout=60)
+    assert [c for c, _ in caught] == ["RuntimeWarning", "RuntimeWarning"], caught
+    assert all(gone in msg and "already forgotten" in msg for _, msg in caught), caught
+    assert repr(held) in caught[0][1] and repr(dead) in caught[1][1]
+    # Released at once (while f is still held), on the worker that ran f.
+    wait_lines(folder, f"released-{dead}")
+    ((address,),) = client.who_has(f).values()
+    worker_pid = client.run(os.getpid, workers=[address])[address]
+    assert _lines(folder, f"released-{dead}") == [str(worker_pid)]
+    time.sleep(0.5)  # not a timing assertion: a wrong release gets a chance
+    assert _lines(folder, f"released-{held}") == [], "released while f still holds it"
+    del f
+    wait_lines(folder, f"released-{held}")
+    assert_nothing_owed(client)
+    # Exactly once each.
+    assert _lines(folder, f"released-{held}") == [str(worker_pid)]
+    assert _lines(folder, f"released-{dead}") == [str(worker_pid)]
+
+
+def tie_ids(folder: str, rids: list[str], key=None) -> str:
+    release = functools.partial(released_marker, folder)
+    for rid in rids:
+        dask_coro.tie(rid, release, key=key)
+    return get_worker().address
+
+
+def identity(x):
+    return x
+
+
+def test_releases_run_in_worker_processes_never_in_the_scheduler(cluster, client, tmp_path):
+    folder = str(tmp_path)
+    me = os.getpid()  # the LocalCluster's scheduler runs in this process
+    pids = client.run(os.getpid)
+    assert me not in pids.values()
+    a, b = sorted(pids)
+
+    # Normal operation: the worker that tied an id runs its release.
+    rids = {w: [f"{w[-5:]}-{i}-{uuid.uuid4().hex}" for i in range(3)] for w in (a, b)}
+    ties = {w: client.submit(tie_ids, folder, rids[w], workers=[w], pure=False) for w in (a, b)}
+    assert {w: f.result(timeout=60) for w, f in ties.items()} == {a: a, b: b}
+    del ties
+    for w in (a, b):
+        for rid in rids[w]:
+            assert wait_lines(folder, f"released-{rid}") == [str(pids[w])]
+
+    # The worker that tied an id is dead when the key is forgotten: another
+    # worker of the host runs the release, still not the scheduler.
+    holder = client.submit(identity, 1, workers=[b], pure=False)
+    holder.result(timeout=60)
+    orphan = f"orphan-{uuid.uuid4().hex}"
+    t = client.submit(tie_ids, folder, [orphan], holder.key, workers=[a], pure=False)
+    assert t.result(timeout=60) == a
+    del t
+    dead_pid = _kill(cluster, client, a, "sigkill")
+    del holder
+    (pid,) = wait_lines(folder, f"released-{orphan}")
+    client.wait_for_workers(2, timeout=60)
+    live = client.run(os.getpid)
+    assert int(pid) in live.values(), (pid, live)
+    assert int(pid) not in (me, dead_pid)
+    assert_nothing_owed(client)
