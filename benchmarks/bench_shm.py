@@ -94,7 +94,7 @@ class MemPeak:
 
     FIELDS = ("rss", "shm", "total")
 
-    def __init__(self, pids: list[int], interval: float = 0.05):
+    def __init__(self, pids: list[int], interval: float = float(os.environ.get("BS_INT", "0.05"))):
         self.procs = [psutil.Process(p) for p in pids]
         self.interval = interval
         self.peak = dict.fromkeys(self.FIELDS, 0)

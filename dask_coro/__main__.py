@@ -52,6 +52,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         _timed(f"fib({args.n})", lambda: fib(args.n).compute())
         _timed(f"afib({args.n})", lambda: client.compute(afib(args.n)).result())
         _timed("process_all()", lambda: process_all().compute())
+        try:
+            from dask_coro import shm
+        except ImportError:
+            print("shared memory: skipped (pip install 'dask-coro[shm]' for NumPy)")
+        else:
+            from dask_coro.examples import shared_totals
+
+            n = 10_000_000  # 80 MB
+            _timed("shared_totals(80 MB, 4)", lambda: shared_totals(n, 4).compute())
+            if not args.address:  # the segments of this host
+                deadline = time.monotonic() + 10
+                while shm.segments() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                print(f"{'shared segments left':<28} = {len(shm.segments())}")
     if cluster is not None:
         cluster.close()
     return 0

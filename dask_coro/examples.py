@@ -48,3 +48,20 @@ def process_all():
     processed = [inc(L[i]) for i in range(n)]
     total = yield sum(processed)
     return total
+
+
+@coroutine
+def array_total(a):
+    return float(a.sum())
+
+
+@coroutine
+def shared_totals(n, readers):
+    """One array in shared memory, read by ``readers`` tasks without a copy;
+    its segment is released when this task's key is forgotten."""
+    from dask_coro import shm
+
+    a = shm.empty(n)  # tied to this coroutine's key
+    a[:] = 1.0
+    totals = yield [array_total(a) for _ in range(readers)]  # each gets a handle
+    return totals
