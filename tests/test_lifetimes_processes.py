@@ -1,0 +1,133 @@
+"""Lifetimes across real processes: the preload, and a scheduler that never
+deserializes a release."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import dask
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster, Scheduler
+from test_cluster import _dask, _free_port, _start_worker
+
+import dask_coro
+from dask_coro import shm
+
+#: Set in the test process, which runs LocalCluster's scheduler.
+SCHEDULER_PID = os.getpid()
+
+
+def wait_until(predicate, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached after {timeout} s")
+        time.sleep(0.05)
+
+
+def produce(n):
+    a = shm.empty(n, dtype="i8")
+    a[:] = np.arange(n)
+    return a
+
+
+def total(a):
+    return int(a.sum()), os.getpid(), a.segment_name
+
+
+def test_preloaded_scheduler_has_the_plugins_before_first_use(tmp_path):
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    procs = [
+        _dask("scheduler", "--host", "127.0.0.1", "--port", str(port),
+              "--dashboard-address", ":0", "--preload", "dask_coro", log=tmp_path / "s.log")
+    ]
+    try:
+        procs += [_start_worker(address, tmp_path, "--preload", "dask_coro") for _ in range(2)]
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(2, timeout=60)
+            plugins = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.plugins))
+            assert {"dask-coro-lifetimes", "dask-coro-promises"} <= set(plugins)
+            # the scheduler plugin put its worker plugin on every worker
+            wait_until(
+                lambda: all(
+                    "dask-coro-lifetimes" in names
+                    for names in client.run(lambda dask_worker: list(dask_worker.plugins)).values()
+                ),
+                what="worker plugins",
+            )
+            n = 100_000
+            arr = client.submit(produce, n)
+            reads = [
+                client.submit(total, arr, workers=[w], pure=False)
+                for w in client.scheduler_info(n_workers=-1)["workers"]
+            ]
+            out = client.gather(reads)
+            assert {o[0] for o in out} == {n * (n - 1) // 2}
+            assert len({o[1] for o in out}) == 2  # two processes read it
+            name = out[0][2]
+            assert name in shm.segments()
+            del arr, reads
+            wait_until(lambda: name not in shm.segments(), what=f"{name} released")
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+
+
+class Trap:
+    """A release callable that records every process that unpickles it."""
+
+    def __init__(self, log: str) -> None:
+        self.log = log
+
+    def __reduce__(self):
+        return (_trap_loaded, (self.log,))
+
+    def __call__(self, rid: str) -> None:
+        with open(self.log, "a") as f:
+            f.write(f"release {rid} {os.getpid()}\n")
+
+
+def _trap_loaded(log: str) -> Trap:
+    with open(log, "a") as f:
+        f.write(f"unpickled {os.getpid()}\n")
+    return Trap(log)
+
+
+def tie_trap(log: str) -> int:
+    dask_coro.tie(f"trap-{os.getpid()}", Trap(log))
+    return os.getpid()
+
+
+def test_scheduler_never_unpickles_a_release(tmp_path):
+    log = str(tmp_path / "trap.log")
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster, Client(cluster) as client:
+        assert cluster.scheduler is not None  # in this process
+        workers = set(client.run(os.getpid).values())
+        fut = client.submit(tie_trap, log)
+        tier = fut.result()
+        assert tier in workers
+        del fut
+        wait_until(lambda: os.path.exists(log) and "release" in open(log).read(), what="release")
+    lines = [line.split() for line in open(log).read().splitlines()]
+    pids = {int(line[-1]) for line in lines}
+    assert SCHEDULER_PID not in pids
+    assert pids <= workers
+    assert [line[0] for line in lines].count("release") == 1
+    assert ["unpickled"] == sorted({line[0] for line in lines} - {"release"})
+
+
+def test_scheduler_pickle_false_cannot_be_set_in_this_distributed():
+    # The issue asks that lifetimes work with distributed.scheduler.pickle:
+    # false. distributed 2026.8 refuses to start such a scheduler at all, so
+    # test_scheduler_never_unpickles_a_release checks what the setting meant.
+    # If this starts failing, distributed allows it again: test under it.
+    with dask.config.set({"distributed.scheduler.pickle": False}):
+        with pytest.raises(RuntimeError, match="Pickling can no longer be disabled"):
+            Scheduler()
