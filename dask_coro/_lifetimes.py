@@ -8,7 +8,9 @@ that first tied the id if it is alive, else another worker on the same host
 a worker on that host to join. A release handed out is *sent* until the worker
 acknowledges it; if the worker leaves first, or the call fails, it is owed
 again. So a release runs once in normal operation and at least once when
-workers die, never while a key holds the id.
+workers die, never while a key holds the id, with one exception: when the last
+worker of a host leaves, it takes every release of that host that is owed or
+sent, and those of host-bound ids even if keys still hold them (``host_emptied``).
 
 The scheduler plugin (``_lifetimes_scheduler``) feeds this from scheduler
 events; it keeps only ids, keys, hosts and worker addresses.
@@ -24,10 +26,13 @@ Key = Hashable
 
 @dataclass(frozen=True)
 class Origin:
-    """Where a resource lives: its host, and the worker that tied it first."""
+    """Where a resource lives: its host, and the worker that tied it first.
+    A host-bound resource (shared memory) is of no use once its host has no
+    worker: no task can reach it."""
 
     host: str
     worker: str
+    host_bound: bool = False
 
 
 class Ledger:
@@ -91,6 +96,27 @@ class Ledger:
             if self._sent.get(rid) == worker:
                 del self._sent[rid]
                 self._owed.add(rid)
+
+    def host_emptied(self, host: str) -> list[str]:
+        """The last worker of ``host`` is leaving: the ids it must release now.
+        They leave the ledger."""
+        out = []
+        for rid, origin in list(self._origin.items()):
+            if origin.host != host:
+                continue
+            held = bool(self._holders.get(rid))
+            if held and not origin.host_bound:
+                continue  # may still be reached; waits for its keys and a worker
+            for key in self._holders.pop(rid, ()):
+                ids = self._ids[key]
+                ids.discard(rid)
+                if not ids:
+                    del self._ids[key]
+            self._owed.discard(rid)
+            self._sent.pop(rid, None)
+            del self._origin[rid]
+            out.append(rid)
+        return sorted(out)
 
     # -- releases out --------------------------------------------------------
 

@@ -15,6 +15,8 @@ Messages:
   that handed the ids over can be forgotten.
 - ``dask_coro_release`` (RPC to a worker): run these releases; the answer
   acknowledges them.
+- ``dask_coro_lifetimes_leaving`` (RPC from a closing worker): answered with
+  the releases it must run before it goes, if it is its host's last worker.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ NAME = "dask-coro-lifetimes"
 #: Seconds between attempts to hand out a release whose call failed while its
 #: worker stayed (for example a worker that has not set up our plugin yet).
 RETRY_DELAY = 0.5
+#: Seconds a closing scheduler waits for the releases it hands out.
+CLOSE_TIMEOUT = 10.0
 
 
 class LifetimesPlugin(SchedulerPlugin):
@@ -60,6 +64,7 @@ class LifetimesPlugin(SchedulerPlugin):
         self._dispatch_scheduled = False
         self._calls: set[asyncio.Task[None]] = set()
         self._warned_hosts: set[str] = set()
+        self._leaving: set[str] = set()  # workers that said they are closing
 
     async def start(self, scheduler: Any) -> None:
         from ._lifetimes_worker import LifetimesWorkerPlugin
@@ -67,6 +72,7 @@ class LifetimesPlugin(SchedulerPlugin):
         self.scheduler = scheduler
         scheduler.handlers["dask_coro_tie"] = self.handle_tie
         scheduler.handlers["dask_coro_lifetimes_ready"] = self.handle_ready
+        scheduler.handlers["dask_coro_lifetimes_leaving"] = self.handle_leaving
         scheduler.stream_handlers["dask-coro-tie"] = self.handle_result_ties
         # Every worker, present and future, runs releases and ties results.
         # Stored before we yield so a worker joining meanwhile gets it too
@@ -80,6 +86,14 @@ class LifetimesPlugin(SchedulerPlugin):
             )
         )
 
+    async def before_close(self) -> None:
+        """The scheduler is closing: every key goes. Hand out all releases to
+        the workers still here and give them ``CLOSE_TIMEOUT`` to run."""
+        self.ledger.forget_all()
+        self._dispatch()
+        if self._calls:
+            await asyncio.wait(list(self._calls), timeout=CLOSE_TIMEOUT)
+
     async def close(self) -> None:
         for call in list(self._calls):
             call.cancel()
@@ -91,8 +105,25 @@ class LifetimesPlugin(SchedulerPlugin):
         assert self._ready is not None
         await asyncio.shield(self._ready)
 
-    def handle_tie(self, rid: str, key: Key, worker: str) -> dict[str, bool]:
-        alive = self._tie([rid], key, worker)
+    def handle_leaving(self, worker: str) -> list[str]:
+        """``worker`` is closing. If no other worker of its host stays, it is
+        the last one out and runs the host's releases itself (see
+        ``Ledger.host_emptied``). Handled one at a time on the event loop, so
+        of workers closing together exactly the last to ask takes them."""
+        self._leaving.add(worker)
+        ws = self.scheduler.workers.get(worker)
+        host = ws.host if ws is not None else _host_of(worker)
+        if any(
+            other.host == host and address not in self._leaving
+            for address, other in self.scheduler.workers.items()
+        ):
+            return []
+        return self.ledger.host_emptied(host)
+
+    def handle_tie(
+        self, rid: str, key: Key, worker: str, host_bound: bool = False
+    ) -> dict[str, bool]:
+        alive = self._tie([rid], key, worker, host_bound)
         if not alive:
             logger.warning(
                 "resource %r was tied to key %r, which the scheduler has already "
@@ -103,7 +134,8 @@ class LifetimesPlugin(SchedulerPlugin):
         return {"alive": alive}
 
     def handle_result_ties(self, rids: list[str], key: Key, worker: str) -> None:
-        if not self._tie(rids, key, worker):
+        # Only shared-memory segments are found in results: host-bound.
+        if not self._tie(rids, key, worker, host_bound=True):
             logger.warning(
                 "the result of %r holds %s but that key was forgotten before it "
                 "finished; released now",
@@ -111,13 +143,13 @@ class LifetimesPlugin(SchedulerPlugin):
                 list(rids),
             )
 
-    def _tie(self, rids: list[str], key: Key, worker: str) -> bool:
+    def _tie(self, rids: list[str], key: Key, worker: str, host_bound: bool = False) -> bool:
         ws = self.scheduler.workers.get(worker)
         # A worker that has just left still tied these on its host.
         host = ws.host if ws is not None else _host_of(worker)
         alive = key in self.scheduler.tasks
         for rid in rids:
-            self.ledger.tie(rid, key, Origin(host, worker), key_alive=alive)
+            self.ledger.tie(rid, key, Origin(host, worker, host_bound), key_alive=alive)
         if not alive:
             self._dispatch_soon()
         return alive
@@ -139,6 +171,7 @@ class LifetimesPlugin(SchedulerPlugin):
             self._dispatch_soon()
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        self._leaving.discard(worker)
         self.ledger.worker_left(worker)
         self._dispatch_soon()
 

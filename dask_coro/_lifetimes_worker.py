@@ -31,9 +31,23 @@ logger = logging.getLogger("dask_coro")
 
 Key = Hashable
 NAME = "dask-coro-lifetimes"
+#: Seconds a closing worker waits for the scheduler to name its releases.
+LEAVE_TIMEOUT = 10.0
 
 
-def tie(resource_id: str, release: Callable[[str], object], *, key: Key | None = None) -> None:
+def _closing_states() -> frozenset[Any]:
+    from distributed.core import Status
+
+    return frozenset({Status.closing, Status.closing_gracefully, Status.closed})
+
+
+def tie(
+    resource_id: str,
+    release: Callable[[str], object],
+    *,
+    key: Key | None = None,
+    host_bound: bool = False,
+) -> None:
     """Tie a resource to a task key; ``release(resource_id)`` runs once the
     last key tied to it is forgotten by the scheduler.
 
@@ -51,6 +65,13 @@ def tie(resource_id: str, release: Callable[[str], object], *, key: Key | None =
 
     Tying to a key the scheduler has already forgotten releases the resource
     at once (when no other key holds it) and warns.
+
+    When the last worker of a host closes, it runs the releases of that host
+    whose keys are forgotten. With ``host_bound=True`` (a resource only tasks
+    on its host can reach, such as shared memory or a local file) it also
+    releases those whose keys are still held, since no task can reach them any
+    more; a resource that is not host-bound then waits for its keys to be
+    forgotten and a worker of its host to join.
 
     This blocks for one round trip to the scheduler. From an ``async def``
     function running on the worker's event loop, call it in a thread:
@@ -80,7 +101,7 @@ def tie(resource_id: str, release: Callable[[str], object], *, key: Key | None =
         from dask.core import validate_key
 
         validate_key(key)
-    if not _tie(worker, resource_id, release, key):
+    if not _tie(worker, resource_id, release, key, host_bound):
         warnings.warn(
             f"resource {resource_id!r} was tied to key {key!r}, which the scheduler "
             "has already forgotten; it is released now",
@@ -90,17 +111,24 @@ def tie(resource_id: str, release: Callable[[str], object], *, key: Key | None =
 
 
 def tie_quietly(resource_id: str, release: Callable[[str], object], key: Key) -> bool:
-    """``tie`` for resources dask_coro makes on a worker; answers whether the
-    key was alive (if not, the release is already on its way)."""
-    return _tie(_worker("tie()"), resource_id, release, key)
+    """``tie`` for host-bound resources dask_coro makes on a worker; answers
+    whether the key was alive (if not, the release is already on its way)."""
+    return _tie(_worker("tie()"), resource_id, release, key, host_bound=True)
 
 
-def _tie(worker: Any, rid: str, release: Callable[[str], object], key: Key) -> bool:
+def _tie(
+    worker: Any, rid: str, release: Callable[[str], object], key: Key, host_bound: bool
+) -> bool:
     plugin = ensure_installed(worker)
     new = plugin.record(rid, release)
     try:
         answer = _sync(
-            worker, worker.scheduler.dask_coro_tie, rid=rid, key=key, worker=worker.address
+            worker,
+            worker.scheduler.dask_coro_tie,
+            rid=rid,
+            key=key,
+            worker=worker.address,
+            host_bound=host_bound,
         )
     except BaseException:
         if new:  # nobody will ask for it
@@ -194,9 +222,23 @@ class LifetimesWorkerPlugin(WorkerPlugin):
         self.worker = worker
         worker.handlers["dask_coro_release"] = self.release
 
-    def teardown(self, worker: Any) -> None:
+    async def teardown(self, worker: Any) -> None:
         if worker.handlers.get("dask_coro_release") == self.release:
             del worker.handlers["dask_coro_release"]
+        if worker.status not in _closing_states():
+            return  # replaced by a new registration, not closing
+        # Worker.close tears plugins down while the scheduler still reaches
+        # us: if we are the last worker of this host, run its releases now.
+        try:
+            rids = await asyncio.wait_for(
+                worker.scheduler.dask_coro_lifetimes_leaving(worker=worker.address),
+                LEAVE_TIMEOUT,
+            )
+        except Exception as e:  # scheduler gone or too slow: they wait for a worker
+            logger.info("closing worker %s could not ask for releases: %r", worker.address, e)
+            return
+        if rids:
+            await self.release(rids)
 
     # -- registry ------------------------------------------------------------
 

@@ -245,3 +245,30 @@ def test_exactly_once_without_failures():
             released.extend(rids)
             led.acknowledged(worker, rids)
     assert sorted(released) == sorted(f"r{i}" for i in range(10))
+
+
+def test_host_emptied_takes_owed_sent_and_host_bound_held():
+    led = Ledger()
+    bound = Origin(A.host, A.worker, host_bound=True)
+    led.tie("sent", "k2", A2)
+    led.forget("k2")
+    assert led.assign({A2.worker: A2.host}) == {A2.worker: ["sent"]}
+    led.tie("owed", "k1", A)
+    led.forget("k1")
+    led.tie("held-bound", "k3", bound)
+    led.tie("held-bound", "k4", bound)
+    led.tie("held-free", "k3", A)  # not host-bound: someone may still reach it
+    led.tie("elsewhere", "k5", Origin(B.host, B.worker, host_bound=True))
+    assert led.host_emptied(A.host) == ["held-bound", "owed", "sent"]
+    assert led.holders("held-bound") == frozenset()
+    assert led.ids_of("k3") == {"held-free"} and led.ids_of("k4") == frozenset()
+    assert led.holders("elsewhere") == {"k5"}
+    assert not led.owed and not led.sent
+    # A late answer for "sent" changes nothing; the rest still works
+    led.acknowledged(A2.worker, ["sent"])
+    led.forget("k3")
+    assert led.owed == {"held-free"}
+    assert led.host_emptied(A.host) == ["held-free"]
+    assert led.host_emptied(A.host) == []
+    led.forget("k5")
+    assert led.assign(WORKERS) == {B.worker: ["elsewhere"]}

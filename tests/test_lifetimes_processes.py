@@ -131,3 +131,47 @@ def test_scheduler_pickle_false_cannot_be_set_in_this_distributed():
     with dask.config.set({"distributed.scheduler.pickle": False}):
         with pytest.raises(RuntimeError, match="Pickling can no longer be disabled"):
             Scheduler()
+
+
+def _cluster():
+    return LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+
+
+def test_cluster_closed_while_futures_held_releases_segments():
+    # LocalCluster closes its workers first; the last worker of the host
+    # releases the host's shared memory, though the client still holds it.
+    cluster = _cluster()
+    client = Client(cluster)
+    try:
+        futs = [client.submit(produce, 1000, pure=False) for _ in range(4)]
+        names = {o[2] for o in client.gather([client.submit(total, f) for f in futs])}
+        assert len(names) == 4 and names <= set(shm.segments())
+        cluster.close()
+        wait_until(lambda: not names & set(shm.segments()), what="segments released")
+    finally:
+        client.close()
+        cluster.close()
+
+
+def test_client_and_cluster_exit_together_release_segments():
+    # The usual script: leave both with-blocks at once. The client's keys are
+    # forgotten as the workers start closing.
+    with _cluster() as cluster, Client(cluster) as client:
+        futs = [client.submit(produce, 1000, pure=False) for _ in range(4)]
+        names = {o[2] for o in client.gather([client.submit(total, f) for f in futs])}
+        assert names <= set(shm.segments())
+    wait_until(lambda: not names & set(shm.segments()), what="segments released")
+
+
+def test_client_shutdown_releases_segments_while_workers_remain():
+    cluster = _cluster()
+    client = Client(cluster)
+    try:
+        fut = client.submit(produce, 1000)
+        name = client.submit(total, fut).result()[2]
+        assert name in shm.segments()
+        client.shutdown()  # closes the scheduler: before_close hands releases out
+        wait_until(lambda: name not in shm.segments(), what="segment released")
+    finally:
+        client.close()
+        cluster.close()
