@@ -100,10 +100,12 @@ class LifetimesPlugin(SchedulerPlugin):
 
     # -- handlers ------------------------------------------------------------
 
-    async def handle_ready(self) -> None:
-        """Answers once every worker present at install time has our worker plugin."""
+    async def handle_ready(self) -> dict[str, str]:
+        """Answers once every worker present at install time has our worker
+        plugin, with the token naming this cluster's release registry."""
         assert self._ready is not None
         await asyncio.shield(self._ready)
+        return {"token": self.scheduler.id}
 
     def handle_leaving(self, worker: str) -> list[str]:
         """``worker`` is closing. If no other worker of its host stays, it is

@@ -182,16 +182,14 @@ def ensure_installed(worker: Any) -> LifetimesWorkerPlugin:
         await worker.scheduler.register_scheduler_plugin(
             plugin=dumps(LifetimesPlugin()), name=LifetimesPlugin.name, idempotent=True
         )
-        await worker.scheduler.dask_coro_lifetimes_ready()
+        answer = await worker.scheduler.dask_coro_lifetimes_ready()
+        plugin = worker.plugins.get(NAME)
+        if not isinstance(plugin, LifetimesWorkerPlugin) or plugin.token is None:
+            # The scheduler's broadcast missed us (it ignores errors): add it here.
+            await worker.plugin_add(LifetimesWorkerPlugin(token=answer["token"]), name=NAME)
 
     _sync(worker, install)
-    plugin = worker.plugins.get(NAME)
-    if not isinstance(plugin, LifetimesWorkerPlugin) or plugin.token is None:
-        raise DaskCoroError(
-            f"the dask_coro lifetimes plugin was installed on the scheduler but "
-            f"has not reached worker {worker.address}"
-        )
-    return plugin
+    return worker.plugins[NAME]
 
 
 def registry_dir(token: str) -> str:

@@ -89,8 +89,9 @@ async def test_release_runs_on_the_worker_that_tied(c, s, a, b):
 @gen_cluster(**validated)
 async def test_same_id_from_two_keys_counts_references(c, s, a, b):
     f1 = c.submit(tie_and_return, "shared", 1, key="k1", workers=[a.address])
+    await f1
     f2 = c.submit(tie_and_return, "shared", 2, key="k2", workers=[b.address])
-    await wait([f1, f2])
+    await f2
     assert ledger(s).holders("shared") == {"k1", "k2"}
     del f1
     await async_poll_for(lambda: "k1" not in s.tasks, 10)
@@ -317,3 +318,16 @@ async def test_tie_on_the_event_loop_says_to_use_a_thread(c, s, a):
     del fut
     await async_poll_for(lambda: RELEASED, 10)
     assert released_ids() == ["threaded"]
+
+
+@gen_cluster(**validated)
+async def test_worker_missing_its_plugin_adds_it_on_first_tie(c, s, a, b):
+    await c.submit(tie_and_return, "first", 1, workers=[a.address])
+    await async_poll_for(lambda: NAME in b.plugins, 10)
+    await b.plugin_remove(NAME)  # as if the scheduler's broadcast had missed b
+    fut = c.submit(tie_and_return, "second", 2, workers=[b.address])
+    assert await fut == 2
+    assert NAME in b.plugins
+    del fut
+    await async_poll_for(lambda: RELEASED, 10)
+    assert RELEASED == [("second", b.address)]
