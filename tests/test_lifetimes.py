@@ -329,5 +329,5 @@ async def test_worker_missing_its_plugin_adds_it_on_first_tie(c, s, a, b):
     assert await fut == 2
     assert NAME in b.plugins
     del fut
-    await async_poll_for(lambda: RELEASED, 10)
-    assert RELEASED == [("second", b.address)]
+    await async_poll_for(lambda: len(RELEASED) == 2, 10)
+    assert sorted(RELEASED) == [("first", a.address), ("second", b.address)]
