@@ -126,8 +126,8 @@ class LifetimesPlugin(SchedulerPlugin):
         self, rid: str, key: Key, worker: str, host_bound: bool = False
     ) -> dict[str, bool]:
         alive = self._tie([rid], key, worker, host_bound)
-        if not alive:
-            logger.warning(
+        if not alive:  # tie() warns the caller; this is for the scheduler's log
+            logger.info(
                 "resource %r was tied to key %r, which the scheduler has already "
                 "forgotten; it is released now",
                 rid,

@@ -221,8 +221,9 @@ class LifetimesWorkerPlugin(WorkerPlugin):
         worker.handlers["dask_coro_release"] = self.release
 
     async def teardown(self, worker: Any) -> None:
-        if worker.handlers.get("dask_coro_release") == self.release:
-            del worker.handlers["dask_coro_release"]
+        # The release handler stays: a closing worker is still on the
+        # scheduler's list and may be handed a release until it has left (a
+        # replacing plugin's setup takes the handler over).
         if worker.status not in _closing_states():
             return  # replaced by a new registration, not closing
         # Worker.close tears plugins down while the scheduler still reaches
