@@ -13,6 +13,7 @@ import os
 import shlex
 import statistics
 import sys
+import textwrap
 import threading
 import time
 
@@ -49,70 +50,90 @@ def read(a, i):
 
 def _warm(kind):
     """First use on a fresh cluster: imports, and for shm the lifetimes plugin
-    (one round trip to the scheduler, once per cluster)."""
+    (one round trip to the scheduler, once per cluster). Returns the segment
+    made, if any, to wait for its release."""
     a = shm.empty(8, np.float64) if kind == "shm" else np.empty(8, np.float64)
-    return float(_fill(a).sum())
+    assert float(_fill(a).sum()) == 28.0
+    return getattr(a, "segment_name", None)
 
 
 # -- memory sampling --------------------------------------------------------
 
 
-def shm_bytes() -> int:
-    """Bytes allocated in /dev/shm by dask_coro segments (st_blocks, not st_size)."""
+SHM_DIR = "/dev/shm/"
+
+
+def shm_bytes(names) -> int:
+    """Bytes allocated in /dev/shm by these segments (st_blocks, not st_size)."""
     total = 0
-    for name in shm.segments():
+    for name in names:
         try:
-            total += os.stat(os.path.join("/dev/shm", name)).st_blocks * 512
-        except FileNotFoundError:
+            total += os.stat(SHM_DIR + name).st_blocks * 512
+        except FileNotFoundError:  # unlinked (its pages go when the last mapping does)
             pass
     return total
 
 
-def uss_split(pid: int) -> tuple[int, int]:
-    """(USS, the part of it that is dask_coro shared memory) of a process, in
-    bytes, from /proc/<pid>/smaps. USS = Private_Clean + Private_Dirty, as
-    psutil's memory_full_info().uss; a shared-memory page that only this
-    process maps counts as private, so it is split out to count it once."""
+def smaps(pid: int) -> tuple[int, int, set[str]]:
+    """(USS, the part of it that is dask_coro shared memory, the dask_coro
+    segments mapped) of a process, from /proc/<pid>/smaps; bytes. USS =
+    Private_Clean + Private_Dirty, as psutil's memory_full_info().uss; a
+    shared-memory page that only this process maps counts as private, so it
+    is split out to be counted once, in /dev/shm."""
     uss = uss_shm = 0
+    names: set[str] = set()
     in_shm = False
-    with open(f"/proc/{pid}/smaps") as f:
-        for line in f:
-            head = line.split(None, 1)[0]
-            if not head.endswith(":"):  # a mapping's header line
-                in_shm = "/dev/shm/" + shm.PREFIX in line
-            elif head in ("Private_Clean:", "Private_Dirty:"):
+    marker = (SHM_DIR + shm.PREFIX).encode()
+    with open(f"/proc/{pid}/smaps", "rb") as f:
+        data = f.read()
+    for line in data.splitlines():
+        if line.startswith(b"Private_"):  # Private_Clean, Private_Dirty, Private_Hugetlb
+            if line.startswith((b"Private_Clean:", b"Private_Dirty:")):
                 kb = int(line.split()[1]) * 1024
                 uss += kb
                 if in_shm:
                     uss_shm += kb
-    return uss, uss_shm
+        elif not line[:1].isupper():  # a mapping's header: "start-end perms ..."
+            i = line.find(marker)
+            in_shm = i >= 0
+            if in_shm:
+                names.add(line[i + len(SHM_DIR):].split()[0].decode())
+    return uss, uss_shm, names
 
 
 class MemPeak:
     """Samples the worker processes' memory every ``interval`` seconds in the
-    background; keeps the peak of each quantity."""
+    background; keeps the peak of each quantity and the dask_coro segments the
+    workers mapped (other processes on this host may have their own)."""
 
     FIELDS = ("rss", "shm", "total")
 
-    def __init__(self, pids: list[int], interval: float = float(os.environ.get("BS_INT", "0.05"))):
+    def __init__(self, pids: list[int], interval: float):
         self.procs = [psutil.Process(p) for p in pids]
         self.interval = interval
         self.peak = dict.fromkeys(self.FIELDS, 0)
+        self.names: set[str] = set()
         self.samples = 0
+        self.sampling_s = 0.0
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
     def sample(self) -> dict[str, int]:
-        rss = sum(p.memory_info().rss for p in self.procs)
-        private = 0
+        rss = private = 0
+        names: set[str] = set()
         for p in self.procs:
-            uss, uss_shm = uss_split(p.pid)
+            rss += p.memory_info().rss
+            uss, uss_shm, mapped = smaps(p.pid)
             private += uss - uss_shm
-        dev_shm = shm_bytes()
+            names |= mapped
+        self.names |= names
+        dev_shm = shm_bytes(names)
         return {"rss": rss, "shm": dev_shm, "total": private + dev_shm}
 
     def _record(self) -> None:
+        t = time.thread_time()  # CPU, kernel time reading /proc included
         s = self.sample()
+        self.sampling_s += time.thread_time() - t
         self.samples += 1
         for k in self.FIELDS:
             self.peak[k] = max(self.peak[k], s[k])
@@ -135,7 +156,7 @@ class MemPeak:
 # -- one run ----------------------------------------------------------------
 
 
-def run_once(kind: str, n: int, readers: int) -> dict:
+def run_once(kind: str, n: int, readers: int, interval: float) -> dict:
     """On a fresh cluster: the producer pinned to worker A, readers pinned
     alternately to A and B, all submitted at once."""
     make = make_shm if kind == "shm" else make_plain
@@ -144,10 +165,9 @@ def run_once(kind: str, n: int, readers: int) -> dict:
         client.wait_for_workers(2)
         workers = sorted(client.scheduler_info()["workers"])
         pids = client.run(os.getpid)
-        for w in workers:
-            assert client.submit(_warm, kind, workers=[w], pure=False).result() == 28.0
-        _wait_no_segments(10)
-        sampler = MemPeak([pids[w] for w in workers])
+        warm = {client.submit(_warm, kind, workers=[w], pure=False).result() for w in workers}
+        _wait_released(client, warm - {None})
+        sampler = MemPeak([pids[w] for w in workers], interval)
         base = sampler.sample()
         with sampler:
             start = time.perf_counter()
@@ -160,20 +180,31 @@ def run_once(kind: str, n: int, readers: int) -> dict:
             wall = time.perf_counter() - start
         where = client.who_has(futs)
         per_worker = [sum(1 for f in futs if w in where[f.key]) for w in workers]
-        segs_during = shm.segments()
         del src, futs
-        gone = _wait_no_segments(10)
+        left = _wait_released(client, sampler.names)
     return {"wall": wall, "peak": sampler.peak, "base": base, "samples": sampler.samples,
-            "sums": sums, "per_worker": per_worker, "segments_during": len(segs_during),
-            "segments_after": gone}
+            "sample_ms": sampler.sampling_s / sampler.samples * 1000, "sums": sums,
+            "per_worker": per_worker, "segments": len(sampler.names), "left": left}
 
 
-def _wait_no_segments(timeout: float) -> int:
-    """Waits until /dev/shm holds no dask_coro segment; returns how many are left."""
+def _lifetimes_idle(dask_scheduler) -> bool:
+    """Whether dask_coro's scheduler plugin has no tie or release pending."""
+    plugin = dask_scheduler.plugins.get("dask-coro-lifetimes")
+    return not getattr(plugin, "ledger", None)
+
+
+def _wait_released(client: Client, names, timeout: float = 10.0) -> int:
+    """Waits until these segments are gone from /dev/shm and the scheduler has
+    no release in flight (closing the cluster while a worker acknowledges one
+    would log a spurious "releases are owed" warning); returns how many of
+    the segments are left."""
     deadline = time.monotonic() + timeout
-    while shm.segments() and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        left = [nm for nm in names if os.path.exists(SHM_DIR + nm)]
+        if not left and client.run_on_scheduler(_lifetimes_idle):
+            break
         time.sleep(0.05)
-    return len(shm.segments())
+    return sum(os.path.exists(SHM_DIR + nm) for nm in names)
 
 
 # -- report -----------------------------------------------------------------
@@ -188,55 +219,77 @@ def _ratio(a: float, b: float) -> str:
 
 
 def table(args, res: dict[str, list[dict]]) -> str:
+    fields = [*MemPeak.FIELDS, "above"]
+    for runs in res.values():
+        for r in runs:
+            r["peak"]["above"] = r["peak"]["total"] - r["base"]["total"]
+            r["base"]["above"] = 0
     med = {k: {"wall": statistics.median(r["wall"] for r in runs),
-               **{f: statistics.median(r["peak"][f] for r in runs) for f in MemPeak.FIELDS},
-               **{"base_" + f: statistics.median(r["base"][f] for r in runs)
-                  for f in MemPeak.FIELDS}}
+               **{f: statistics.median(r["peak"][f] for r in runs) for f in fields},
+               "base": statistics.median(r["base"]["total"] for r in runs)}
            for k, runs in res.items()}
     s, p = med["shm"], med["plain"]
-    placement = {k: ", ".join(" + ".join(map(str, r["per_worker"])) for r in runs)
-                 for k, runs in res.items()}
-    lines = [
-        f"| {args.mb} MB, {args.readers} readers, median of {args.repeat} | shared memory "
+
+    def placement(runs):
+        each = [" + ".join(map(str, r["per_worker"])) for r in runs]
+        return f"{each[0]} in every run" if len(set(each)) == 1 else ", ".join(each)
+
+    def row(label, f, ratio=True):
+        r = _ratio(s[f], p[f]) if ratio else "-"
+        return f"| {label} | {_mb(s[f])} | {_mb(p[f])} | {r} |"
+
+    return "\n".join([
+        f"| {args.mb} MB, {args.readers} readers, median of {args.repeat} runs | shared memory "
         f"| plain Dask | shm / plain |",
         "|---|---|---|---|",
         f"| wall time s | {s['wall']:.2f} | {p['wall']:.2f} | {_ratio(s['wall'], p['wall'])} |",
-        f"| peak sum of worker RSS MB | {_mb(s['rss'])} | {_mb(p['rss'])} "
-        f"| {_ratio(s['rss'], p['rss'])} |",
-        f"| peak /dev/shm used MB | {_mb(s['shm'])} | {_mb(p['shm'])} | - |",
-        f"| peak total: worker USS + /dev/shm MB | {_mb(s['total'])} | {_mb(p['total'])} "
-        f"| {_ratio(s['total'], p['total'])} |",
-        f"| same, before submitting (baseline) MB | {_mb(s['base_total'])} "
-        f"| {_mb(p['base_total'])} | |",
-        f"| readers run on producer's worker + other worker, per run "
-        f"| {placement['shm']} | {placement['plain']} | |",
-    ]
-    return "\n".join(lines)
+        row("peak sum of worker RSS MB", "rss"),
+        row("peak /dev/shm used MB", "shm", ratio=False),
+        row("peak total: worker USS + /dev/shm MB", "total"),
+        row("peak total minus baseline MB", "above"),
+        row("baseline total, idle workers MB", "base"),
+        f"| readers on producer's worker + other worker "
+        f"| {placement(res['shm'])} | {placement(res['plain'])} | |",
+    ])
 
 
-NOTES = """\
+def notes(args, res: dict[str, list[dict]]) -> str:
+    runs = [r for rs in res.values() for r in rs]
+    cost = statistics.median(r["sample_ms"] for r in runs)
+    left = sum(r["left"] for r in res["shm"])
+    released = "Every reader result equalled n(n-1)/2 in both versions. " + (
+        "After the futures were released, the run's segment was gone from /dev/shm "
+        f"in each of the {len(res['shm'])} shared-memory runs."
+        if left == 0 else
+        f"After the futures were released, {left} segment(s) of the shared-memory runs "
+        "were still in /dev/shm 10 s later."
+    )
+    return f"""\
 Wall time: from submitting the producer and the readers (together; each reader
-depends on the producer) until all reader results are back on the client. The
-producer is pinned to one worker and fills a float64 array with 0, 1, 2, ...
-(in place, chunk by chunk); the readers are pinned alternately to both workers
-and each returns `np.sum` of the whole array. Plain Dask moves the array to the
-other worker once (over TCP, serialized); shared memory moves a handle and the
-other worker maps the same pages. Memory is sampled every 50 ms from the
-client process while the run lasts (peaks are per column, so they need not
-come from the same sample):
+depends on the producer) until all reader results are back on the client; a
+fresh cluster per run and alternative, alternatives interleaved. The producer
+is pinned to one worker and fills a float64 array with 0, 1, 2, ... (in place,
+chunk by chunk); the readers are pinned alternately to both workers (where
+they ran is read back with `client.who_has`) and each returns `np.sum` of the
+whole array. Plain Dask sends the array to the other worker once (serialized,
+over TCP); shared memory sends a handle and the other worker maps the same
+pages. Memory is sampled every {args.interval * 1000:.0f} ms from the client process during the
+run and once at its end (a sample, which reads /proc/PID/smaps of both workers,
+takes about {cost:.0f} ms of the client's CPU: a load on the 2 cores in both
+alternatives); peaks are per row, not necessarily from one sample:
 
 - *sum of worker RSS*: resident memory of the two worker processes added up.
-  RSS counts a shared page in every process that has touched it, so a
-  shared-memory array read on both workers is counted twice here.
-- */dev/shm used*: bytes allocated by `dask-coro-` segments in /dev/shm.
+  RSS counts a shared page in every process that has touched it, so the
+  shared array, read on both workers, is counted twice there.
+- */dev/shm used*: bytes allocated in /dev/shm by the `dask-coro-` segments
+  the workers map.
 - *total*: each worker's USS (its private pages, `Private_Clean +
-  Private_Dirty` from /proc/PID/smaps, what psutil reports as `uss`) without
-  the shared-memory pages it alone maps, plus /dev/shm used: every page
-  counted once, which is the fair comparison. The baseline row is the same
+  Private_Dirty` from /proc/PID/smaps, as psutil's `memory_full_info().uss`)
+  less the shared-memory pages it alone maps, plus /dev/shm used: every page
+  counted once, the fair comparison. *Minus baseline* subtracts the same
   quantity sampled just before submitting (two idle workers).
 
-Every reader result was checked equal to n(n-1)/2 in both versions, and both
-versions gave the same results."""
+""" + textwrap.fill(released, 79, break_on_hyphens=False)
 
 
 def main(argv=None) -> int:
@@ -244,6 +297,7 @@ def main(argv=None) -> int:
     p.add_argument("--mb", type=int, default=200, help="array size in MiB")
     p.add_argument("--readers", type=int, default=8)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--interval", type=float, default=0.05, help="memory sampling period, s")
     p.add_argument("--write", action="store_true",
                    help="put the table in benchmarks/RESULTS.md (this benchmark's section)")
     args = p.parse_args(argv)
@@ -256,27 +310,24 @@ def main(argv=None) -> int:
     for r in range(args.repeat):
         order = ("shm", "plain") if r % 2 == 0 else ("plain", "shm")
         for kind in order:
-            out = run_once(kind, n, args.readers)
+            out = run_once(kind, n, args.readers, args.interval)
             assert out["sums"] == [expected] * args.readers, (kind, out["sums"])
+            assert out["segments"] == (kind == "shm"), out["segments"]  # seen by the sampler
             res[kind].append(out)
             print(f"run {r + 1} {kind}: {out['wall']:.2f} s, peak total "
                   f"{_mb(out['peak']['total'])} MB, readers per worker {out['per_worker']}, "
-                  f"{out['samples']} samples, segments during {out['segments_during']}, "
-                  f"left after release {out['segments_after']}", file=sys.stderr, flush=True)
+                  f"{out['samples']} samples of {out['sample_ms']:.0f} ms, "
+                  f"{out['segments']} segment(s), {out['left']} left after release",
+                  file=sys.stderr, flush=True)
     assert [r["sums"] for r in res["shm"]] == [r["sums"] for r in res["plain"]]
-    leaked = sum(r["segments_after"] for r in res["shm"])
-    body = table(args, res)
-    after = ("After the futures were released, /dev/shm held no `dask-coro-` segment "
-             f"in any of the {args.repeat} shared-memory runs." if leaked == 0 else
-             f"After the futures were released, {leaked} `dask-coro-` segment(s) were "
-             "still in /dev/shm 10 s later.")
+    body, text = table(args, res), notes(args, res)
     print(body)
     print()
-    print(after)
+    print(text)
     print(f"({time.perf_counter() - t0:.0f} s in all)", file=sys.stderr)
     if args.write:
         command = shlex.join(["python", "benchmarks/bench_shm.py", *argv])
-        section = f"{HEADING}\n\nCommand: `{command}`\n\n{body}\n\n{NOTES}\n{after}\n"
+        section = f"{HEADING}\n\nCommand: `{command}`\n\n{body}\n\n{text}\n"
         _write(section)
     return 0
 
