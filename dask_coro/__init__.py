@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 # These import distributed, which importing dask_coro does not.
 _LAZY = {
     "tie": ("._lifetimes_worker", "tie"),
+    "release_abandoned": ("._lifetimes_worker", "release_abandoned"),
     "LifetimesPlugin": ("._lifetimes_scheduler", "LifetimesPlugin"),
     "PromisePlugin": ("._promise_scheduler", "PromisePlugin"),
 }
@@ -71,5 +72,6 @@ __all__ = [
     "coroutine",
     "current_key",
     "gather",
+    "release_abandoned",
     "tie",
 ]

@@ -26,7 +26,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="embedded cluster size")
     parser.add_argument("--threads", type=int, default=1, help="threads per worker")
     parser.add_argument("-n", type=int, default=15, help="fib(n) to compute")
+    parser.add_argument(
+        "--release-abandoned",
+        action="store_true",
+        help="instead of the demo: run the releases this host recorded for "
+        "clusters that are gone (after a crash), and exit",
+    )
     args = parser.parse_args(argv)
+    if args.release_abandoned:
+        released = dask_coro.release_abandoned()
+        print(f"released {len(released)} resources of clusters that are gone")
+        for rid in released:
+            print(f"  {rid}")
+        return 0
 
     from distributed import Client, LocalCluster
 

@@ -192,12 +192,143 @@ def ensure_installed(worker: Any) -> LifetimesWorkerPlugin:
     return worker.plugins[NAME]
 
 
-def registry_dir(token: str) -> str:
+def registry_root() -> str:
     import dask
 
     base = dask.config.get("temporary-directory", None) or tempfile.gettempdir()
     user = str(os.getuid()) if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
-    return os.path.join(base, f"dask-coro-{user}", "ties", token)
+    return os.path.join(base, f"dask-coro-{user}", "ties")
+
+
+def registry_dir(token: str) -> str:
+    return os.path.join(registry_root(), token)
+
+
+# A record: the scheduler's address on the first line, then the pickled
+# (resource id, release). The address lets release_abandoned ask whether the
+# cluster is still there without unpickling anything.
+
+
+def _write_record(path: str, scheduler: str, rid: str, release: Callable[[str], object]) -> bool:
+    from distributed.protocol.pickle import dumps
+
+    data = scheduler.encode() + b"\n" + dumps((rid, release))
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident():x}.tmp"
+    for attempt in range(3):
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            break
+        except FileNotFoundError:  # the folder was removed as it emptied
+            if attempt == 2:
+                raise
+    new = not os.path.exists(path)
+    os.replace(tmp, path)  # atomic: a reader sees the old or the new file
+    return new
+
+
+def _run_record(path: str, rid: str | None, where: str) -> str | None:
+    """Run the release recorded at ``path`` and remove it; answers its id,
+    or None if there was nothing to run."""
+    from distributed.protocol.pickle import loads
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        stored, release = loads(data.split(b"\n", 1)[1])
+        if rid is not None and stored != rid:
+            raise RuntimeError(f"record {path!r} holds {stored!r}, not {rid!r}")
+        rid = stored
+        release(stored)
+    except Exception:
+        logger.exception("release of resource %r failed on %s", rid, where)
+    finally:
+        _remove_record(path)
+    return rid
+
+
+def _remove_record(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        return
+    try:
+        os.rmdir(os.path.dirname(path))
+    except OSError:
+        pass  # not empty
+
+
+def release_abandoned(timeout: float = 5.0) -> list[str]:
+    """Run the releases recorded on this host by clusters that are gone.
+
+    A release waits for a worker of its host; if a whole cluster died (killed,
+    not closed), its releases stay recorded on disk and its resources (shared
+    memory included) stay allocated. This runs them, for every cluster whose
+    scheduler refuses connections or answers with another identity, and leaves
+    alone any cluster it cannot rule out (a timeout, TLS). Returns the ids
+    released. Also: ``python -m dask_coro --release-abandoned``.
+    """
+    root = registry_root()
+    try:
+        tokens = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return []
+    released: list[str] = []
+    for token in tokens:
+        folder = os.path.join(root, token)
+        try:  # a folder goes away as its last record does, maybe meanwhile
+            names = sorted(os.listdir(folder))
+            records = [os.path.join(folder, n) for n in names if not n.endswith(".tmp")]
+            if not records:
+                continue
+            with open(records[0], "rb") as f:
+                address = f.readline(1000).decode(errors="replace").strip()
+        except FileNotFoundError:
+            continue
+        if "://" not in address:
+            logger.info("%s holds no dask_coro release records; left alone", folder)
+            continue
+        if not _is_gone(address, token, timeout):
+            continue
+        logger.info("cluster %s at %s is gone: running its %d releases", token, address, len(records))
+        for path in records:
+            rid = _run_record(path, None, "this host")
+            if rid is not None:
+                released.append(rid)
+        for name in names:  # writes the crash cut short
+            _remove_record(os.path.join(folder, name))
+    return released
+
+
+def _is_gone(address: str, token: str, timeout: float) -> bool:
+    import socket
+
+    from distributed.comm.addressing import get_address_host_port
+    from distributed.core import rpc
+
+    try:
+        host, port = get_address_host_port(address)
+        socket.create_connection((host, port), timeout=timeout).close()
+    except ConnectionRefusedError:
+        return True  # nothing listens there any more
+    except Exception as e:  # cannot tell: keep
+        logger.info("cannot tell whether %s is gone (%r); keeping its releases", address, e)
+        return False
+
+    async def identity() -> Any:
+        async with rpc(address, timeout=timeout) as scheduler:
+            return await scheduler.identity()
+
+    try:
+        answer = asyncio.run(identity())
+    except Exception as e:
+        logger.info("cannot tell whether %s is gone (%r); keeping its releases", address, e)
+        return False
+    return answer.get("id") != token  # another scheduler on that port
 
 
 def _file_name(rid: str) -> str:
@@ -247,34 +378,10 @@ class LifetimesWorkerPlugin(WorkerPlugin):
 
     def record(self, rid: str, release: Callable[[str], object]) -> bool:
         """Write ``release`` for ``rid`` on this host; answers whether it is new."""
-        from distributed.protocol.pickle import dumps
-
-        data = dumps((rid, release))
-        path = self._path(rid)
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident():x}.tmp"
-        for attempt in range(3):
-            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                break
-            except FileNotFoundError:  # the folder was removed as it emptied
-                if attempt == 2:
-                    raise
-        new = not os.path.exists(path)
-        os.replace(tmp, path)  # atomic: a reader sees the old or the new file
-        return new
+        return _write_record(self._path(rid), self.worker.scheduler.address, rid, release)
 
     def forget_record(self, rid: str) -> None:
-        path = self._path(rid)
-        try:
-            os.remove(path)
-        except FileNotFoundError:
-            return
-        try:
-            os.rmdir(os.path.dirname(path))
-        except OSError:
-            pass  # not empty
+        _remove_record(self._path(rid))
 
     async def release(self, rids: list[str]) -> None:
         from distributed.utils import offload
@@ -290,25 +397,10 @@ class LifetimesWorkerPlugin(WorkerPlugin):
             _worker_cvar.reset(token)
 
     def _release_one(self, rid: str) -> None:
-        from distributed.protocol.pickle import loads
-
-        path = self._path(rid)
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            # Released already by a worker that died before acknowledging, or
-            # tied on a host whose registry we cannot see.
+        # Nothing recorded: released already by a worker that died before
+        # acknowledging, or tied on a host whose registry we cannot see.
+        if _run_record(self._path(rid), rid, self.worker.address) is None:
             logger.debug("release of %r: nothing recorded on this host", rid)
-            return
-        try:
-            stored, release = loads(data)
-            assert stored == rid, (stored, rid)
-            release(rid)
-        except Exception:
-            logger.exception("release of resource %r failed on %s", rid, self.worker.address)
-        finally:
-            self.forget_record(rid)
 
     # -- results that hold resources -----------------------------------------
 

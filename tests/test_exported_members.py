@@ -51,6 +51,7 @@ def test_all_exact():
         "coroutine",
         "current_key",
         "gather",
+        "release_abandoned",
         "tie",
     }
 

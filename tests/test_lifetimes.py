@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 import warnings
 
 import dask
@@ -331,3 +334,67 @@ async def test_worker_missing_its_plugin_adds_it_on_first_tie(c, s, a, b):
     del fut
     await async_poll_for(lambda: len(RELEASED) == 2, 10)
     assert sorted(RELEASED) == [("first", a.address), ("second", b.address)]
+
+
+# -- after a crash -------------------------------------------------------------
+
+
+def _record_for(token: str, address: str, rid: str) -> str:
+    from dask_coro._lifetimes_worker import _file_name, _write_record, registry_dir
+
+    path = os.path.join(registry_dir(token), _file_name(rid))
+    _write_record(path, address, rid, record_anywhere)
+    return path
+
+
+def record_anywhere(rid: str) -> None:
+    RELEASED.append((rid, "sweep"))
+
+
+@pytest.fixture
+def own_registry(tmp_path):
+    """A registry of this test's own (under dask's temporary-directory)."""
+    with dask.config.set({"temporary-directory": str(tmp_path)}):
+        yield tmp_path
+
+
+def test_release_abandoned_runs_releases_of_a_dead_cluster(own_registry):
+    from test_cluster import _free_port
+
+    dead = f"tcp://127.0.0.1:{_free_port()}"  # nothing listens there
+    paths = [_record_for("Scheduler-dead-test", dead, f"dead-{i}") for i in range(3)]
+    with open(paths[0] + ".123.tmp", "wb"):
+        pass  # a write the crash cut short
+    released = dask_coro.release_abandoned(timeout=2)
+    assert sorted(released) == ["dead-0", "dead-1", "dead-2"]
+    assert sorted(RELEASED) == [(f"dead-{i}", "sweep") for i in range(3)]
+    assert not os.path.exists(os.path.dirname(paths[0]))
+    assert dask_coro.release_abandoned(timeout=2) == []  # nothing left
+
+
+@pytest.mark.usefixtures("own_registry")
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_release_abandoned_keeps_live_clusters(c, s, a):
+    fut = c.submit(tie_and_return, "live", 1)
+    await fut
+    # the same address answering with another identity is another cluster
+    stale = _record_for("Scheduler-stale-test", s.address, "stale")
+    released = await asyncio.to_thread(dask_coro.release_abandoned, 5)
+    assert released == ["stale"] and not os.path.exists(stale)
+    assert released_ids() == ["stale"]
+    del fut
+    await async_poll_for(lambda: len(RELEASED) == 2, 10)
+    assert released_ids() == ["stale", "live"]
+
+
+def test_release_abandoned_from_the_command_line(own_registry):
+    from test_cluster import _free_port
+
+    _record_for("Scheduler-cli-test", f"tcp://127.0.0.1:{_free_port()}", "cli-res")
+    env = {**os.environ, "DASK_TEMPORARY_DIRECTORY": str(own_registry)}
+    out = subprocess.run(
+        [sys.executable, "-m", "dask_coro", "--release-abandoned"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "released 1 resources" in out.stdout and "cli-res" in out.stdout
