@@ -11,6 +11,11 @@ from ._exceptions import NotInTaskError
 #: Set inside the context every coroutine step runs in (worker and local driver).
 running_key: ContextVar[Hashable] = ContextVar("dask_coro.running_key")
 
+#: Set while a scheduler deserializes a task graph (see
+#: ``_lifetimes_scheduler.keep_handles``): the scheduler only passes task
+#: arguments on, so a shared array's handle stays a handle, mapping nothing.
+shm_as_handles: ContextVar[bool] = ContextVar("dask_coro.shm_as_handles", default=False)
+
 
 def current_key() -> Hashable:
     """The key of the task running this code.

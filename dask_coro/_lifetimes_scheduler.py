@@ -7,8 +7,8 @@ release callable never reaches it (workers keep them, see
 
 Messages:
 
-- ``dask_coro_tie`` (RPC from a worker thread, answered): one id, one key.
-  Answers whether the key was alive; a dead key's tie releases at once.
+- ``dask_coro_tie`` (RPC from a worker, answered): ids, one key. Answers
+  whether the key was alive; a dead key's tie releases at once.
 - ``dask-coro-tie`` (worker's batched stream): ids a finished task's result
   holds. The worker sends it from its ``transition`` hook, so it reaches us
   before that task's ``task-finished`` and therefore before the dependencies
@@ -29,6 +29,7 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
+from ._context import shm_as_handles
 from ._lifetimes import Ledger, Origin
 
 logger = logging.getLogger("dask_coro")
@@ -74,6 +75,7 @@ class LifetimesPlugin(SchedulerPlugin):
         scheduler.handlers["dask_coro_lifetimes_ready"] = self.handle_ready
         scheduler.handlers["dask_coro_lifetimes_leaving"] = self.handle_leaving
         scheduler.stream_handlers["dask-coro-tie"] = self.handle_result_ties
+        keep_handles(scheduler)
         # Every worker, present and future, runs releases and ties results.
         # Stored before we yield so a worker joining meanwhile gets it too
         # (Scheduler.add_worker sends ``worker_plugins`` with its answer).
@@ -123,14 +125,14 @@ class LifetimesPlugin(SchedulerPlugin):
         return self.ledger.host_emptied(host)
 
     def handle_tie(
-        self, rid: str, key: Key, worker: str, host_bound: bool = False
+        self, rids: list[str], key: Key, worker: str, host_bound: bool = False
     ) -> dict[str, bool]:
-        alive = self._tie([rid], key, worker, host_bound)
+        alive = self._tie(list(rids), key, worker, host_bound)
         if not alive:  # tie() warns the caller; this is for the scheduler's log
             logger.info(
-                "resource %r was tied to key %r, which the scheduler has already "
-                "forgotten; it is released now",
-                rid,
+                "%s tied to key %r, which the scheduler has already forgotten; "
+                "released now",
+                list(rids),
                 key,
             )
         return {"alive": alive}
@@ -214,6 +216,28 @@ class LifetimesPlugin(SchedulerPlugin):
             self._dispatch_soon()
         else:
             self.ledger.acknowledged(worker, rids)
+
+
+def keep_handles(scheduler: Any) -> None:
+    """Make the scheduler deserialize task graphs with shared arrays left as
+    handles. ``Scheduler.update_graph`` unpickles the graph inside the handler
+    (``deserialize(expr_ser.header, expr_ser.frames)``), so a context variable
+    set around it reaches ``shm._attach``; without this the scheduler would
+    map every segment passed as a task argument, and keep it mapped as long
+    as it keeps the message (its batched streams log recent messages)."""
+    handler = scheduler.stream_handlers.get("update-graph")
+    if handler is None or getattr(handler, "_dask_coro_keeps_handles", False):
+        return
+
+    async def update_graph(**kwargs: Any) -> Any:
+        token = shm_as_handles.set(True)
+        try:
+            return await handler(**kwargs)
+        finally:
+            shm_as_handles.reset(token)
+
+    update_graph._dask_coro_keeps_handles = True  # type: ignore[attr-defined]
+    scheduler.stream_handlers["update-graph"] = update_graph
 
 
 def _host_of(address: str) -> str:

@@ -6,7 +6,9 @@ the resource id. When the scheduler asks a worker to release an id, the worker
 runs the callable it finds there and deletes the file. Because the folder is
 per host rather than per worker process, another worker on the same host can
 run the release of a worker that died; the file going away is what makes a
-second run (after a worker died mid-release) find nothing to do.
+second run (after a worker died mid-release) find nothing to do. A record
+starts with the scheduler's address, so ``release_abandoned`` can run the
+records of a cluster that was killed without unpickling anything first.
 """
 
 from __future__ import annotations
@@ -125,7 +127,7 @@ def _tie(
         answer = _sync(
             worker,
             worker.scheduler.dask_coro_tie,
-            rid=rid,
+            rids=[rid],
             key=key,
             worker=worker.address,
             host_bound=host_bound,
@@ -137,6 +139,23 @@ def _tie(
     if key in worker.state.tasks:  # popped when the key leaves this worker
         plugin.sent_ties.setdefault(key, set()).add(rid)
     return bool(answer["alive"])
+
+
+async def hold_segments(worker: Any, key: Key, value: Any) -> None:
+    """Tie the shared-memory segments ``value`` holds to ``key``, and wait for
+    the scheduler to have them: a coroutine does this with its children's
+    results before it releases the children, since its body now holds them."""
+    shm = sys.modules.get("dask_coro.shm")
+    if shm is None or not shm.any_attached():
+        return
+    plugin = worker.plugins.get(NAME)
+    sent = plugin.sent_ties.setdefault(key, set()) if plugin is not None else set()
+    rids = shm.segments_in(value) - sent
+    if rids:
+        await worker.scheduler.dask_coro_tie(
+            rids=sorted(rids), key=key, worker=worker.address, host_bound=True
+        )
+        sent.update(rids)
 
 
 def _worker(what: str) -> Any:

@@ -38,6 +38,7 @@ from ._classify import classifier
 from ._context import running_key
 from ._driver import Driver, Returned, Step, Yielded
 from ._exceptions import CoroutineCancelledError, DaskCoroError
+from ._lifetimes_worker import hold_segments
 from ._plan import plan_yield
 from ._structure import Structure
 
@@ -239,6 +240,8 @@ class _Run:
         del plan, new
         try:
             results = await self._wait(client, outputs)
+            # Before the children go: segments in their results are ours now.
+            await hold_segments(self.worker, self.key, results)
         except _Cancelled:
             raise
         except Exception as e:

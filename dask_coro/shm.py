@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ._context import shm_as_handles
 from ._exceptions import DaskCoroError
 
 __all__ = ["PREFIX", "ShmArray", "empty", "from_array", "segments", "zeros"]
@@ -127,10 +128,27 @@ def _create(nbytes: int) -> _Segment:
     return segment
 
 
+class _Handle:
+    """A shared array on its way through the scheduler, unmapped."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        self.args = args
+
+    def __reduce__(self) -> Any:
+        return (_attach, self.args)
+
+    def __repr__(self) -> str:
+        return f"<shared array handle {self.args[0]}>"
+
+
 def _attach(
     name: str, managed: bool, shape: Any, dtype: Any, strides: Any, offset: int
-) -> ShmArray:
+) -> ShmArray | _Handle:
     """Unpickle a handle: map the named segment once per process."""
+    if shm_as_handles.get():
+        return _Handle((name, managed, shape, dtype, strides, offset))
     with _lock:
         segment = _mapped.get(name)
         if segment is None:
