@@ -377,8 +377,8 @@ def consume(x, _gate) -> int:
 def test_late_consumer_reads_correct_data(client, tmp_path, through):
     """The client holds only the consumer. It waits on a gate, so its inputs
     are done long before it runs; the segment must outlive them being done
-    (``producer``) and, when a view task handed it on, the producer being
-    forgotten (``view``: only the view task's result holds it then)."""
+    (``producer``) and, when a view task handed it on, the producer's result
+    being released (``view``)."""
     folder = str(tmp_path)
     go = f"go-{uuid.uuid4().hex}"
     p = dask.delayed(make, pure=False)(folder)
@@ -391,7 +391,8 @@ def test_late_consumer_reads_correct_data(client, tmp_path, through):
         def ready() -> bool:
             tasks = client.run_on_scheduler(_tasks)
             if through == "view":
-                return p.key not in tasks and tasks.get(held.key) == "memory"
+                # the scheduler keeps a released dependency of a task in memory
+                return tasks.get(p.key) == "released" and tasks.get(held.key) == "memory"
             return tasks.get(p.key) == "memory"
 
         poll(ready, lambda: str(client.run_on_scheduler(_tasks)), timeout=60)
@@ -492,3 +493,69 @@ def test_releases_run_in_worker_processes_never_in_the_scheduler(cluster, client
     assert int(pid) in live.values(), (pid, live)
     assert int(pid) not in (me, dead_pid)
     assert_nothing_owed(client)
+
+
+# --------------------------------------------------------------------------
+# regressions: a coroutine holds what its children made; the scheduler maps
+# nothing
+
+
+def gone_within(name: str, timeout: float) -> bool:
+    """Whether segment ``name`` is unlinked within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while name in shm.segments():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@coroutine
+def receives_a_child_array(folder: str):
+    a = yield dask.delayed(make, pure=False)(folder)  # a child makes the segment
+    # The body holds the array from here on; the child's key is released.
+    gone = yield dask.delayed(gone_within, pure=False)(a.segment_name, 3)
+    if gone:
+        return gone, None
+    parts = yield [dask.delayed(part_sum)(a[i::2]) for i in range(2)]
+    return gone, sum(parts)
+
+
+def test_coroutine_keeps_an_array_a_child_made(client, tmp_path):
+    """A coroutine that received a shared-memory array from a child holds it
+    like any other value: the segment lives until the coroutine's key is
+    forgotten. (It was unlinked as soon as the runner released the child's
+    key, right after resuming the body: a later yield handing the array on
+    failed, and returning it gave the client a handle to nothing.)"""
+    folder = str(tmp_path)
+    fut = client.compute(receives_a_child_array(folder))
+    gone, parts = fut.result(timeout=60)
+    (name,) = _lines(folder, "segments")
+    del fut
+    assert_released(client, [name])
+    assert not gone, "unlinked while the coroutine that received it still ran"
+    assert parts == EXPECTED
+
+
+def _mapped_names(dask_scheduler=None, dask_worker=None) -> list[str]:
+    import gc
+
+    gc.collect()
+    return sorted(shm._mapped)
+
+
+def test_no_process_keeps_a_released_segment_mapped(client, tmp_path):
+    """Unlinking a segment frees its memory only once no process maps it. The
+    workers drop their mappings with the tasks; the scheduler process (this
+    process, for a LocalCluster) must not map the handles it sees in task
+    arguments (it did, and kept them mapped through its message logs)."""
+    folder = str(tmp_path)
+    assert client.compute(shm_sum(folder)).result(timeout=60) == EXPECTED
+    (name,) = _lines(folder, "segments")
+    assert_released(client, [name])
+    poll(
+        lambda: name not in client.run_on_scheduler(_mapped_names),
+        lambda: f"the scheduler process still maps {name}",
+        timeout=5,
+    )
+    assert all(name not in m for m in client.run(_mapped_names).values())
