@@ -29,6 +29,8 @@ from distributed.client import FutureCancelledError
 from distributed.utils_test import async_poll_for, captured_logger, gen_cluster
 
 import dask_coro
+from filelog import append as _append
+from filelog import lines as _lines
 from dask_coro import BadYieldError, coroutine
 from dask_coro._plan import derive_key
 
@@ -41,14 +43,6 @@ def _touch(folder: str, name: str, text: str = "") -> None:
     Path(folder, name).write_text(text)
 
 
-def _append(folder: str, name: str, line: str) -> None:
-    with open(Path(folder, name), "a") as f:
-        f.write(line + "\n")
-
-
-def _lines(folder, name: str) -> list[str]:
-    p = Path(folder, name)
-    return p.read_text().splitlines() if p.exists() else []
 
 
 def cluster(**kwargs):

@@ -3,7 +3,6 @@ namespace, in a fresh interpreter, as a kernel would)."""
 
 from __future__ import annotations
 
-import json
 import pathlib
 import subprocess
 import sys

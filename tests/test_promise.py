@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import dask
 import pytest
-from distributed import Event, Future, wait
+from distributed import Event
 from distributed.utils_test import async_poll_for, gen_cluster
 
-import dask_coro
 from dask_coro import Promise, PromiseError, coroutine
 
 validated = dict(

@@ -22,12 +22,14 @@ import asyncio
 import os
 import signal
 import uuid
-from pathlib import Path
 
 import dask
 import pytest
 from distributed import Event, Nanny, SchedulerPlugin, get_client, get_worker
 from distributed.utils_test import async_poll_for, gen_cluster
+
+from filelog import append as _append
+from filelog import lines as _lines
 
 from dask_coro import Promise, PromiseError
 
@@ -44,14 +46,6 @@ NANNY = {
 # helpers (run on the workers; Nanny workers only touch files and Events)
 
 
-def _append(folder: str, name: str, line: str) -> None:
-    with open(Path(folder, name), "a") as f:
-        f.write(line + "\n")
-
-
-def _lines(folder, name: str) -> list[str]:
-    p = Path(folder, name)
-    return p.read_text().splitlines() if p.exists() else []
 
 
 def _wait(go: str) -> None:

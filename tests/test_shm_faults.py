@@ -26,7 +26,6 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 import dask
 import numpy as np
@@ -34,6 +33,8 @@ import pytest
 from distributed import Client, Event, LocalCluster, get_worker
 
 import dask_coro
+from filelog import append as _append
+from filelog import lines as _lines
 from dask_coro import DaskCoroError, coroutine, shm
 from dask_coro._lifetimes_worker import registry_dir
 
@@ -51,14 +52,6 @@ DEADLINE = 20  # seconds, for anything asynchronous to happen
 # and distributed primitives)
 
 
-def _append(folder: str, name: str, line: str) -> None:
-    with open(Path(folder, name), "a") as f:
-        f.write(line + "\n")
-
-
-def _lines(folder, name: str) -> list[str]:
-    p = Path(folder, name)
-    return p.read_text().splitlines() if p.exists() else []
 
 
 def _made(folder: str, n: int = N) -> shm.ShmArray:

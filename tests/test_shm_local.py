@@ -4,7 +4,6 @@ local lifetime, bad input. The cluster lifetimes are in test_shm_faults.py."""
 from __future__ import annotations
 
 import gc
-import os
 import pickle
 import subprocess
 import sys
