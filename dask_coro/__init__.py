@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 if _TYPE_CHECKING:
     from typing import Any
 
+from . import _config  # noqa: F401  (loads coro.yaml into dask.config)
 from ._api import CoroutineCall as CoroutineCall
 from ._api import CoroutineFunction as CoroutineFunction
 from ._api import coroutine as coroutine
@@ -26,6 +27,10 @@ __version__ = "0.1.0"
 _LAZY = {
     "tie": ("._lifetimes_worker", "tie"),
     "release_abandoned": ("._lifetimes_worker", "release_abandoned"),
+    "progress": ("._diagnostics", "progress"),
+    "tree": ("._diagnostics", "tree"),
+    "Tree": ("._diagnostics", "Tree"),
+    "TreePlugin": ("._tree_scheduler", "TreePlugin"),
     "LifetimesPlugin": ("._lifetimes_scheduler", "LifetimesPlugin"),
     "PromisePlugin": ("._promise_scheduler", "PromisePlugin"),
 }
@@ -49,8 +54,9 @@ async def dask_setup(server: Any) -> None:
 
     from ._lifetimes_scheduler import LifetimesPlugin
     from ._promise_scheduler import PromisePlugin
+    from ._tree_scheduler import TreePlugin
 
-    for plugin in (PromisePlugin(), LifetimesPlugin()):
+    for plugin in (PromisePlugin(), LifetimesPlugin(), TreePlugin()):
         if isinstance(server, Scheduler):
             server.add_plugin(plugin, idempotent=True)
         else:
@@ -69,9 +75,13 @@ __all__ = [
     "Promise",
     "PromiseError",
     "PromisePlugin",
+    "Tree",
+    "TreePlugin",
     "coroutine",
     "current_key",
     "gather",
+    "progress",
     "release_abandoned",
     "tie",
+    "tree",
 ]

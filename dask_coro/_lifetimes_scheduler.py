@@ -29,6 +29,7 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
+from ._config import get_timedelta
 from ._context import shm_as_handles
 from ._lifetimes import Ledger, Origin
 
@@ -36,12 +37,6 @@ logger = logging.getLogger("dask_coro")
 
 Key = Hashable
 NAME = "dask-coro-lifetimes"
-
-#: Seconds between attempts to hand out a release whose call failed while its
-#: worker stayed (for example a worker that has not set up our plugin yet).
-RETRY_DELAY = 0.5
-#: Seconds a closing scheduler waits for the releases it hands out.
-CLOSE_TIMEOUT = 10.0
 
 
 class LifetimesPlugin(SchedulerPlugin):
@@ -90,11 +85,13 @@ class LifetimesPlugin(SchedulerPlugin):
 
     async def before_close(self) -> None:
         """The scheduler is closing: every key goes. Hand out all releases to
-        the workers still here and give them ``CLOSE_TIMEOUT`` to run."""
+        the workers still here and give them ``coro.lifetimes.close-timeout``
+        to run."""
         self.ledger.forget_all()
         self._dispatch()
         if self._calls:
-            await asyncio.wait(list(self._calls), timeout=CLOSE_TIMEOUT)
+            timeout = get_timedelta("coro.lifetimes.close-timeout")
+            await asyncio.wait(list(self._calls), timeout=timeout)
 
     async def close(self) -> None:
         for call in list(self._calls):
@@ -212,7 +209,9 @@ class LifetimesPlugin(SchedulerPlugin):
             self.ledger.failed(worker, rids)
             if worker in self.scheduler.workers:
                 logger.info("releasing %s on %s failed (%r); retrying", rids, worker, e)
-                await asyncio.sleep(RETRY_DELAY)
+                # Between attempts to hand out a release whose call failed while
+                # its worker stayed (say a worker without our plugin yet).
+                await asyncio.sleep(get_timedelta("coro.lifetimes.retry-delay"))
             self._dispatch_soon()
         else:
             self.ledger.acknowledged(worker, rids)

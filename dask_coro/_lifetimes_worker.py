@@ -26,6 +26,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from ._config import get_timedelta
 from ._context import current_key
 from ._exceptions import DaskCoroError, NotInTaskError
 
@@ -33,8 +34,6 @@ logger = logging.getLogger("dask_coro")
 
 Key = Hashable
 NAME = "dask-coro-lifetimes"
-#: Seconds a closing worker waits for the scheduler to name its releases.
-LEAVE_TIMEOUT = 10.0
 
 
 def _closing_states() -> frozenset[Any]:
@@ -378,10 +377,12 @@ class LifetimesWorkerPlugin(WorkerPlugin):
             return  # replaced by a new registration, not closing
         # Worker.close tears plugins down while the scheduler still reaches
         # us: if we are the last worker of this host, run its releases now.
+        # Read outside the try: a bad setting is an error, not a slow scheduler.
+        timeout = get_timedelta("coro.lifetimes.leave-timeout")
         try:
             rids = await asyncio.wait_for(
                 worker.scheduler.dask_coro_lifetimes_leaving(worker=worker.address),
-                LEAVE_TIMEOUT,
+                timeout,
             )
         except Exception as e:  # scheduler gone or too slow: they wait for a worker
             logger.info("closing worker %s could not ask for releases: %r", worker.address, e)

@@ -27,12 +27,14 @@ from collections.abc import Hashable
 from time import time
 from typing import TYPE_CHECKING, Any
 
+import dask
 from dask.utils import funcname
 from distributed import Future, Reschedule, get_client
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.worker import get_worker, thread_state
 from distributed.worker_state_machine import SecedeEvent
 
+from . import _config
 from ._cache import ResultCache
 from ._classify import classifier
 from ._context import running_key
@@ -41,6 +43,7 @@ from ._exceptions import CoroutineCancelledError, DaskCoroError
 from ._lifetimes_worker import hold_segments
 from ._plan import plan_yield
 from ._structure import Structure
+from ._tree_scheduler import ANNOTATION, TreePlugin
 
 if TYPE_CHECKING:
     from distributed import Client, Worker
@@ -69,6 +72,7 @@ class _KeyWatcher(WorkerPlugin):
     def __init__(self) -> None:
         self.runs: dict[Hashable, _Run] = {}
         self.client: Client | None = None
+        self.tree: asyncio.Future[None] | None = None  # TreePlugin installed
 
     def transition(self, key: Hashable, start: str, finish: str, **kwargs: Any) -> None:
         run = self.runs.get(key)
@@ -136,14 +140,36 @@ class _Run:
             if client.status != "running":
                 await client  # the worker's client is created lazily, unstarted
             comm = getattr(client, "scheduler_comm", None)
-            if "-worker-" in client.id and comm is not None and comm.interval > 0.002:
-                # A client batches its messages to the scheduler over 10 ms
-                # (Client._ensure_connected); a coroutine waits for each yield's
-                # message, so on the worker's own client use the 2 ms of the
-                # worker's stream (Worker.batched_stream).
-                comm.interval = 0.002
+            # A client batches its messages to the scheduler over 10 ms
+            # (Client._ensure_connected); a coroutine waits for each yield's
+            # message, so on the worker's own client use coro.client-batch-interval
+            # (default the 2 ms of the worker's stream, Worker.batched_stream).
+            # null or 0 leaves distributed's interval alone.
+            interval = _config.get_timedelta("coro.client-batch-interval", allow_none=True)
+            if "-worker-" in client.id and comm is not None and interval:
+                comm.interval = interval
             self.watcher.client = client
         return client
+
+    async def _annotations(self) -> dict[str, Any]:
+        """Annotations for our children: our key, which the scheduler's
+        TreePlugin (installed once per worker) records as their parent, unless
+        ``coro.tree.enabled`` is off. (Their span is ours already: we run in
+        the context Worker.execute annotates with our task's span, so the whole
+        tree lives in the span its root was computed in.)"""
+        out: dict[str, Any] = {}
+        if not _config.get("coro.tree.enabled"):
+            return out
+        watcher = self.watcher
+        if watcher.tree is None:
+            watcher.tree = asyncio.ensure_future(_install_tree(self.worker))
+        try:
+            await asyncio.shield(watcher.tree)
+        except Exception as e:
+            logger.warning("dask_coro cannot record coroutine trees: %r", e)
+            return out
+        out[ANNOTATION] = self.key
+        return out
 
     def _release(self, keys: list[Hashable]) -> None:
         for k in keys:
@@ -223,10 +249,12 @@ class _Run:
             # Children get priority over unrelated queued work: the scheduler
             # ranks a graph by its submitting task, which Client._graph_to_futures
             # reads from thread_state.key; the loop thread has none of its own.
+            annotations = await self._annotations()
             previous = getattr(thread_state, "key", None)
             thread_state.key = self.key
             try:
-                futures = client.get(plan.graph, wanted, sync=False)
+                with dask.annotate(**annotations):
+                    futures = client.get(plan.graph, wanted, sync=False)
             finally:
                 thread_state.key = previous
             new = dict(zip(wanted, futures))
@@ -277,6 +305,14 @@ class _Run:
                 # then log "Task exception was never retrieved"; it ends on its
                 # own once our futures are released, so only retrieve its end.
                 gathering.add_done_callback(_retrieve)
+
+
+async def _install_tree(worker: Worker) -> None:
+    from distributed.protocol.pickle import dumps
+
+    await worker.scheduler.register_scheduler_plugin(
+        plugin=dumps(TreePlugin()), name=TreePlugin.name, idempotent=True
+    )
 
 
 def _retrieve(fut: asyncio.Future[Any]) -> None:

@@ -48,11 +48,15 @@ def test_all_exact():
         "Promise",
         "PromiseError",
         "PromisePlugin",
+        "Tree",
+        "TreePlugin",
         "coroutine",
         "current_key",
         "gather",
+        "progress",
         "release_abandoned",
         "tie",
+        "tree",
     }
 
 

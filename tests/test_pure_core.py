@@ -173,7 +173,7 @@ def _imported_modules(path: pathlib.Path) -> set[str]:
 
 def test_pure_modules_import_neither_dask_nor_distributed():
     # _structure, _driver and _cache say "Pure: no dask, no distributed".
-    for name in ("_structure.py", "_driver.py", "_cache.py", "_exceptions.py", "_lifetimes.py"):
+    for name in ("_structure.py", "_driver.py", "_cache.py", "_exceptions.py", "_lifetimes.py", "_tree.py"):
         mods = _imported_modules(PKG / name)
         assert "dask" not in mods, name
         assert "distributed" not in mods, name
@@ -190,6 +190,7 @@ def test_no_module_level_distributed_import_anywhere():
         "_promise_scheduler.py",
         "_lifetimes_scheduler.py",
         "_lifetimes_worker.py",
+        "_tree_scheduler.py",
         "__main__.py",
     )
     for path in sorted(PKG.glob("*.py")):

@@ -1,0 +1,156 @@
+"""The unfolding coroutine tree of each root, as the scheduler sees it. Pure:
+events in (children submitted, states, forgotten keys), counts and nodes out.
+
+A root is a task whose children were submitted by a coroutine and which has no
+recorded parent itself (the coroutine a client computed). Every task a
+coroutine submits, at any depth, joins its root's tree. The tree of a root is
+kept until the root is forgotten, with at most ``max_nodes`` nodes recorded;
+beyond that a task is only counted as spawned (and its root and depth kept, so
+that its own children are counted too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from typing import Any
+
+Key = Hashable
+
+DONE = "memory"
+FAILED = "erred"
+
+
+class Node:
+    __slots__ = ("depth", "done", "key", "parent", "root", "start", "state", "stop")
+
+    def __init__(self, key: Key, parent: Key | None, root: Key, depth: int, now: float) -> None:
+        self.key = key
+        self.parent = parent
+        self.root = root
+        self.depth = depth
+        self.state = "waiting"
+        self.start = now  # submitted; replaced by the compute start when known
+        self.stop: float | None = None
+        self.done = False  # reached memory (or erred) once
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        return (self.key, self.parent, self.depth, self.state, self.start, self.stop)
+
+
+class Root:
+    __slots__ = ("depth", "done", "failed", "hidden", "keys", "spawned", "untracked")
+
+    def __init__(self) -> None:
+        self.spawned = 0  # tasks submitted under this root, at any depth
+        self.done = 0
+        self.failed = 0
+        self.depth = 0  # deepest level reached
+        self.untracked = 0  # spawned beyond max_nodes: counted, not recorded
+        self.keys: list[Key] = []
+        self.hidden: list[Key] = []  # the untracked ones: their children still count
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "spawned": self.spawned,
+            "done": self.done,
+            "failed": self.failed,
+            "depth": self.depth,
+            "untracked": self.untracked,
+        }
+
+
+class TreeBook:
+    def __init__(self, max_nodes: int = 100_000) -> None:
+        self.max_nodes = max_nodes
+        self.nodes: dict[Key, Node] = {}
+        self.roots: dict[Key, Root] = {}
+        self.hidden: dict[Key, tuple[Key, int]] = {}  # untracked key -> (root, depth)
+
+    def children(self, parent: Key, keys: Iterable[Key], now: float) -> None:
+        """``parent`` (a running coroutine) submitted ``keys``."""
+        pnode = self.nodes.get(parent)
+        if pnode is not None:
+            root_key, depth = pnode.root, pnode.depth + 1
+        elif parent in self.hidden:
+            root_key, parent_depth = self.hidden[parent]
+            depth = parent_depth + 1
+        else:  # a root: its own task was not submitted by a coroutine
+            pnode = self.nodes[parent] = Node(parent, None, parent, 0, now)
+            pnode.state = "processing"
+            self.roots[parent] = Root()
+            self.roots[parent].keys.append(parent)
+            root_key, depth = parent, 1
+        root = self.roots[root_key]
+        for key in keys:
+            if key in self.nodes or key in self.hidden or key == parent:
+                continue  # resubmitted (a parent rerun after a worker died)
+            root.spawned += 1
+            root.depth = max(root.depth, depth)
+            if len(root.keys) > self.max_nodes:
+                root.untracked += 1
+                root.hidden.append(key)
+                self.hidden[key] = (root_key, depth)
+                continue
+            self.nodes[key] = Node(key, parent, root_key, depth, now)
+            root.keys.append(key)
+
+    def state(self, key: Key, state: str, now: float, compute: tuple[float, float] | None = None) -> None:
+        node = self.nodes.get(key)
+        if node is None:
+            return
+        if node.done and state in ("released", "forgotten"):
+            return  # its outcome stays what the tree shows
+        node.state = state
+        if compute is not None:
+            node.start, node.stop = compute
+        if state in (DONE, FAILED) and not node.done:
+            node.done = True
+            if node.stop is None:
+                node.stop = now
+            if node.parent is not None:  # the root's own end is its state
+                root = self.roots[node.root]
+                if state == DONE:
+                    root.done += 1
+                else:
+                    root.failed += 1
+
+    def forget(self, key: Key) -> None:
+        """``key`` was forgotten: a root takes its tree with it; another node
+        keeps its last state (the tree shows what ran)."""
+        node = self.nodes.get(key)
+        if node is None:
+            return
+        if node.parent is None:
+            root = self.roots.pop(key)
+            for k in root.keys:
+                self.nodes.pop(k, None)
+            for k in root.hidden:
+                self.hidden.pop(k, None)
+        elif not node.done:
+            node.state = "forgotten"  # cancelled or released before it ran
+            node.stop = node.stop or node.start
+
+    def root_of(self, key: Key) -> Key | None:
+        node = self.nodes.get(key)
+        return None if node is None else node.root
+
+    def counts(self, key: Key) -> dict[str, int] | None:
+        root = self.roots.get(key)
+        return None if root is None else root.counts()
+
+    def subtree(self, key: Key) -> list[tuple[Any, ...]]:
+        """Nodes of the tree below ``key`` (itself first), parents before children."""
+        node = self.nodes.get(key)
+        if node is None:
+            return []
+        root = self.roots[node.root]
+        if node.parent is None:
+            return [self.nodes[k].as_tuple() for k in root.keys if k in self.nodes]
+        inside = {key}
+        out = [node.as_tuple()]
+        for k in root.keys:  # in submission order: a parent comes before its children
+            n = self.nodes.get(k)
+            if n is not None and n.parent in inside and k not in inside:
+                inside.add(k)
+                out.append(n.as_tuple())
+        return out

@@ -1,0 +1,93 @@
+"""Scheduler side of ``progress`` and ``tree``: records which coroutine
+submitted which tasks (``TreeBook``).
+
+The runner annotates every task a coroutine submits with
+``dask_coro_parent=<its key>`` (``dask.annotate``, applied by
+``Client._graph_to_futures`` to the whole submission); the scheduler hands
+annotations to ``SchedulerPlugin.update_graph``. States and compute times come
+from ``transition``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable
+from time import time
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from . import _config
+from ._tree import TreeBook
+
+Key = Hashable
+NAME = "dask-coro-tree"
+ANNOTATION = "dask_coro_parent"
+
+
+class TreePlugin(SchedulerPlugin):
+    """Installed by the first coroutine that runs on each worker (one round
+    trip), by ``client.register_plugin(TreePlugin())`` or by
+    ``dask scheduler --preload dask_coro``; installing it again is a no-op."""
+
+    name = NAME
+    idempotent = True
+
+    def __init__(self) -> None:
+        self.book = TreeBook()
+        self.scheduler: Any = None
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.book.max_nodes = int(_config.get("coro.tree.max-nodes"))
+        scheduler.handlers["dask_coro_tree"] = self.handle_tree
+        scheduler.handlers["dask_coro_progress"] = self.handle_progress
+
+    # -- hooks ---------------------------------------------------------------
+
+    def update_graph(  # type: ignore[override]
+        self, scheduler: Any, *, annotations: dict[str, dict[Key, Any]] | None = None, **kwargs: Any
+    ) -> None:
+        parents = (annotations or {}).get(ANNOTATION)
+        if not parents:
+            return
+        by_parent: dict[Key, list[Key]] = defaultdict(list)
+        for key, parent in parents.items():
+            by_parent[parent].append(key)
+        now = time()
+        for parent, keys in by_parent.items():
+            self.book.children(parent, keys, now)
+
+    def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        if key not in self.book.nodes:
+            return
+        if finish == "forgotten":
+            self.book.forget(key)
+            return
+        compute = None
+        for ss in kwargs.get("startstops") or ():
+            if ss.get("action") == "compute":
+                compute = (ss["start"], ss["stop"])
+        self.book.state(key, finish, time(), compute)
+
+    # -- handlers ------------------------------------------------------------
+
+    def _state(self, key: Key) -> str:
+        ts = self.scheduler.tasks.get(key)
+        return "forgotten" if ts is None else ts.state
+
+    def handle_tree(self, key: Key) -> dict[str, Any]:
+        root = self.book.root_of(key)
+        return {
+            "key": key,
+            "state": self._state(key),
+            "nodes": self.book.subtree(key),
+            "counts": self.book.counts(root) if root is not None else None,
+            "root": root,
+        }
+
+    def handle_progress(self, keys: list[Key]) -> list[dict[str, Any]]:
+        return [
+            {"key": key, "state": self._state(key), "counts": self.book.counts(key)}
+            for key in keys
+        ]

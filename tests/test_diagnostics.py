@@ -1,0 +1,263 @@
+"""``progress`` and ``tree``: the coroutine tree as the scheduler records it.
+
+The bookkeeping (``TreeBook``) is tested without a cluster; the rest on real
+clusters: a synchronous client on an in-process cluster (progress and tree
+block), and gen_cluster where the scheduler's plugin is inspected."""
+
+from __future__ import annotations
+
+import io
+import shutil
+
+import dask
+import pytest
+from distributed import Client, Event, LocalCluster
+from distributed.utils_test import async_poll_for, gen_cluster
+
+import dask_coro
+from dask_coro import coroutine
+from dask_coro._diagnostics import _html, _TextBar
+from dask_coro._tree import TreeBook
+from dask_coro._tree_scheduler import NAME
+from dask_coro.examples import fib
+
+# -- the book, without a cluster ------------------------------------------------
+
+
+def test_book_counts_a_growing_tree():
+    book = TreeBook()
+    book.children("root", ["a", "b"], now=1.0)
+    book.children("a", ["a1", "a2"], now=2.0)
+    assert book.counts("root") == {"spawned": 4, "done": 0, "failed": 0, "depth": 2, "untracked": 0}
+    book.state("a1", "memory", 3.0)
+    book.state("a2", "erred", 3.5)
+    book.state("a1", "memory", 4.0)  # a second transition to memory counts once
+    assert book.counts("root")["done"] == 1 and book.counts("root")["failed"] == 1
+    nodes = book.subtree("root")
+    assert [n[0] for n in nodes] == ["root", "a", "b", "a1", "a2"]
+    assert [n[0] for n in book.subtree("a")] == ["a", "a1", "a2"]
+    assert book.root_of("a2") == "root"
+    assert book.subtree("unknown") == [] and book.counts("a") is None
+
+
+def test_book_resubmitted_children_count_once():
+    book = TreeBook()
+    book.children("root", ["a", "b"], 1.0)
+    book.children("root", ["a", "b", "c"], 2.0)  # the parent ran again
+    assert book.counts("root")["spawned"] == 3
+
+
+def test_book_compute_times_and_forgotten_nodes():
+    book = TreeBook()
+    book.children("root", ["a", "b"], 1.0)
+    book.state("a", "memory", 9.0, compute=(2.0, 2.5))
+    book.forget("a")  # released after its parent resumed: keeps its record
+    book.forget("b")  # forgotten before it ran (cancelled)
+    by_key = {n[0]: n for n in book.subtree("root")}
+    assert by_key["a"][3:] == ("memory", 2.0, 2.5)
+    assert by_key["b"][3] == "forgotten"
+    book.forget("root")
+    assert book.nodes == {} and book.roots == {}
+
+
+def test_book_keeps_at_most_max_nodes():
+    book = TreeBook(max_nodes=5)
+    book.children("root", [f"k{i}" for i in range(20)], 1.0)
+    counts = book.counts("root")
+    assert counts["spawned"] == 20 and counts["untracked"] == 20 - 5
+    assert len(book.subtree("root")) == 6  # the root and 5 children
+    book.children("k19", ["deeper"], 2.0)  # an untracked node's children count too
+    assert book.counts("root")["spawned"] == 21 and book.counts("root")["depth"] == 2
+    assert list(book.roots) == ["root"]
+    book.forget("root")
+    assert not book.nodes and not book.hidden
+
+
+# -- on clusters ---------------------------------------------------------------
+
+
+@pytest.fixture
+def client():
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster, Client(cluster) as client:
+        yield client
+
+
+def fib_calls(n: int) -> int:
+    return 1 if n < 2 else 1 + fib_calls(n - 1) + fib_calls(n - 2)
+
+
+def test_tree_of_fib_is_the_call_tree(client):
+    f = client.compute(fib(6))
+    assert f.result(timeout=60) == 8
+    t = dask_coro.tree(f)
+    assert len(t) == fib_calls(6) == 25
+    assert t.state == "memory" and t.key == f.key
+    assert t.counts == {"spawned": 24, "done": 24, "failed": 0, "depth": 5, "untracked": 0}
+    by_key = {n.key: n for n in t}
+    # fib(i) for i >= 2 has two children, fib(0) and fib(1) none
+    fanout = sorted(len(t.children(k)) for k in by_key)
+    assert fanout.count(2) == 12 and fanout.count(0) == 13
+    for parent, child in t.edges:
+        assert by_key[child].depth == by_key[parent].depth + 1
+    assert all(n.state == "memory" and n.duration is not None and n.duration >= 0 for n in t)
+
+
+def test_progress_text_grows_and_returns_the_totals(client):
+    out = io.StringIO()
+    f = client.compute(fib(9))
+    totals = dask_coro.progress(f, interval=0.02, file=out)
+    assert f.result() == 34
+    assert totals == {
+        "roots": 1, "roots_done": 1, "spawned": fib_calls(9) - 1,
+        "done": fib_calls(9) - 1, "failed": 0, "depth": 8,
+    }
+    lines = [line for line in out.getvalue().split("\r") if line]
+    assert lines[-1].startswith("[" + "#" * 30 + "]") and lines[-1].endswith("s\n")
+    assert f"{fib_calls(9) - 1}/{fib_calls(9) - 1} tasks done, 0 failed, depth 8" in lines[-1]
+    spawned = [int(line.split("/")[1].split()[0]) for line in lines]
+    assert spawned == sorted(spawned)  # the workload only grows
+
+
+@coroutine
+def fails_deep(n):
+    if n == 0:
+        raise ValueError("leaf failed")
+    return (yield fails_deep(n - 1))
+
+
+def test_failures_are_counted_and_coloured(client):
+    f = client.compute(fails_deep(3))
+    totals = dask_coro.progress(f, interval=0.02, file=io.StringIO())
+    assert f.status == "error"
+    assert totals["failed"] == 3 and totals["done"] == 0 and totals["depth"] == 3
+    t = dask_coro.tree(f)
+    assert [n.state for n in t] == ["erred"] * 4
+    assert "#f4a582" in t.to_graphviz().source  # erred nodes are filled red
+
+
+@coroutine
+def waits(go):
+    first = yield [dask.delayed(lambda: 1)(), dask.delayed(lambda: 2)()]
+    blocked = yield dask.delayed(lambda ev: Event(ev).wait(30))(go)
+    return sum(first), blocked
+
+
+def test_tree_during_the_run(client):
+    go = "tree-go"
+    f = client.compute(waits(go))
+    try:
+        deadline_tree = None
+        for _ in range(200):
+            deadline_tree = dask_coro.tree(f)
+            if len(deadline_tree) == 4 and any(n.state == "processing" for n in deadline_tree if n.key != f.key):
+                break
+            Event(go).wait(0.05)
+        t = deadline_tree
+        assert t.state == "processing"
+        assert len(t) == 4 and t.counts["spawned"] == 3 and t.counts["done"] == 2
+    finally:
+        Event(go).set()
+    assert f.result(timeout=30) == (3, True)
+
+
+def test_visualize(client, tmp_path):
+    f = client.compute(fib(4))
+    f.result()
+    t = dask_coro.tree(f)
+    src = t.to_graphviz().source
+    assert src.count("->") == len(t.edges) == fib_calls(4) - 1
+    assert src.count('label="fib-') == fib_calls(4)
+    small = t.to_graphviz(max_nodes=3).source
+    assert "more" in small and small.count("->") == 2
+    if shutil.which("dot") is None:
+        pytest.skip("rendering needs Graphviz's dot (CI installs it)")
+    path = t.visualize(filename=str(tmp_path / "tree.png"))
+    assert path.endswith("tree.png")
+    assert (tmp_path / "tree.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_input(client):
+    with pytest.raises(TypeError, match="pass a Future"):
+        dask_coro.progress(fib(3))  # lazy: nothing to follow
+    with pytest.raises(TypeError, match="pass a Future"):
+        dask_coro.tree(42)
+    a, b = client.compute([fib(2), fib(3)])
+    with pytest.raises(TypeError, match="one root"):
+        dask_coro.tree([a, b])
+    assert dask_coro.progress([a, b], file=io.StringIO())["roots"] == 2
+
+
+def test_text_and_html_bars():
+    t = {"roots": 1, "roots_done": 0, "spawned": 10, "done": 4, "failed": 1, "depth": 3}
+    out = io.StringIO()
+    _TextBar(out, width=10).update(t, 1.25, finished=False)
+    assert out.getvalue() == "\r[#####.....] 4/10 tasks done, 1 failed, depth 3, roots 0/1, 1.2 s"
+    markup = _html(t, 1.25)
+    assert "width:50.0%" in markup and "#d6604d" in markup and "4/10 tasks done" in markup
+
+
+def test_notebook_bar_displays_and_updates(client, capsys):
+    pytest.importorskip("IPython")
+    f = client.compute(fib(5))
+    totals = dask_coro.progress(f, interval=0.02, notebook=True)
+    assert totals["done"] == fib_calls(5) - 1
+    assert "HTML object" in capsys.readouterr().out  # IPython's display outside a kernel
+
+
+# -- the scheduler side ----------------------------------------------------------
+
+
+@gen_cluster(client=True, nthreads=[("", 1), ("", 1)])
+async def test_root_forgotten_takes_its_tree(c, s, a, b):
+    f = c.compute(fib(5))
+    assert await f == 5
+    plugin = s.plugins[NAME]
+    assert plugin.book.counts(f.key)["spawned"] == fib_calls(5) - 1
+    key = f.key
+    del f
+    await async_poll_for(lambda: key not in s.tasks, 10)
+    assert plugin.book.nodes == {} and plugin.book.roots == {}
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_tree_can_be_turned_off(c, s, a):
+    with dask.config.set({"coro.tree.enabled": False}):
+        assert await c.compute(fib(4)) == 3
+    assert NAME not in s.plugins  # nothing installed, nothing annotated
+    assert all("dask_coro_parent" not in (ts.annotations or {}) for ts in s.tasks.values())
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_max_nodes(c, s, a):
+    await c.register_plugin(dask_coro.TreePlugin())
+    s.plugins[NAME].book.max_nodes = 10
+    f = c.compute(fib(6))
+    assert await f == 8
+    counts = s.plugins[NAME].book.counts(f.key)
+    assert counts["spawned"] == fib_calls(6) - 1 and counts["untracked"] == fib_calls(6) - 1 - 10
+
+
+# -- spans ----------------------------------------------------------------------
+
+
+@gen_cluster(client=True, nthreads=[("", 1), ("", 1)])
+async def test_a_tree_lives_in_the_span_of_its_root(c, s, a, b):
+    from distributed import span
+
+    from dask_coro.examples import process_all
+
+    with span("my search") as span_id:
+        f = c.compute(process_all())
+    await f
+    spans = s.extensions["spans"]
+    mine = spans.spans[span_id]
+    assert mine.name == ("my search",)
+    # the children (other functions, other task groups) were computed in it
+    # too, at every depth, rather than in the cluster's "default" span
+    groups = {tg.name for tg in mine.groups}
+    assert {"process_all", "generate_data", "my_len"} <= groups
+    default = {tg.name for sp in spans.spans_search_by_name[("default",)] for tg in sp.groups}
+    assert not groups & default
+    assert mine.cumulative_worker_metrics  # the tree's fine metrics are booked there
