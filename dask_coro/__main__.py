@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 
 import dask_coro
-from dask_coro.examples import afib, fib, process_all
+from dask_coro.examples import afib, fib, logical_task, process_all
 
 
 def _timed(label: str, fn) -> None:
@@ -20,7 +20,8 @@ def _timed(label: str, fn) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m dask_coro",
-        description="Run the dask_coro demo (fib, async fib, process_all).",
+        description="Run the dask_coro demo (fib, async fib, process_all, a "
+        "promise, shared memory).",
     )
     parser.add_argument("--address", help="scheduler address of an existing cluster")
     parser.add_argument("--workers", type=int, default=2, help="embedded cluster size")
@@ -64,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _timed(f"fib({args.n})", lambda: fib(args.n).compute())
         _timed(f"afib({args.n})", lambda: client.compute(afib(args.n)).result())
         _timed("process_all()", lambda: process_all().compute())
+        _timed("logical_task(5) + 1", lambda: (logical_task(5) + 1).compute())
         try:
             from dask_coro import shm
         except ImportError:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+import dask
+
 import dask_coro
 from dask_coro import coroutine
 
@@ -65,3 +67,35 @@ def shared_totals(n, readers):
     a[:] = 1.0
     totals = yield [array_total(a) for _ in range(readers)]  # each gets a handle
     return totals
+
+
+# -- Promise: the README's example -----------------------------------------------
+
+
+@dask.delayed
+def initial(x):
+    return list(range(x))
+
+
+@dask.delayed
+def subtask(s):
+    return s * 10
+
+
+@dask.delayed
+def aggregate(sub):
+    return sum(sub)
+
+
+@dask.delayed
+def subprocess(initial_results, result_promise):
+    sub = [subtask(s) for s in initial_results]
+    result_promise.resolve_with(aggregate(sub))  # rewire and return at once
+
+
+def logical_task(x):
+    """A Promise that downstream work may depend on at once; a task decides
+    at run time what computes it. Needs a distributed Client."""
+    p = dask_coro.Promise()
+    p.resolve_with(subprocess(initial(x), p))
+    return p
