@@ -1,4 +1,4 @@
-"""Lifetimes across real processes: the preload, and a scheduler that never
+"""Lifetimes across real processes: the preloads, and a scheduler that never
 deserializes a release."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from test_cluster import _dask, _free_port, _start_worker
 
 import dask_coro
 from dask_coro import shm
+from dask_coro.examples import fib
 
 #: Set in the test process, which runs LocalCluster's scheduler.
 SCHEDULER_PID = os.getpid()
@@ -49,7 +50,7 @@ def test_preloaded_scheduler_has_the_plugins_before_first_use(tmp_path):
         with Client(address, timeout=60) as client:
             client.wait_for_workers(2, timeout=60)
             plugins = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.plugins))
-            assert {"dask-coro-lifetimes", "dask-coro-promises"} <= set(plugins)
+            assert {"dask-coro-lifetimes", "dask-coro-promises", "dask-coro-tree"} <= set(plugins)
             # the scheduler plugin put its worker plugin on every worker
             wait_until(
                 lambda: all(
@@ -175,3 +176,30 @@ def test_client_shutdown_releases_segments_while_workers_remain():
     finally:
         client.close()
         cluster.close()
+
+
+def test_worker_preload_installs_the_scheduler_plugins(tmp_path):
+    # A scheduler started without the preload; its workers have it.
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    procs = [
+        _dask("scheduler", "--host", "127.0.0.1", "--port", str(port),
+              "--dashboard-address", ":0", log=tmp_path / "s.log")
+    ]
+    try:
+        procs.append(_start_worker(address, tmp_path, "--preload", "dask_coro"))
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(1, timeout=60)
+            plugins = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.plugins))
+            assert {"dask-coro-lifetimes", "dask-coro-promises", "dask-coro-tree"} <= set(plugins)
+            # and installing them again from a client is harmless
+            client.register_plugin(dask_coro.LifetimesPlugin())
+            client.register_plugin(dask_coro.TreePlugin())
+            f = client.compute(fib(6))
+            assert f.result(timeout=60) == 8
+            assert len(dask_coro.tree(f)) == 25
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
