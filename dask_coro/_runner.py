@@ -165,9 +165,8 @@ class _Run:
             watcher.tree = asyncio.ensure_future(_install_tree(self.worker))
         try:
             await asyncio.shield(watcher.tree)
-        except Exception as e:
-            logger.warning("dask_coro cannot record coroutine trees: %r", e)
-            return out
+        except Exception:
+            return out  # logged once, by _install_tree
         out[ANNOTATION] = self.key
         return out
 
@@ -310,9 +309,18 @@ class _Run:
 async def _install_tree(worker: Worker) -> None:
     from distributed.protocol.pickle import dumps
 
-    await worker.scheduler.register_scheduler_plugin(
-        plugin=dumps(TreePlugin()), name=TreePlugin.name, idempotent=True
-    )
+    try:
+        await worker.scheduler.register_scheduler_plugin(
+            plugin=dumps(TreePlugin()), name=TreePlugin.name, idempotent=True
+        )
+    except Exception as e:
+        logger.warning(
+            "dask_coro cannot record coroutine trees from worker %s (progress and "
+            "tree will show nothing of its coroutines): %r",
+            worker.address,
+            e,
+        )
+        raise
 
 
 def _retrieve(fut: asyncio.Future[Any]) -> None:
