@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -306,24 +307,32 @@ def _start_worker(address: str, tmp_path, *extra: str) -> subprocess.Popen:
     )
 
 
-def test_dask_scheduler_and_worker_processes(tmp_path):
+@contextlib.contextmanager
+def cli_cluster(tmp_path, n_workers: int, scheduler_args=(), worker_args=()):
+    """A ``dask scheduler`` and ``n_workers`` ``dask worker`` processes on
+    127.0.0.1, with a client connected once the workers are there."""
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     procs = [
         _dask("scheduler", "--host", "127.0.0.1", "--port", str(port),
-              "--dashboard-address", ":0", log=tmp_path / "s.log")
+              "--dashboard-address", ":0", *scheduler_args, log=tmp_path / "s.log")
     ]
     try:
-        procs += [_start_worker(address, tmp_path) for _ in range(2)]
+        procs += [_start_worker(address, tmp_path, *worker_args) for _ in range(n_workers)]
         with Client(address, timeout=60) as client:
-            client.wait_for_workers(2, timeout=60)
-            assert client.compute(fib(12)).result(timeout=60) == 144
-            assert len(client.scheduler_info(n_workers=-1)["workers"]) == 2
+            client.wait_for_workers(n_workers, timeout=60)
+            yield client
     finally:
         for p in reversed(procs):
             p.terminate()
         for p in procs:
             p.wait(timeout=30)
+
+
+def test_dask_scheduler_and_worker_processes(tmp_path):
+    with cli_cluster(tmp_path, 2) as client:
+        assert client.compute(fib(12)).result(timeout=60) == 144
+        assert len(client.scheduler_info(n_workers=-1)["workers"]) == 2
 
 
 @gen_cluster(client=True, nthreads=[("", 1)])

@@ -10,7 +10,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster, Scheduler
-from test_cluster import _dask, _free_port, _start_worker
+from test_cluster import cli_cluster
 
 import dask_coro
 from dask_coro import shm
@@ -39,44 +39,31 @@ def total(a):
 
 
 def test_preloaded_scheduler_has_the_plugins_before_first_use(tmp_path):
-    port = _free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    procs = [
-        _dask("scheduler", "--host", "127.0.0.1", "--port", str(port),
-              "--dashboard-address", ":0", "--preload", "dask_coro", log=tmp_path / "s.log")
-    ]
-    try:
-        procs += [_start_worker(address, tmp_path, "--preload", "dask_coro") for _ in range(2)]
-        with Client(address, timeout=60) as client:
-            client.wait_for_workers(2, timeout=60)
-            plugins = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.plugins))
-            assert {"dask-coro-lifetimes", "dask-coro-promises", "dask-coro-tree"} <= set(plugins)
-            # the scheduler plugin put its worker plugin on every worker
-            wait_until(
-                lambda: all(
-                    "dask-coro-lifetimes" in names
-                    for names in client.run(lambda dask_worker: list(dask_worker.plugins)).values()
-                ),
-                what="worker plugins",
-            )
-            n = 100_000
-            arr = client.submit(produce, n)
-            reads = [
-                client.submit(total, arr, workers=[w], pure=False)
-                for w in client.scheduler_info(n_workers=-1)["workers"]
-            ]
-            out = client.gather(reads)
-            assert {o[0] for o in out} == {n * (n - 1) // 2}
-            assert len({o[1] for o in out}) == 2  # two processes read it
-            name = out[0][2]
-            assert name in shm.segments()
-            del arr, reads
-            wait_until(lambda: name not in shm.segments(), what=f"{name} released")
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
+    preload = ("--preload", "dask_coro")
+    with cli_cluster(tmp_path, 2, scheduler_args=preload, worker_args=preload) as client:
+        plugins = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.plugins))
+        assert {"dask-coro-lifetimes", "dask-coro-promises", "dask-coro-tree"} <= set(plugins)
+        # the scheduler plugin put its worker plugin on every worker
+        wait_until(
+            lambda: all(
+                "dask-coro-lifetimes" in names
+                for names in client.run(lambda dask_worker: list(dask_worker.plugins)).values()
+            ),
+            what="worker plugins",
+        )
+        n = 100_000
+        arr = client.submit(produce, n)
+        reads = [
+            client.submit(total, arr, workers=[w], pure=False)
+            for w in client.scheduler_info(n_workers=-1)["workers"]
+        ]
+        out = client.gather(reads)
+        assert {o[0] for o in out} == {n * (n - 1) // 2}
+        assert len({o[1] for o in out}) == 2  # two processes read it
+        name = out[0][2]
+        assert name in shm.segments()
+        del arr, reads
+        wait_until(lambda: name not in shm.segments(), what=f"{name} released")
 
 
 class Trap:
@@ -179,27 +166,13 @@ def test_client_shutdown_releases_segments_while_workers_remain():
 
 
 def test_worker_preload_installs_the_scheduler_plugins(tmp_path):
-    # A scheduler started without the preload; its workers have it.
-    port = _free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    procs = [
-        _dask("scheduler", "--host", "127.0.0.1", "--port", str(port),
-              "--dashboard-address", ":0", log=tmp_path / "s.log")
-    ]
-    try:
-        procs.append(_start_worker(address, tmp_path, "--preload", "dask_coro"))
-        with Client(address, timeout=60) as client:
-            client.wait_for_workers(1, timeout=60)
-            plugins = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.plugins))
-            assert {"dask-coro-lifetimes", "dask-coro-promises", "dask-coro-tree"} <= set(plugins)
-            # and installing them again from a client is harmless
-            client.register_plugin(dask_coro.LifetimesPlugin())
-            client.register_plugin(dask_coro.TreePlugin())
-            f = client.compute(fib(6))
-            assert f.result(timeout=60) == 8
-            assert len(dask_coro.tree(f)) == 25
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
+    # A scheduler started without the preload; its worker has it.
+    with cli_cluster(tmp_path, 1, worker_args=("--preload", "dask_coro")) as client:
+        plugins = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.plugins))
+        assert {"dask-coro-lifetimes", "dask-coro-promises", "dask-coro-tree"} <= set(plugins)
+        # and installing them again from a client is harmless
+        client.register_plugin(dask_coro.LifetimesPlugin())
+        client.register_plugin(dask_coro.TreePlugin())
+        f = client.compute(fib(6))
+        assert f.result(timeout=60) == 8
+        assert len(dask_coro.tree(f)) == 25

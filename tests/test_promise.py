@@ -11,6 +11,7 @@ from distributed import Event
 from distributed.utils_test import async_poll_for, gen_cluster
 
 from dask_coro import Promise, PromiseError, coroutine
+from dask_coro.examples import logical_task  # the README's promise example
 
 validated = dict(
     client=True,
@@ -18,27 +19,6 @@ validated = dict(
     scheduler_kwargs={"validate": True},
     worker_kwargs={"validate": True},
 )
-
-
-@dask.delayed
-def initial(x):
-    return list(range(x))
-
-
-@dask.delayed
-def subtask(s):
-    return s * 10
-
-
-@dask.delayed
-def aggregate(sub):
-    return sum(sub)
-
-
-@dask.delayed
-def subprocess(initial_results, result_promise):
-    sub = [subtask(s) for s in initial_results]
-    result_promise.resolve_with(aggregate(sub))  # rewire and return at once
 
 
 class HandleOf:
@@ -49,12 +29,6 @@ class HandleOf:
 
     def __getitem__(self, i):
         return self.p
-
-
-def logical_task(x):
-    p = Promise()
-    p.resolve_with(subprocess(initial(x), p))
-    return p
 
 
 @gen_cluster(**validated)
