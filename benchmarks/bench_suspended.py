@@ -1,0 +1,274 @@
+"""10,000 coroutines suspended at once, each waiting on one child held back by a gate: do they complete, peak OS threads, worker memory per suspended coroutine; versus worker_client tasks waiting the same way.
+
+Run: python benchmarks/bench_suspended.py [--n 10000] [--wc-n 2000] [--repeat 3]
+     python benchmarks/bench_suspended.py --tracemalloc 2000   (where the memory goes)
+2 worker processes x 1 thread; a fresh cluster per run and alternative. The
+gate is a task restricted to a resource no worker has (it stays in no-worker
+on the scheduler); each waiter yields one child that depends on it. When every
+waiter is suspended, one worker is given the resource and everything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+import time
+import uuid
+
+import _bench as B
+from distributed import Future, worker_client
+
+from dask_coro import coroutine
+
+
+def _identity(x):
+    return x
+
+
+@coroutine
+def waiter(i, gate_key):
+    gate = yield Future(gate_key)  # one child: a task of ours that depends on the gate
+    return gate + i
+
+
+def wc_waiter(i, gate_key):
+    with worker_client() as c:
+        child = c.submit(_identity, Future(gate_key, c), pure=False)
+        gate = child.result()  # the thread blocks here, seceded
+    return gate + i
+
+
+def _suspended(prefix, dask_worker=None) -> int:
+    """Waiters of this worker that are waiting (seceded: long-running)."""
+    return sum(1 for ts in dask_worker.state.tasks.values()
+               if ts.state == "long-running" and str(ts.key).startswith(prefix))
+
+
+async def _open_gate(name, dask_worker=None) -> None:
+    await dask_worker.set_resources(**{name: 1})
+
+
+def _schedule_unrunnable(dask_scheduler, worker) -> int:
+    """What the scheduler does for no-worker tasks when a worker joins (it does
+    not when a worker's resources change)."""
+    ws = dask_scheduler.workers[worker]
+    recs = dask_scheduler.bulk_schedule_unrunnable_after_adding_worker(ws)
+    dask_scheduler.transitions(recs, stimulus_id=f"bench-open-gate-{time.time()}")
+    return len(recs)
+
+
+def _tm_start(dask_worker=None) -> None:
+    import tracemalloc
+
+    tracemalloc.start(12)
+    dask_worker._bench_tm_base = tracemalloc.take_snapshot()
+
+
+def _tm_diff(dask_worker=None) -> list[tuple[str, int, str, int, int]]:
+    """(file, line, source, bytes, blocks) allocated since _tm_start and still
+    alive, each charged to the innermost frame in dask_coro, distributed or
+    dask (the code that asked for it, not the library plumbing under it)."""
+    import linecache
+    import re
+    import tracemalloc
+
+    snap = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    ours = re.compile(r"/(dask_coro|distributed|dask)/")
+    out = []
+    for st in snap.compare_to(dask_worker._bench_tm_base, "traceback"):
+        frames = list(st.traceback)  # oldest first
+        frame = next((f for f in reversed(frames) if ours.search(f.filename)), frames[-1])
+        parts = frame.filename.replace("\\", "/").split("/")
+        short = "/".join(parts[-2:])
+        src = linecache.getline(frame.filename, frame.lineno).strip()
+        out.append((short, frame.lineno, src, st.size_diff, st.count_diff))
+    return out
+
+
+def gate_value():
+    return 1000
+
+
+def run_once(alt: str, n: int, settle: float, timeout: float, trace: bool = False) -> dict:
+    with B.cluster() as client:
+        workers = B.worker_processes(client)
+        procs = list(workers.values())
+        # Warm-up: imports, dask_coro's plugins and the workers' own clients.
+        _one_round(client, alt, 50, timeout, warm=True)
+        if trace:
+            client.run(_tm_start)
+        base = B.ProcSampler(lambda: procs).sample()
+        with B.ProcSampler(lambda: procs, interval=0.2) as s:
+            out = _one_round(client, alt, n, timeout, settle=settle, procs=procs, trace=trace)
+        out.update(base=base, peak=s.peak)
+    return out
+
+
+def _one_round(client, alt, n, timeout, warm=False, settle=0.0, procs=(), trace=False) -> dict:
+    # A resource no worker has, a new one per round: the gate of an earlier
+    # round was opened for good.
+    tag = uuid.uuid4().hex
+    resource = f"GATE-{tag}"
+    gate = client.submit(gate_value, resources={resource: 1}, pure=False)
+    start = time.perf_counter()
+    if alt == "coro":
+        futs = client.compute([waiter(i, gate.key) for i in range(n)])
+        prefix = "waiter-"
+    else:
+        # Keys of this round only: reusing the warm-up's keys would hand back
+        # its results, still in memory, instead of running new waiters.
+        prefix = f"wc_waiter-{tag}-"
+        futs = client.map(wc_waiter, range(n), gate_key=gate.key, pure=False,
+                          key=[f"{prefix}{i}" for i in range(n)])
+    while True:
+        waiting = sum(client.run(_suspended, prefix).values())
+        if waiting >= n:
+            break
+        if time.perf_counter() - start > timeout:
+            raise TimeoutError(f"{waiting} of {n} suspended after {timeout} s")
+        time.sleep(0.2)
+    suspend_s = time.perf_counter() - start
+    out = {"suspend_s": suspend_s}
+    if not warm:
+        time.sleep(settle)  # let the allocator and the event loops settle
+        at = B.ProcSampler(lambda: list(procs)).sample()
+        out["at"] = at
+        out["gate_state"] = client.run_on_scheduler(_state, key=gate.key)
+        if trace:
+            out["trace"] = [row for rows in client.run(_tm_diff).values() for row in rows]
+        B.log(f"{alt}: {n} suspended after {suspend_s:.1f} s; threads {at['threads_total']}, "
+              f"RSS {B.mib(at['rss'])} MiB")
+    start = time.perf_counter()
+    first = min(client.scheduler_info()["workers"])
+    client.run(_open_gate, resource, workers=[first])
+    assert client.run_on_scheduler(_schedule_unrunnable, worker=first) == 1
+    results = client.gather(futs)
+    out["release_s"] = time.perf_counter() - start
+    assert results == [1000 + i for i in range(n)], results[:5]
+    del futs, gate
+    return out
+
+
+def _state(dask_scheduler, key) -> str:
+    ts = dask_scheduler.tasks.get(key)
+    return ts.state if ts else "forgotten"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, default=10_000)
+    p.add_argument("--wc-n", type=int, default=2000,
+                   help="waiters for worker_client (0: skip); 10,000 take minutes to suspend")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--settle", type=float, default=1.0, help="s to wait before the memory sample")
+    p.add_argument("--timeout", type=float, default=120.0, help="s to get all waiters suspended")
+    p.add_argument("--top", type=int, default=15, help="lines listed with --tracemalloc")
+    p.add_argument("--tracemalloc", type=int, default=0, metavar="N",
+                   help="instead: one run of N coroutines under tracemalloc, and where their "
+                        "memory was allocated")
+    p.add_argument("--json", help="also write the numbers to this JSON file")
+    args = p.parse_args(argv)
+    if args.tracemalloc:
+        return breakdown(args)
+    alts = {"coro": args.n, "wc": args.wc_n}
+    res: dict[str, list[dict]] = {a: [] for a, k in alts.items() if k}
+    errors: dict[str, str] = {}
+    for r in range(args.repeat):
+        for alt in (res if r % 2 == 0 else reversed(list(res))):
+            if alt in errors:
+                continue
+            try:
+                res[alt].append(run_once(alt, alts[alt], args.settle, args.timeout))
+            except Exception as e:  # reported, not hidden: "completes?" is the question
+                errors[alt] = f"{type(e).__name__}: {e}"
+                B.log(f"{alt}: {errors[alt]}")
+    label = {"coro": "dask_coro coroutines", "wc": "worker_client tasks"}
+    rows, summary = [], {}
+    for alt, runs in res.items():
+        n = alts[alt]
+        if not runs:
+            rows.append([label[alt], n, "no: " + errors[alt]] + ["-"] * 6)
+            continue
+        per = [(r["at"]["rss"] - r["base"]["rss"]) / n for r in runs]
+        m = {
+            "n": n,
+            "completed": len(runs),
+            "suspend_s": B.median([r["suspend_s"] for r in runs]),
+            "release_s": B.median([r["release_s"] for r in runs]),
+            "threads_at": B.median([r["at"]["threads_max"] for r in runs]),
+            "threads_peak": max(r["peak"]["threads_max"] for r in runs),
+            "threads_base": B.median([r["base"]["threads_max"] for r in runs]),
+            "rss_base": B.median([r["base"]["rss"] for r in runs]),
+            "rss_at": B.median([r["at"]["rss"] for r in runs]),
+            "bytes_each": B.median(per),
+            "bytes_each_runs": per,
+            "gate_state": runs[0]["gate_state"],
+        }
+        summary[alt] = m
+        rows.append([label[alt], n, f"yes, {len(runs)} of {args.repeat} runs"
+                     + (f" ({errors[alt]})" if alt in errors else ""),
+                     B.fmt_s(m["suspend_s"]), B.fmt_s(m["release_s"]),
+                     f"{m['threads_base']} / {m['threads_at']} / {m['threads_peak']}",
+                     f"{B.mib(m['rss_base'])} / {B.mib(m['rss_at'])}",
+                     f"{m['bytes_each'] / 1024:.1f}",
+                     ", ".join(f"{x / 1024:.1f}" for x in per)])
+    print(B.table(["waiters", "n", "completed?", "all suspended after s", "done after release s",
+                   "OS threads, busiest worker: idle / all suspended / peak",
+                   "RSS of both workers MiB: idle / all suspended",
+                   "KiB per suspended waiter (median)", "runs KiB"], rows))
+    print()
+    gate_state = summary.get("coro", summary.get("wc", {})).get("gate_state", "?")
+    print(textwrap.fill(
+        f"Medians of {args.repeat} runs, a fresh cluster per run and alternative (alternatives "
+        "interleaved). A waiter is a root task; dask_coro's `yield`s a `Future` of the gate "
+        "by key, which becomes one child task (`identity` of the gate) per waiter; "
+        "worker_client's submits the same child and blocks in `result()` on a seceded thread. "
+        "\"All suspended\": every waiter is `long-running` on its worker (the gate was in "
+        f"state `{gate_state}` on the scheduler then). Memory: RSS of the two worker "
+        f"processes summed, sampled {args.settle:.0f} s after the last waiter suspended, minus "
+        "the same after a warm-up round of 50 waiters (imports, plugins, the workers' own "
+        "clients), divided by the number of waiters: what a suspended waiter costs a worker, "
+        "its task state, its child's future and, for worker_client, its thread's stack (the "
+        "part of it that is touched). Threads: OS threads of the busiest worker process "
+        "(`psutil` `num_threads`), sampled every 200 ms.", 79, break_on_hyphens=False))
+    B.write_json(args.json, {"summary": summary, "errors": errors})
+    return 0
+
+
+def breakdown(args) -> int:
+    """Where the memory of suspended coroutines is allocated, by source line."""
+    n = args.tracemalloc
+    r = run_once("coro", n, args.settle, args.timeout, trace=True)
+    by: dict[tuple[str, int, str], list[int]] = {}
+    for f, line, src, size, count in r["trace"]:
+        acc = by.setdefault((f, line, src), [0, 0])
+        acc[0] += size
+        acc[1] += count
+    total = sum(v[0] for v in by.values())
+    top = sorted(by.items(), key=lambda kv: -kv[1][0])[:args.top]
+    rows = [[f"`{f}:{line}`", f"`{src[:70]}`", f"{size / n:.0f}", f"{count / n:.1f}",
+             f"{size / total:.0%}"] for (f, line, src), (size, count) in top]
+    rss = (r["at"]["rss"] - r["base"]["rss"]) / n
+    print(B.table(["allocated under (file:line)", "source", "bytes per suspended coroutine",
+                   "blocks per coroutine", "share of traced"], rows))
+    print()
+    print(f"""\
+{n} coroutines suspended at once, each on one child, one run under
+`tracemalloc` (12 frames per allocation) started on both workers after the
+warm-up: Python memory allocated since and still alive when all were
+suspended, summed over both workers, {total / n:.0f} bytes per coroutine in all
+({rss / 1024:.1f} KiB of RSS per coroutine in this run, tracemalloc's own
+bookkeeping included). The top {args.top} source lines: an allocation is charged
+to the innermost line of dask_coro, distributed or dask on its stack (the code
+that asked for it, not asyncio's or the standard library's under it), not to
+whoever keeps it alive.""")
+    B.write_json(args.json, {"n": n, "traced_bytes_each": total / n, "rss_bytes_each": rss,
+                             "top": [[f, line, src, size / n, count / n]
+                                     for (f, line, src), (size, count) in top]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
