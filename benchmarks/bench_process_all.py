@@ -16,21 +16,12 @@ import dask
 from distributed import worker_client
 
 from dask_coro import coroutine
+from dask_coro.examples import inc, my_len  # the seed's, as in examples.process_all
 
 
 @coroutine
 def generate_data(n):
     return list(range(n))  # the seed's returns a list of random length
-
-
-@coroutine
-def inc(x):
-    return x + 1
-
-
-@coroutine
-def my_len(L):
-    return len(L)
 
 
 @coroutine
