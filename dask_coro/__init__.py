@@ -33,6 +33,7 @@ _LAZY = {
     "TreePlugin": ("._tree_scheduler", "TreePlugin"),
     "LifetimesPlugin": ("._lifetimes_scheduler", "LifetimesPlugin"),
     "PromisePlugin": ("._promise_scheduler", "PromisePlugin"),
+    "InlinePlugin": ("._inline_scheduler", "InlinePlugin"),
 }
 
 
@@ -52,11 +53,12 @@ async def dask_setup(server: Any) -> None:
     from distributed import Scheduler
     from distributed.protocol.pickle import dumps
 
+    from ._inline_scheduler import InlinePlugin
     from ._lifetimes_scheduler import LifetimesPlugin
     from ._promise_scheduler import PromisePlugin
     from ._tree_scheduler import TreePlugin
 
-    for plugin in (PromisePlugin(), LifetimesPlugin(), TreePlugin()):
+    for plugin in (PromisePlugin(), LifetimesPlugin(), TreePlugin(), InlinePlugin()):
         if isinstance(server, Scheduler):
             server.add_plugin(plugin, idempotent=True)
         else:
@@ -70,6 +72,7 @@ __all__ = [
     "CoroutineCancelledError",
     "CoroutineFunction",
     "DaskCoroError",
+    "InlinePlugin",
     "LifetimesPlugin",
     "NotInTaskError",
     "Promise",

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Generator, Hashable
 from typing import Any
 
-from dask.base import tokenize
+import dask
+from dask.base import _annotations, tokenize
 from dask.delayed import Delayed, unpack_collections
 from dask.highlevelgraph import HighLevelGraph
 from dask.utils import funcname
@@ -29,18 +31,130 @@ def gather(x: Any) -> Request:
     return Request(x)
 
 
+# Delayed's own slots; CoroutineCall fills them when dask first asks for its key
+# or graph (see CoroutineCall._build).
+_KEY = Delayed.__dict__["_key"]
+_DASK = Delayed.__dict__["_dask"]
+_LAYER = Delayed.__dict__["_layer"]
+_LENGTH = Delayed.__dict__["_length"]
+_BUILD_LOCK = threading.RLock()  # building a call builds the calls in its arguments
+
+
 class CoroutineCall(Delayed):
     """A lazy call of a ``@coroutine`` function: a ``dask.delayed.Delayed``.
 
     Everything a ``Delayed`` does works (``compute``, ``persist``, indexing,
     attribute access, arithmetic, passing into other lazy calls); in addition
     it can be awaited inside an ``async def`` coroutine.
+
+    Making one costs a few attribute stores: its key and graph are built the
+    first time anything asks for them. A call nobody asked the key of, whose
+    arguments hold no lazy value, may run inline (``_inline`` is then
+    ``(func, args, kwargs)``); after it did, ``_done`` holds ``(result,)``, so
+    yielding it again, or building a graph on it, reuses the result.
     """
 
-    __slots__ = ()
+    __slots__ = ("_fn", "_args", "_kwargs", "_name", "_inline", "_done", "_ann")
+
+    @property  # type: ignore[override]
+    def _key(self) -> Any:
+        try:
+            return _KEY.__get__(self)
+        except AttributeError:
+            return self._build()
+
+    @property  # type: ignore[override]
+    def _dask(self) -> Any:
+        try:
+            return _DASK.__get__(self)
+        except AttributeError:
+            self._build()
+            return _DASK.__get__(self)
+
+    @property  # type: ignore[override]
+    def _layer(self) -> Any:
+        return self._key
+
+    def _build(self) -> Any:
+        with _BUILD_LOCK:  # one key, even if two threads ask at once
+            try:
+                return _KEY.__get__(self)
+            except AttributeError:
+                pass
+            fn: CoroutineFunction = self._fn
+            args, kwargs = self._args, self._kwargs
+            key = self._name
+            if key is None:
+                if fn.pure:
+                    key = f"{fn.prefix}-{tokenize(fn.__wrapped__, args, kwargs)}"
+                else:
+                    key = f"{fn.prefix}-{uuid.uuid4().hex}"
+            done = self._done
+            if done is not None:
+                # Computed inline already: dependents get the value, not a rerun.
+                from dask._task_spec import DataNode
+
+                graph = HighLevelGraph.from_collections(
+                    key, {key: DataNode(key, done[0])}, dependencies=()
+                )
+            elif self._ann:
+                # The annotations in effect where the call was made, as a
+                # Delayed's layer takes them when it is made.
+                with dask.annotate(**self._ann):
+                    graph = _graph(fn, key, args, kwargs)
+            else:
+                graph = _graph(fn, key, args, kwargs)
+            _DASK.__set__(self, graph)
+            _KEY.__set__(self, key)
+            _INLINE.__set__(self, None)  # it has a name now: compute it as a task
+            return key
+
+    # Plain slot stores while a call is made (Delayed.__setattr__ is a Python
+    # function, a third of the cost of a call); CPython maps this to the
+    # generic C setter. Setting an unknown attribute raises AttributeError.
+    __setattr__ = object.__setattr__
 
     def __await__(self) -> Generator[Any, Any, Any]:
         return Request(self).__await__()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _built_call, (self.key, self.dask, self._length)
+
+
+def _built_call(key: Any, graph: Any, length: int | None) -> CoroutineCall:
+    call = _new_call(CoroutineCall)
+    _KEY.__set__(call, key)
+    _DASK.__set__(call, graph)
+    _LENGTH.__set__(call, length)
+    for slot in (_FN, _ARGS, _KWARGS, _NAME, _INLINE, _DONE, _ANN):
+        slot.__set__(call, None)
+    return call
+
+
+_new_call = object.__new__
+_FN, _ARGS, _KWARGS, _NAME, _INLINE, _DONE, _ANN = (
+    CoroutineCall.__dict__[s] for s in CoroutineCall.__slots__
+)
+
+
+def _graph(fn: CoroutineFunction, key: Any, args: tuple, kwargs: dict) -> HighLevelGraph:
+    from dask._task_spec import Task
+
+    args2 = []
+    deps: list[Any] = []
+    for a in args:
+        if type(a) in _PLAIN:  # most arguments; unpacking them is 60% of a call
+            args2.append(a)
+            continue
+        a2, collections = unpack_collections(a)
+        args2.append(a2)
+        deps.extend(collections)
+    kwargs2: Any = {}
+    if kwargs:
+        kwargs2, collections = unpack_collections(kwargs)
+        deps.extend(collections)
+    task = Task(key, CoroutineTask(fn.__wrapped__, key), *args2, **kwargs2)
+    return HighLevelGraph.from_collections(key, {key: task}, dependencies=deps)
 
 
 class CoroutineTask:
@@ -138,6 +252,17 @@ def _worker_of_event_loop() -> Any:
 _PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})
 
 
+def _current_annotations() -> dict | None:
+    # What dask.annotate set here (a ContextVar read; HighLevelGraph layers
+    # read the same when they are made). An annotated call is a task: its
+    # annotations (resources, priority, retries, ...) are for the scheduler.
+    return _annotations.get() or None
+
+
+def _plain_values(kwargs: dict) -> bool:
+    return all(type(v) in _PLAIN for v in kwargs.values())
+
+
 class CoroutineFunction:
     """A function decorated with ``@coroutine``; calling it returns a
     ``CoroutineCall`` and runs nothing."""
@@ -149,6 +274,7 @@ class CoroutineFunction:
         pure: bool = False,
         nout: int | None = None,
         name: str | None = None,
+        inline: bool = True,
     ):
         if not callable(func):
             raise TypeError(f"@coroutine expects a function, got {func!r}")
@@ -158,32 +284,31 @@ class CoroutineFunction:
         self.pure = pure
         self.nout = nout
         self.prefix = name or funcname(func)
+        if not isinstance(inline, bool):
+            raise TypeError(f"@coroutine(inline=...) expects True or False, got {inline!r}")
+        self.inline = inline
 
     def __call__(self, *args: Any, **kwargs: Any) -> CoroutineCall:
-        key = kwargs.pop("dask_key_name", None)
-        if key is None:
-            if self.pure:
-                key = f"{self.prefix}-{tokenize(self.__wrapped__, args, kwargs)}"
+        # The hot path of fine-grained recursion: no key, no graph, no
+        # tokenizing here (CoroutineCall._build does that when asked).
+        name = kwargs.pop("dask_key_name", None) if kwargs else None
+        call = _new_call(CoroutineCall)
+        call._length = self.nout
+        call._fn = self
+        call._args = args
+        call._kwargs = kwargs
+        call._name = name
+        call._done = None
+        call._inline = None
+        call._ann = ann = _current_annotations()
+        if self.inline and name is None and not ann:
+            for a in args:
+                if type(a) not in _PLAIN:
+                    break
             else:
-                key = f"{self.prefix}-{uuid.uuid4().hex}"
-        from dask._task_spec import Task
-
-        args2 = []
-        deps: list[Any] = []
-        for a in args:
-            if type(a) in _PLAIN:  # most arguments; unpacking them is 60% of a call
-                args2.append(a)
-                continue
-            a2, collections = unpack_collections(a)
-            args2.append(a2)
-            deps.extend(collections)
-        kwargs2: Any = {}
-        if kwargs:
-            kwargs2, collections = unpack_collections(kwargs)
-            deps.extend(collections)
-        task = Task(key, CoroutineTask(self.__wrapped__, key), *args2, **kwargs2)
-        graph = HighLevelGraph.from_collections(key, {key: task}, dependencies=deps)
-        return CoroutineCall(key, graph, length=self.nout)
+                if not kwargs or _plain_values(kwargs):
+                    call._inline = (self.__wrapped__, args, kwargs)
+        return call
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
@@ -200,6 +325,7 @@ def coroutine(
     pure: bool = False,
     nout: int | None = None,
     name: str | None = None,
+    inline: bool = True,
 ) -> Any:
     """Make a function a coroutine task.
 
@@ -225,6 +351,17 @@ def coroutine(
     distributed client the call runs in-process with the same results and
     exceptions.
 
+    Inline calls (``coro.inline.enabled``, on by default): a yielded coroutine
+    call whose arguments are plain values (numbers, strings, bytes, None) runs
+    inline, as a plain call in the parent's thread-pool step on the same
+    worker, with no task, no key and no scheduler message, which makes
+    fine-grained recursion about a hundred times cheaper per call. It becomes
+    a real task (key derived as above) when the scheduler reports idle
+    threads (work stealing, so every worker gets work), and before the
+    coroutine running it waits on the cluster. Results, exceptions and
+    cancellation are the same; ``current_key()`` inside an inline call is the
+    key of the task running it, and progress and tree show real tasks only.
+
     Errors: a child's exception is raised at the yield with its own type,
     message and traceback. Its siblings are released as soon as the coroutine
     has handled the error: those nobody else holds are cancelled. Cancelling
@@ -242,10 +379,15 @@ def coroutine(
         The number of outputs, for unpacking a call (``a, b = f()``).
     name
         Key prefix, shown in the dashboard; defaults to the function's name.
+    inline
+        False: calls of this function are never run inline, each is a task of
+        its own (to see each call in the dashboard and in ``tree``, or to give
+        it ``dask.annotate`` resources). Default True: inline where
+        ``coro.inline.enabled`` allows.
     """
     if func is None:
-        return functools.partial(coroutine, pure=pure, nout=nout, name=name)
-    return CoroutineFunction(func, pure=pure, nout=nout, name=name)
+        return functools.partial(coroutine, pure=pure, nout=nout, name=name, inline=inline)
+    return CoroutineFunction(func, pure=pure, nout=nout, name=name, inline=inline)
 
 
 @is_lazy.register(CoroutineFunction)
@@ -256,3 +398,8 @@ def _(obj: Any) -> bool:
 @is_lazy.register(Request)
 def _(obj: Any) -> bool:
     raise _Rejected("gather() is awaited, not nested: yield its argument instead")
+
+
+#: Records that a call computed its value inline (``Trampoline(mark_done=...)``):
+#: the slot's own setter, not Delayed's __setattr__, on the hot path.
+mark_done = _DONE.__set__

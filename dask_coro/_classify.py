@@ -18,6 +18,7 @@ from typing import Any
 
 import dask
 from dask._task_spec import TaskRef
+from dask.delayed import Delayed
 
 from ._exceptions import BadYieldError
 from ._structure import Path, format_path
@@ -44,6 +45,13 @@ def is_lazy(obj: Any) -> bool:
     if isinstance(obj, Iterator):
         raise _Rejected("an iterator is consumed once; yield a list of its items instead")
     return False
+
+
+@is_lazy.register(Delayed)
+def _(obj: Any) -> bool:
+    # Without asking for its graph: a coroutine call builds its key and graph
+    # only when asked (``is_dask_collection`` would), and may then not run inline.
+    return True
 
 
 @is_lazy.register(set)

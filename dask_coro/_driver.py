@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
 from typing import Any
 
 from ._exceptions import BadYieldError
@@ -34,25 +33,55 @@ class Request:
         return f"gather({self.value!r})"
 
 
-@dataclass(frozen=True, slots=True)
-class Yielded:
+class _Step:
+    # Plain slotted classes, not frozen dataclasses: a step is made per call
+    # a trampoline runs inline, and a frozen dataclass's __init__ costs 3x.
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other._field() == self._field()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self), id(self._field())))  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._field()!r})"  # type: ignore[attr-defined]
+
+
+class Yielded(_Step):
     """The body is suspended and asks for ``value`` to be computed."""
 
-    value: Any
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def _field(self) -> Any:
+        return self.value
 
 
-@dataclass(frozen=True, slots=True)
-class Returned:
+class Returned(_Step):
     """The body finished with ``value``."""
 
-    value: Any
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def _field(self) -> Any:
+        return self.value
 
 
-@dataclass(frozen=True, slots=True)
-class Raised:
+class Raised(_Step):
     """The body finished by raising ``error``."""
 
-    error: BaseException
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def _field(self) -> Any:
+        return self.error
 
 
 Step = Yielded | Returned | Raised
@@ -69,6 +98,10 @@ class Driver:
 
     __slots__ = ("_body", "_is_async", "name", "done")
 
+    #: What a call must return to be a body to step into; anything else is
+    #: its result.
+    BODY_TYPES = _BODY_TYPES
+
     def __init__(self, name: str = "coroutine"):
         self._body: Any = None
         self._is_async = False
@@ -83,9 +116,13 @@ class Driver:
             return self._finish(Raised(e))
         if not isinstance(result, _BODY_TYPES):
             return self._finish(Returned(result))
-        self._body = result
-        self._is_async = isinstance(result, types.CoroutineType)
-        return self._advance(result.send, None)
+        return self.begin(result)
+
+    def begin(self, body: Any) -> Step:
+        """Step into ``body``, the generator or coroutine object a call made."""
+        self._body = body
+        self._is_async = type(body) is types.CoroutineType
+        return self._advance(body.send, None)
 
     def send(self, value: Any) -> Step:
         """Resume the body at its current yield with ``value``."""

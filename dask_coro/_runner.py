@@ -3,19 +3,24 @@
 distributed awaits ``CoroutineTask.__call__`` on the worker's event loop
 (``Worker.execute`` -> ``_run_task_async``). The runner:
 
-1. steps the body on the worker's thread pool (CPU work never blocks the loop),
+1. steps the body, and the coroutine calls it runs inline, through a
+   ``Trampoline`` on the worker's thread pool (CPU work never blocks the loop),
    inside one ``contextvars.Context`` per run, where ``current_key()`` is set;
-2. at the first yield, secedes: a ``SecedeEvent`` turns the task into a
-   long-running one on worker and scheduler, so a waiting coroutine holds no
-   slot and no thread, only this heap object;
-3. per yield, submits all children in one ``update-graph`` message
-   (``Client.get(..., sync=False)``), waits for them, and resumes the body;
-4. releases a result as soon as no live lazy value of the body depends on it
+2. submits what the trampoline hands out (the remote leaves of a frame's
+   yield, calls promoted to tasks) in one ``update-graph`` message per step
+   (``Client.get(..., sync=False)``), with keys derived from the frame's place
+   under our key;
+3. the first time it waits on the cluster, secedes: a ``SecedeEvent`` turns
+   the task into a long-running one on worker and scheduler, so a waiting
+   coroutine holds no slot and no thread, only this heap object;
+4. releases a result as soon as no live lazy value of the frame depends on it
    (``ResultCache``), and everything at the end;
 5. watches its own key through a worker plugin: when the scheduler cancels
-   the task (root future cancelled, client closed), it stops waiting, closes
-   the body (``finally`` blocks run) and releases its children, whose own
-   runners then see their keys cancelled in turn.
+   the task (root future cancelled, client closed), it stops, closes every
+   open body (``finally`` blocks run) and releases its children, whose own
+   runners then see their keys cancelled in turn;
+6. while any run on the worker runs calls inline, polls the scheduler for idle
+   threads (``InlinePlugin``), which trampolines read to hand work out.
 """
 
 from __future__ import annotations
@@ -38,11 +43,13 @@ from . import _config
 from ._cache import ResultCache
 from ._classify import classifier
 from ._context import running_key
-from ._driver import Driver, Returned, Step, Yielded
+from ._api import CoroutineCall
+from ._driver import Returned, Step
 from ._exceptions import CoroutineCancelledError, DaskCoroError
+from ._inline import Done, Frame, Idle, Outcome, Stopped, Submit, Trampoline
 from ._lifetimes_worker import hold_segments
 from ._plan import plan_yield
-from ._structure import Structure
+from ._inline_scheduler import InlinePlugin
 from ._tree_scheduler import ANNOTATION, TreePlugin
 
 if TYPE_CHECKING:
@@ -73,6 +80,52 @@ class _KeyWatcher(WorkerPlugin):
         self.runs: dict[Hashable, _Run] = {}
         self.client: Client | None = None
         self.tree: asyncio.Future[None] | None = None  # TreePlugin installed
+        # Inline runs: the scheduler's count of idle threads, polled while any
+        # run on this worker runs calls inline; trampolines read it.
+        self.idle = Idle()
+        self.inline_runs = 0
+        self.poller: asyncio.Task[None] | None = None
+        self.handed_out = 0.0  # when a run last handed work out
+
+    def inline_started(self, worker: Worker) -> None:
+        self.inline_runs += 1
+        if self.poller is None or self.poller.done():
+            self.poller = asyncio.ensure_future(self._poll(worker))
+
+    def inline_ended(self) -> None:
+        self.inline_runs -= 1
+
+    def handed(self, n: int) -> None:
+        """A run handed ``n`` calls out: they take idle threads the last poll
+        counted, until a poll sent after this says otherwise."""
+        self.idle.n = max(0, self.idle.n - n)
+        self.handed_out = time()
+
+    async def _poll(self, worker: Worker) -> None:
+        interval = _config.get_timedelta("coro.inline.poll-interval")
+        try:
+            await _install(worker, InlinePlugin())
+        except Exception:
+            return  # logged by _install; calls then run inline, none handed out
+        # Polling ends a little after the last inline run ends: a worker that
+        # runs many short coroutines asks once per interval, not once per task.
+        quiet_since = None
+        while True:
+            if self.inline_runs > 0:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = time()
+            elif time() - quiet_since > 1.0:
+                break
+            sent = time()
+            try:
+                n = await worker.scheduler.dask_coro_idle()
+            except Exception as e:  # the scheduler is going away, or restarting
+                logger.debug("dask_coro_idle failed: %r", e)
+                n = 0
+            self.idle.n = n if sent > self.handed_out else 0
+            await asyncio.sleep(interval)
+        self.idle.n = 0
 
     def transition(self, key: Hashable, start: str, finish: str, **kwargs: Any) -> None:
         run = self.runs.get(key)
@@ -88,6 +141,22 @@ def _watcher(worker: Worker) -> _KeyWatcher:
     if w is None:
         w = worker.plugins[_KeyWatcher.name] = _KeyWatcher()
     return w  # type: ignore[return-value]
+
+
+class _Scope:
+    """The runner's state for one frame (the task's own body, or a call run
+    inline that has remote leaves): the name its children's keys derive
+    from, its compute-once cache and held results, and the futures of its
+    current yield by leaf position."""
+
+    __slots__ = ("ident", "cache", "held", "futures", "error")
+
+    def __init__(self, ident: Any, cache: ResultCache, held: dict[Hashable, Future]):
+        self.ident = ident
+        self.cache = cache
+        self.held = held
+        self.futures: dict[int, Future] = {}
+        self.error: Exception | None = None
 
 
 class _Cancelled(Exception):
@@ -162,19 +231,13 @@ class _Run:
             return out
         watcher = self.watcher
         if watcher.tree is None:
-            watcher.tree = asyncio.ensure_future(_install_tree(self.worker))
+            watcher.tree = asyncio.ensure_future(_install(self.worker, TreePlugin()))
         try:
             await asyncio.shield(watcher.tree)
         except Exception:
-            return out  # logged once, by _install_tree
+            return out  # logged once, by _install
         out[ANNOTATION] = self.key
         return out
-
-    def _release(self, keys: list[Hashable]) -> None:
-        for k in keys:
-            f = self.held.pop(k, None)
-            if f is not None:
-                f.release()
 
     # -- the run -------------------------------------------------------------
 
@@ -188,31 +251,50 @@ class _Run:
             )
         watcher = self.watcher = _watcher(self.worker)
         watcher.runs[self.key] = self
-        driver = Driver(self.name)
+        inline = bool(_config.get("coro.inline.enabled"))
+        if inline:
+            watcher.inline_started(self.worker)
+        tramp = Trampoline(
+            self.name,
+            call_type=CoroutineCall if inline else None,
+            classify=classifier,
+            idle=watcher.idle,
+            cancelled=self._cancelled,
+            on_ended=self._ended,
+        )
+        root = self.root = _Scope(self.key, self.cache, self.held)
+        self.scopes = {id(root): root}
         step: Step | None = None
         try:
-            step = await self._in_pool(driver.start, self.func, args, kwargs)
-            index = 0
-            while type(step) is Yielded:
-                if not self._alive():
+            out = await self._in_pool(tramp.start, self.func, args, kwargs, root)
+            while True:
+                if type(out) is Done:
+                    step = out.step
+                    break
+                if type(out) is Stopped or not self._alive():
                     raise _Cancelled
+                assert type(out) is Submit
+                if out.batches:
+                    await self._submit(out.batches)
+                    if not out.wait:
+                        watcher.handed(sum(len(p) for _, p in out.batches))
+                if not out.wait:
+                    out = await self._in_pool(tramp.run)
+                    continue
                 if not self.seceded:
                     self._secede()
-                step = await self._resume(driver, step, index)
-                index += 1
-                self._release(self.cache.sweep())
+                out = await self._join(tramp, out.frame)
             if type(step) is Returned:
                 return step.value
-            raise step.error
+            raise step.error  # type: ignore[union-attr]
         except _Cancelled:
             logger.debug("coroutine %r cancelled; closing it", self.key)
             step = None
-            closed = await self._in_pool(driver.close)
-            if closed is not None:
+            for error in await self._in_pool(tramp.close):
                 logger.warning(
                     "coroutine %r raised while closing after cancellation: %r",
                     self.key,
-                    closed.error,
+                    error,
                 )
             ts = self.worker.state.tasks.get(self.key)
             if ts is not None and ts.state in (*_RUNNING_STATES, "resumed"):
@@ -222,29 +304,83 @@ class _Run:
             # The worker discards the outcome of a cancelled task.
             raise CoroutineCancelledError(f"coroutine {self.key!r} was cancelled") from None
         except asyncio.CancelledError:
-            driver.close()  # the worker is closing; no pool to run on
+            # The worker is closing; no pool to run on. A step may still be
+            # running in a pool thread: its bodies are busy, leave them.
+            try:
+                tramp.close()
+            except ValueError as e:  # "generator already executing"
+                logger.debug("coroutine %r not closed: %r", self.key, e)
             raise
         finally:
+            if inline:
+                watcher.inline_ended()
             if watcher.runs.get(self.key) is self:
                 del watcher.runs[self.key]
-            self.cache.clear()
-            self._release(list(self.held))
+            for scope in self.scopes.values():
+                scope.cache.clear()
+                for f in scope.futures.values():
+                    f.release()
+                for f in scope.held.values():
+                    f.release()
+            self.scopes.clear()
 
-    async def _resume(self, driver: Driver, step: Yielded, index: int) -> Step:
-        """Compute what the body yielded and resume it with the result (or
-        raise the error at the yield)."""
-        try:
-            structure = Structure(step.value, classifier(self.name, index))
-            plan = plan_yield(
-                structure.leaves, structure.paths, self.cache.known, self.key, index
-            )
-        except Exception as e:
-            return await self._in_pool(driver.throw, e)
-        del step
+    def _cancelled(self) -> bool:
+        # Asked from the thread pool between inline calls: a dict lookup.
+        return not self._alive()
+
+    def _ended(self, frame: Frame) -> None:
+        """A yield of ``frame`` ended, or its body did (called by the
+        trampoline, on the thread pool; ``Future.release`` is thread-safe):
+        release its transient futures (cancelling children nobody else holds,
+        after an error), kept results no live lazy value depends on, and
+        everything of a body that finished."""
+        scope: _Scope = frame.ext
+        for f in scope.futures.values():
+            if scope.held.get(f.key) is not f:
+                f.release()
+        scope.futures.clear()
+        scope.error = None
+        for k in scope.cache.sweep():
+            f = scope.held.pop(k, None)
+            if f is not None:
+                f.release()
+        if frame.done and scope is not self.root:
+            self.scopes.pop(id(scope), None)
+            scope.cache.clear()
+            for f in scope.held.values():
+                f.release()
+            scope.held.clear()
+
+    async def _submit(self, batches: list[tuple[Frame, list[int]]]) -> None:
+        """Plan the remote leaves of each frame (keys derived from the frame's
+        place under our key) and submit them all in one message."""
         client = await self._client()
+        graph: dict[Hashable, Any] = {}
+        wanted: dict[Hashable, None] = {}
+        plans = []
+        for frame, positions in batches:
+            scope = frame.ext
+            if scope is None:
+                scope = frame.ext = _Scope(frame.ident(self.key), ResultCache(), {})
+                self.scopes[id(scope)] = scope
+            try:
+                plan = plan_yield(
+                    [frame.leaves[p] for p in positions],
+                    [frame.path(p) for p in positions],
+                    scope.cache.known,
+                    scope.ident,
+                    frame.index,
+                )
+            except Exception as e:  # raised at the yield when the frame waits
+                scope.error = e
+                continue
+            graph.update(plan.graph)
+            for k in (*plan.keep, *plan.outputs):
+                if k in plan.graph:
+                    wanted[k] = None
+            plans.append((scope, positions, plan))
         new: dict[Hashable, Future] = {}
-        if plan.graph:
-            wanted = [k for k in dict.fromkeys([*plan.keep, *plan.outputs]) if k in plan.graph]
+        if wanted:
             # Children get priority over unrelated queued work: the scheduler
             # ranks a graph by its submitting task, which Client._graph_to_futures
             # reads from thread_state.key; the loop thread has none of its own.
@@ -253,33 +389,35 @@ class _Run:
             thread_state.key = self.key
             try:
                 with dask.annotate(**annotations):
-                    futures = client.get(plan.graph, wanted, sync=False)
+                    futures = client.get(graph, list(wanted), sync=False)
             finally:
                 thread_state.key = previous
             new = dict(zip(wanted, futures))
-        outputs = [new.get(k) or self.held[k] for k in plan.outputs]
-        # Delayed results are held until no live lazy value needs them; the
-        # rest (finalized collections) only until the body has them.
-        self.cache.add(plan.layers)
-        for k in plan.keep:
-            self.held[k] = new[k]
-        transient = [f for k, f in new.items() if k not in self.held]
-        del plan, new
+        for scope, positions, plan in plans:
+            for pos, k in zip(positions, plan.outputs):
+                scope.futures[pos] = new.get(k) or scope.held[k]
+            # Delayed results are held until no live lazy value needs them; the
+            # rest (finalized collections) only until the body has them.
+            scope.cache.add(plan.layers)
+            for k in plan.keep:
+                scope.held[k] = new[k]
+
+    async def _join(self, tramp: Trampoline, frame: Frame) -> Outcome:
+        """Wait for the remote leaves of ``frame`` (the top one) and resume it
+        with their results, or raise the first error at its yield."""
+        scope: _Scope = frame.ext
         try:
-            results = await self._wait(client, outputs)
+            if scope.error is not None:
+                raise scope.error
+            client = await self._client()
+            results = await self._wait(client, [scope.futures[p] for p in frame.remote])
             # Before the children go: segments in their results are ours now.
             await hold_segments(self.worker, self.key, results)
         except _Cancelled:
             raise
         except Exception as e:
-            del structure, outputs
-            return await self._in_pool(driver.throw, e)
-        finally:
-            for f in transient:
-                f.release()
-        value = structure.rebuild(results)
-        del structure, results, outputs
-        return await self._in_pool(driver.send, value)
+            return await self._in_pool(tramp.throw, e)
+        return await self._in_pool(tramp.resume, results)
 
     async def _wait(self, client: Client, futures: list[Future]) -> list[Any]:
         """The results of ``futures``; raises the first error, or ``_Cancelled``."""
@@ -306,18 +444,24 @@ class _Run:
                 gathering.add_done_callback(_retrieve)
 
 
-async def _install_tree(worker: Worker) -> None:
+async def _install(worker: Worker, plugin: Any) -> None:
+    """Install a scheduler plugin of ours from a worker (idempotent)."""
     from distributed.protocol.pickle import dumps
 
     try:
         await worker.scheduler.register_scheduler_plugin(
-            plugin=dumps(TreePlugin()), name=TreePlugin.name, idempotent=True
+            plugin=dumps(plugin), name=plugin.name, idempotent=True
         )
     except Exception as e:
+        what = {
+            TreePlugin.name: "progress and tree will show nothing of its coroutines",
+            InlinePlugin.name: "it will run coroutine calls inline and hand none out",
+        }[plugin.name]
         logger.warning(
-            "dask_coro cannot record coroutine trees from worker %s (progress and "
-            "tree will show nothing of its coroutines): %r",
+            "dask_coro cannot install %s from worker %s (%s): %r",
+            plugin.name,
             worker.address,
+            what,
             e,
         )
         raise

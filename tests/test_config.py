@@ -20,6 +20,8 @@ from dask_coro._config import get_timedelta
 
 EXPECTED = {
     "coro.client-batch-interval": "2ms",
+    "coro.inline.enabled": True,
+    "coro.inline.poll-interval": "20ms",
     "coro.lifetimes.retry-delay": "500ms",
     "coro.lifetimes.close-timeout": "10s",
     "coro.lifetimes.leave-timeout": "10s",
@@ -63,6 +65,7 @@ def test_defaults_loaded_at_import():
     assert leaves({"coro": json.loads(out)}) == EXPECTED
 
 
+@pytest.mark.inline  # the shipped default, which other tests turn off
 def test_defaults_in_this_process():
     assert dask_coro._config is _config
     for key, value in EXPECTED.items():
@@ -102,7 +105,7 @@ def test_every_key_described_in_the_schema_and_vice_versa():
     # Each object level is described too.
     top = load(_config.SCHEMA_FILE)["properties"]["coro"]
     assert top["description"]
-    for name in ("lifetimes", "tree"):
+    for name in ("inline", "lifetimes", "tree"):
         assert top["properties"][name]["description"], name
 
 
@@ -226,7 +229,8 @@ def run_with_env(code: str, **env: str) -> str:
         capture_output=True,
         text=True,
         check=False,
-        env={**os.environ, **env},
+        # Without the settings tests/conftest.py puts in the environment.
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("DASK_CORO__")}, **env},
     )
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()

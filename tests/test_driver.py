@@ -522,11 +522,15 @@ def test_plain_function_returning_generator_object_is_stepped_into():
     assert d.send(None) == Returned("end")
 
 
-def test_step_types_are_frozen():
+def test_step_types_compare_by_type_and_value():
     y = Yielded(1)
+    assert not hasattr(y, "__dict__")  # slotted: one is made per inline call
     with pytest.raises(AttributeError):
-        y.value = 2  # type: ignore[misc]
+        y.other = 2  # type: ignore[attr-defined]
+    assert Yielded(1) == Yielded(1)
     assert Yielded(1) != Returned(1)
+    assert Raised(ValueError) == Raised(ValueError)
+    assert repr(Returned([1])) == "Returned([1])"
     assert isinstance(Driver().start(lambda: 1, (), {}), Returned)
 
 

@@ -43,6 +43,7 @@ def test_all_exact():
         "CoroutineCall",
         "CoroutineFunction",
         "DaskCoroError",
+        "InlinePlugin",
         "LifetimesPlugin",
         "NotInTaskError",
         "Promise",

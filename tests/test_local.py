@@ -902,3 +902,136 @@ def test_compute_inside_running_event_loop():
         return fib(6).compute(scheduler="sync")
 
     assert asyncio.run(main()) == 8
+
+
+# -- inline calls in the in-process driver ---------------------------------------
+
+
+@coroutine
+def chain(n):
+    if n == 0:
+        return 0
+    return 1 + (yield chain(n - 1))
+
+
+@pytest.mark.inline
+def test_inline_recursion_deeper_than_the_python_stack():
+    # 5x the recursion limit: the trampoline keeps the stack of inline calls
+    # in a list, not in Python frames.
+    n = 5 * sys.getrecursionlimit()
+    assert chain(n).compute() == n
+
+
+@pytest.mark.inline
+def test_inline_fib_25_in_process():
+    assert fib(25).compute() == 75025
+    assert afib(18).compute() == 2584
+
+
+@pytest.mark.inline
+def test_inline_false_makes_every_call_a_task():
+    # A call that is a task goes through dask's graph (get_sync), which in
+    # turn runs the in-process driver with the task's own key.
+    keys = []
+    task_leaf = key_recorder(keys, inline=False, name="task_leaf")
+    inline_leaf = key_recorder(keys)
+
+    @coroutine
+    def parent():
+        a = yield task_leaf(1)
+        b = yield inline_leaf(2)
+        return a + b
+
+    root = parent(dask_key_name="root")
+    assert root.compute() == 3
+    assert keys == [derive_key("task_leaf", "root", 0, ()), "root"]
+
+
+def key_recorder(keys: list, **options):
+    """A coroutine ``leaf(x) -> x`` that appends the key it runs under."""
+
+    @coroutine(**options)
+    def leaf(x):
+        keys.append(current_key())
+        return x
+
+    return leaf
+
+
+@pytest.mark.inline
+def test_annotated_and_named_calls_are_tasks():
+    keys = []
+    leaf = key_recorder(keys)
+
+    @coroutine
+    def parent():
+        with dask.annotate(priority=1):
+            a = leaf(1)
+        b = leaf(2, dask_key_name="mine")
+        c = leaf(3)
+        return (yield [a, b, c])
+
+    assert parent(dask_key_name="root").compute() == [1, 2, 3]
+    # Tasks (in the order dask runs them), then the inline call.
+    assert set(keys[:2]) == {
+        derive_key("leaf", "root", 0, (0,)),
+        derive_key("mine", "root", 0, (1,)),  # the prefix of its own name
+    }
+    assert keys[2] == "root"  # plain arguments, no annotation: inline
+
+
+def test_inline_off_in_config_makes_every_call_a_task():
+    # tests run with coro.inline.enabled off unless marked inline
+    keys = []
+    leaf = key_recorder(keys)
+
+    @coroutine
+    def parent():
+        return (yield leaf(1))
+
+    assert parent(dask_key_name="root").compute() == 1
+    assert keys == [derive_key("leaf", "root", 0, ())]
+
+
+@pytest.mark.inline
+def test_inline_call_with_bad_argument_value_raises_at_the_yield():
+    class Oops(Exception):
+        pass
+
+    @coroutine
+    def fails(x):
+        raise Oops(x)
+
+    @coroutine
+    def parent():
+        try:
+            yield [fails("a"), fails("b")]
+        except Oops as e:
+            return f"caught {e}"
+
+    assert parent().compute() == "caught a"
+
+
+@pytest.mark.inline
+def test_call_computed_inline_is_not_computed_again_as_an_argument():
+    ran = []
+
+    @coroutine
+    def once(x):
+        ran.append(x)
+        return x * 10
+
+    @dask.delayed
+    def plus_one(v):
+        return v + 1
+
+    @coroutine
+    def parent():
+        c = once(4)
+        a = yield c  # inline
+        b = yield plus_one(c)  # c's graph is now its value
+        d = yield c  # reused
+        return a, b, d
+
+    assert parent().compute() == (40, 41, 40)
+    assert ran == [4]
