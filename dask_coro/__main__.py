@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--address", help="scheduler address of an existing cluster")
     parser.add_argument("--workers", type=int, default=2, help="embedded cluster size")
     parser.add_argument("--threads", type=int, default=1, help="threads per worker")
-    parser.add_argument("-n", type=int, default=15, help="fib(n) to compute")
+    parser.add_argument("-n", type=int, default=20, help="fib(n) to compute")
     parser.add_argument(
         "--release-abandoned",
         action="store_true",

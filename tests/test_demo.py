@@ -7,8 +7,11 @@ import re
 import subprocess
 import sys
 
+import pytest
 from distributed import LocalCluster
 from test_cluster import _free_port
+
+pytestmark = pytest.mark.inline  # the demo runs with the shipped defaults
 
 
 def demo(*args: str, timeout: float = 110) -> subprocess.CompletedProcess:
