@@ -26,10 +26,10 @@ the trampoline closes every open body, innermost first.
 
 from __future__ import annotations
 
+import hashlib
+import types
 from collections.abc import Callable, Hashable
 from typing import Any
-
-import types
 
 from ._driver import Driver, Raised, Request, Returned, Step, Yielded
 from ._structure import Path, Structure
@@ -90,10 +90,20 @@ class Frame(Driver):
     def ident(self, root: Hashable) -> Any:
         """A stable name for this frame, for deriving its children's keys: the
         root's key, then (yield index, path) of each call down to this one."""
-        if self.up is None:
-            return root
-        up = self.up
-        return (up.ident(root), up.index, up.path(self.at))
+        chain = []
+        frame = self
+        while frame.up is not None:  # iterative: inline stacks may be deep
+            chain.append(frame)
+            frame = frame.up
+        out = root
+        for depth, frame in enumerate(reversed(chain), 1):
+            up = frame.up
+            out = (out, up.index, up.path(frame.at))  # type: ignore[union-attr]
+            if depth % _FOLD == 0:
+                # Fold the nested name into a digest now and then: keys are
+                # derived from its repr, which recurses once per level.
+                out = "frame-" + hashlib.blake2b(repr(out).encode(), digest_size=16).hexdigest()
+        return out
 
 
 class Done:
@@ -322,6 +332,11 @@ class Trampoline:
                 if done is not None:
                     top.results[pos] = done[0]
                     continue
+                if leaf._inline is None:
+                    # Handed out meanwhile at another position (the same call
+                    # object yielded twice, stolen there): wait for that task.
+                    self._to_remote(top, (pos,))
+                    continue
                 countdown -= 1
                 if not countdown:
                     countdown = self.check_every
@@ -435,18 +450,27 @@ class Trampoline:
                 remote.append(pos)
         return None
 
+    def _running(self) -> set[int]:
+        """The calls being run by frames on the stack, by id: the same call
+        object at another, unstarted position must not be handed out (it
+        would run twice); it reuses the value when its turn comes."""
+        return {id(f.up.leaves[f.at]) for f in self.stack[1:]}  # type: ignore[union-attr]
+
     def _steal(self, n: int) -> list[tuple[Frame, list[int]]]:
         """Promote up to ``n`` unstarted leaves, the oldest frames' first (the
         biggest work, as Cilk's thieves take), from the end of each frame's list."""
         batches = []
+        running = self._running()
         for frame in self.stack:
             unstarted = len(frame.todo) - frame.next
             if unstarted <= 0:
                 continue
-            k = min(n, unstarted)
             todo = frame.todo = list(frame.todo)
-            taken = todo[-k:]
-            del todo[-k:]
+            rest = todo[frame.next :]
+            taken = [p for p in rest if id(frame.leaves[p]) not in running][-n:]
+            if not taken:
+                continue
+            frame.todo = todo = todo[: frame.next] + [p for p in rest if p not in taken]
             n -= self._to_remote(frame, taken)
             if frame.sent < len(frame.remote):
                 batches.append((frame, frame.remote[frame.sent :]))
@@ -456,17 +480,22 @@ class Trampoline:
         return batches
 
     def _has_unstarted(self) -> bool:
-        return any(f.next < len(f.todo) for f in self.stack)
+        running = self._running()
+        return any(
+            id(f.leaves[p]) not in running for f in self.stack for p in f.todo[f.next :]
+        )
 
     def _promote_all(self) -> list[tuple[Frame, list[int]]]:
         """Turn every unstarted inline leaf remote; the leaves not handed out
         yet, by frame."""
         batches = []
+        running = self._running()
         for frame in self.stack:
             rest = frame.todo[frame.next :]
             if rest:
-                frame.todo = frame.todo[: frame.next]
-                self._to_remote(frame, rest)
+                keep = [p for p in rest if id(frame.leaves[p]) in running]
+                frame.todo = [*frame.todo[: frame.next], *keep]
+                self._to_remote(frame, [p for p in rest if id(frame.leaves[p]) not in running])
             if frame.sent < len(frame.remote):
                 batches.append((frame, frame.remote[frame.sent :]))
                 frame.sent = len(frame.remote)
@@ -506,6 +535,7 @@ class Trampoline:
 
 
 _EMPTY: Any = ()
+_FOLD = 100  # levels of a frame name nested before it is folded
 _GENERATOR = types.GeneratorType
 _COROUTINE = types.CoroutineType
 _ONE = range(1)

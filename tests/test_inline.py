@@ -1,0 +1,587 @@
+"""Coroutine calls run inline on real clusters (``coro.inline.enabled``).
+
+Every test here is marked ``inline`` (see conftest.py): calls with plain
+arguments whose key nobody asked for run in their parent's step, on the
+parent's worker, with no task of their own; what users see must not change.
+
+gen_cluster workers share this process, Nanny and LocalCluster workers do
+not: bodies record what they did in files under ``tmp_path`` (filelog.py) or
+in ``distributed`` primitives, never in module state. No timing assertions:
+every wait polls a condition with a generous timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import traceback
+import uuid
+
+import dask
+import pytest
+from distributed import (
+    Client,
+    Event,
+    Future,
+    LocalCluster,
+    Nanny,
+    SchedulerPlugin,
+    get_client,
+)
+from distributed.utils_test import async_poll_for, gen_cluster
+from filelog import append as _append
+from filelog import lines as _lines
+from workloads import afib, fib
+
+from dask_coro import Promise, coroutine, current_key
+from dask_coro._plan import derive_key
+
+pytestmark = pytest.mark.inline
+
+
+def cluster(**kwargs):
+    """gen_cluster whose client is not the default client: every worker talks
+    to the scheduler through a client of its own, as in a real deployment
+    (see tests/test_failures.py)."""
+    return gen_cluster(client=True, client_kwargs={"set_as_default": False}, **kwargs)
+
+
+class Recorder(SchedulerPlugin):
+    """Every key the scheduler ever heard of."""
+
+    def __init__(self) -> None:
+        self.seen: set = set()
+
+    def update_graph(self, scheduler, *, keys, **kwargs):
+        self.seen.update(keys)
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        self.seen.add(key)
+
+
+def recorder(s) -> Recorder:
+    r = Recorder()
+    s.add_plugin(r)
+    return r
+
+
+# --------------------------------------------------------------------------
+# coroutines (module level: Nanny and LocalCluster workers import them)
+
+
+@coroutine
+def inc(x):
+    return x + 1
+
+
+@coroutine
+def logged(folder, tag, value=None):
+    _append(folder, "runs", tag)
+    return tag if value is None else value
+
+
+@coroutine
+def boom(x):
+    raise ValueError(f"boom {x}")  # BOOM-LINE
+
+
+@coroutine
+def late_boom(x):
+    y = yield inc(x)
+    raise ValueError(f"late boom {y}")
+
+
+@coroutine
+def catches(folder, kind):
+    bad = boom(7) if kind == "plain" else late_boom(7)
+    try:
+        yield [logged(folder, "first"), bad, logged(folder, "later")]
+    except ValueError as e:
+        caught = (type(e), str(e), "".join(traceback.format_exception(e)))
+    else:  # pragma: no cover - the test fails on this
+        caught = None
+    after = yield [inc(10), inc(20)]
+    return caught, after
+
+
+@coroutine
+def does_not_catch():
+    yield inc(1)
+    yield [inc(2), boom(8)]
+    return "unreachable"
+
+
+def _double(x):
+    return 2 * x
+
+
+@coroutine
+def remote_child(x):
+    # A dask.delayed task: submitted, with a key derived from this frame.
+    value = yield dask.delayed(_double)(x, dask_key_name=f"double-{x}")
+    return value
+
+
+@coroutine
+def with_remote_child():
+    return (yield [remote_child(3), inc(1), {"k": inc(2)}])
+
+
+@coroutine
+def promise_waiter(pkey):
+    # By key: a Future or Promise argument would make the call remote, and a
+    # dependency of it.
+    value = yield Future(pkey, get_client())
+    return value
+
+
+@coroutine
+def promise_setter(pkey):
+    Promise(_key=pkey).resolve_with(42)
+    return "set"
+
+
+@coroutine
+def promise_siblings():
+    p = Promise()
+    got = yield [promise_waiter(p.key), promise_setter(p.key)]
+    return got
+
+
+def _wait_event(name, timeout):
+    return Event(name).wait(timeout=timeout)  # False if nobody set it meanwhile
+
+
+event_waiter = coroutine(name="event_waiter")(_wait_event)
+event_waiter_task = coroutine(inline=False, name="event_waiter_task")(_wait_event)
+
+
+@coroutine
+def event_setter(name):
+    Event(name).set()
+    return "set"
+
+
+@coroutine
+def event_siblings(name, timeout=5.0, waiter_inline=True):
+    waiter = event_waiter if waiter_inline else event_waiter_task
+    return (yield [waiter(name, timeout), event_setter(name)])
+
+
+@coroutine
+def sleepy(folder, depth, tag="r"):
+    """A binary tree of calls; its leaves sleep a little and record a tick.
+    Frames record how they end: closed (GeneratorExit at the yield) or not."""
+    if depth == 0:
+        time.sleep(0.005)
+        _append(folder, "ticks", tag)
+        return 1
+    try:
+        a, b = yield [
+            sleepy(folder, depth - 1, tag + "0"),
+            sleepy(folder, depth - 1, tag + "1"),
+        ]
+        return a + b
+    except GeneratorExit:
+        _append(folder, "closed", str(depth))
+        raise
+    finally:
+        _append(folder, "finally", str(depth))
+
+
+def _blocked(started, never):
+    Event(started).set()
+    Event(never).wait(timeout=60)
+    return 1
+
+
+@coroutine
+def waits_on_a_blocked_task(folder, started, never):
+    try:
+        value = yield [inc(1), dask.delayed(_blocked, pure=False)(started, never)]
+        return value
+    finally:
+        _append(folder, "finally", "waiter")
+
+
+@coroutine
+def key_of():
+    return current_key()
+
+
+@coroutine
+def gen_key_of():
+    inner = yield key_of()
+    return current_key(), inner
+
+
+@coroutine
+async def async_key_of():
+    inner = await key_of()
+    return current_key(), inner
+
+
+@coroutine
+def keys_everywhere():
+    mine = current_key()
+    children = yield [key_of(), gen_key_of(), async_key_of()]
+    return mine, children
+
+
+def _plus_one(v):
+    return v + 1
+
+
+@coroutine
+def add(x, y):
+    return x + y
+
+
+@coroutine
+def reuses(folder):
+    c = logged(folder, "c", 10)
+    a, b = yield [c, c]
+    again = yield c
+    # c ran inline: a lazy call built on it now gets its value.
+    via_delayed = yield dask.delayed(_plus_one)(c)
+    via_coroutine = yield add(c, 5)
+    return a, b, again, via_delayed, via_coroutine
+
+
+@coroutine
+def logged_then_waits(folder):
+    _append(folder, "runs", "c")
+    value = yield dask.delayed(_double)(21, dask_key_name="double-21")
+    return value
+
+
+@coroutine
+def same_call_twice(folder):
+    c = logged_then_waits(folder)
+    return (yield [c, c])
+
+
+def _spin(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@coroutine
+def where_tree(depth):
+    """The addresses of the workers that ran each leaf (CPU-bound leaves)."""
+    if depth == 0:
+        from distributed import get_worker
+
+        _spin(0.02)
+        return [get_worker().address]
+    a, b = yield [where_tree(depth - 1), where_tree(depth - 1)]
+    return a + b
+
+
+@coroutine
+def gated_tree(lo, hi, go, folder):
+    _append(folder, "starts", f"{lo}-{hi}")
+    if hi - lo == 1:
+        _append(folder, "leaf", str(lo))
+        assert Event(go).wait(timeout=60)
+        return lo * lo
+    mid = (lo + hi) // 2
+    a, b = yield [gated_tree(lo, mid, go, folder), gated_tree(mid, hi, go, folder)]
+    return a + b
+
+
+# --------------------------------------------------------------------------
+# results
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1)])
+async def test_fib_and_afib(c, s, a):
+    assert await c.compute(fib(20)) == 6765
+    assert await c.compute(afib(15)) == 610
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1)])
+async def test_scheduler_sees_few_tasks(c, s, a):
+    r = recorder(s)
+    assert await c.compute(fib(16, dask_key_name="fib-root")) == 987
+    # 3,193 calls; on one single-threaded worker nothing is idle to hand
+    # work to, and nothing waits: the root runs them all.
+    assert "fib-root" in r.seen
+    assert len(r.seen) < 10, r.seen
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1)], config={"coro": {"inline": {"enabled": False}}})
+async def test_disabled_every_call_is_a_task(c, s, a):
+    assert dask.config.get("coro.inline.enabled") is False
+    r = recorder(s)
+    assert await c.compute(fib(8, dask_key_name="fib-root")) == 21
+    # 67 calls, 67 tasks, each with a key derived from its place in the tree.
+    assert len(r.seen) == 67
+    assert derive_key("fib", "fib-root", 0, (0,)) in r.seen
+
+
+# --------------------------------------------------------------------------
+# errors
+
+
+@pytest.mark.parametrize("kind", ["plain", "after-a-yield"])
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1)])
+async def test_child_error_raised_at_the_yield_and_recovered(c, s, a, tmp_path, kind):
+    (etype, msg, tb), after = await c.compute(catches(str(tmp_path), kind))
+    assert etype is ValueError
+    assert msg == ("boom 7" if kind == "plain" else "late boom 8")
+    assert ("in boom" if kind == "plain" else "in late_boom") in tb, tb
+    assert after == [11, 21]
+    # The sibling after the failed child never started.
+    assert _lines(tmp_path, "runs") == ["first"]
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1)])
+async def test_unhandled_child_error_fails_the_root(c, s, a):
+    fut = c.compute(does_not_catch())
+    with pytest.raises(ValueError, match="^boom 8$") as info:
+        await fut
+    assert type(info.value) is ValueError
+    assert "in boom" in "".join(traceback.format_exception(info.value))
+    fut.release()
+    await async_poll_for(lambda: not s.tasks, timeout=20)
+
+
+# --------------------------------------------------------------------------
+# remote leaves under inline frames; promotion
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1)])
+async def test_child_yielding_a_delayed_task_keys_are_derived_and_stable(c, s, a):
+    root = "inline-root"
+    expected = {
+        root,
+        # The delayed task: its key derives from the inline frame it runs under.
+        derive_key("double", (root, 0, (0,)), 0, ()),
+        # The siblings not started when that frame waited: promoted to tasks.
+        derive_key("inc", root, 0, (1,)),
+        derive_key("inc", root, 0, (2, "k")),
+    }
+    r = recorder(s)
+    seen = []
+    for _ in range(2):
+        r.seen = set()
+        fut = c.compute(with_remote_child(dask_key_name=root))
+        assert await fut == [6, 2, {"k": 3}]
+        del fut
+        await async_poll_for(lambda: not s.tasks, timeout=20)
+        seen.append(r.seen)
+    assert seen[0] == expected, seen[0]
+    assert seen[1] == seen[0]
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1)])
+async def test_sibling_that_resolves_a_promise_another_waits_on(c, s, a):
+    # The waiter waits on the cluster: its unstarted sibling, which resolves
+    # what it waits for, must become a task first (else: deadlock).
+    assert await asyncio.wait_for(c.compute(promise_siblings()), 30) == [42, "set"]
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 2)])
+async def test_sibling_that_sets_an_event_another_blocks_on(c, s, a):
+    """A documented limit: an inline call that blocks its thread on something
+    only a later sibling provides waits out its own timeout, because the
+    sibling is handed out between calls, never during one. The fix the README
+    names: ``inline=False`` on the waiter, which then is a task (started
+    before the inline sibling runs)."""
+    name = f"ev-{uuid.uuid4().hex}"
+    got = await asyncio.wait_for(c.compute(event_siblings(name, 0.5)), 30)
+    assert got == [False, "set"]
+    name = f"ev-{uuid.uuid4().hex}"
+    got = await asyncio.wait_for(c.compute(event_siblings(name, 20.0, False)), 30)
+    assert got == [True, "set"]
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 2)], config={"coro": {"inline": {"enabled": False}}})
+async def test_sibling_that_sets_an_event_another_blocks_on_inline_off(c, s, a):
+    got = await asyncio.wait_for(
+        c.compute(event_siblings(f"ev-{uuid.uuid4().hex}")), 30
+    )
+    assert got == [True, "set"]
+
+
+@coroutine
+def chain(n):
+    if n == 0:
+        return (yield dask.delayed(_double)(0, dask_key_name="double-0"))
+    return (yield chain(n - 1)) + 1
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1)], timeout=20)
+async def test_deep_inline_chain_waiting_at_the_bottom(c, s, a):
+    # Deeper than Python's recursion limit: as tasks, 1,501 nested coroutines.
+    assert await c.compute(chain(1500)) == 1500
+
+
+# --------------------------------------------------------------------------
+# cancellation
+
+
+async def _assert_tree_stopped(s, workers, folder, depth):
+    # Every frame open when the run stopped was closed, innermost first, the
+    # root last.
+    await async_poll_for(lambda: str(depth) in _lines(folder, "closed"), timeout=20)
+    closed = [int(x) for x in _lines(folder, "closed")]
+    assert closed == sorted(set(closed)) and closed[-1] == depth, closed
+    await async_poll_for(
+        lambda: not s.tasks,
+        timeout=20,
+        fail_func=lambda: print({k: v.state for k, v in s.tasks.items()}),
+    )
+    await async_poll_for(lambda: not any(w.state.tasks for w in workers), timeout=20)
+    n = len(_lines(folder, "ticks"))
+    await asyncio.sleep(0.5)  # not a timing assertion: nothing may happen meanwhile
+    assert len(_lines(folder, "ticks")) == n
+    assert n < 2**depth  # stopped before the end
+
+
+@pytest.mark.parametrize("how", ["cancel", "close-client", "cancel-nothing-idle"])
+@pytest.mark.timeout(90)
+@cluster(nthreads=[("", 1)])
+async def test_cancelling_stops_a_tree_running_inline(c, s, a, tmp_path, how):
+    """Once its key is released the worker's thread looks idle to the
+    scheduler, so the run learns it is cancelled when it next hands work out;
+    with a task waiting for a resource no worker has, nothing is idle and it
+    learns it from the check it makes every ``check_every`` inline calls."""
+    depth = 9  # 1,023 calls, 512 leaves of 5 ms
+    c2 = await Client(s.address, asynchronous=True, set_as_default=False)
+    unrunnable = None
+    if how == "cancel-nothing-idle":
+        unrunnable = c.submit(_double, 1, resources={"NOWHERE": 1}, pure=False)
+        await async_poll_for(lambda: len(s.unrunnable) == 1, timeout=20)
+    try:
+        fut = c2.compute(sleepy(str(tmp_path), depth, dask_key_name="sleepy-root"))
+        await async_poll_for(lambda: len(_lines(tmp_path, "ticks")) >= 5, timeout=20)
+        assert not fut.done()
+        if how == "close-client":
+            await c2.close()
+        else:
+            await c2.cancel(fut)
+        if unrunnable is not None:
+            # Closed while nothing looked idle.
+            await async_poll_for(
+                lambda: str(depth) in _lines(tmp_path, "closed"), timeout=20
+            )
+            assert len(s.unrunnable) == 1
+            unrunnable.release()
+            del unrunnable
+        await _assert_tree_stopped(s, [a], tmp_path, depth)
+    finally:
+        await c2.close()
+    # The worker still serves coroutines.
+    assert await c.compute(inc(1)) == 2
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 2)])
+async def test_cancelling_while_the_root_waits_on_a_remote_leaf(c, s, a, tmp_path):
+    """No further inline call to notice the cancellation at: the runner has
+    to be woken while it waits."""
+    started, never = f"started-{uuid.uuid4().hex}", f"never-{uuid.uuid4().hex}"
+    try:
+        fut = c.compute(waits_on_a_blocked_task(str(tmp_path), started, never))
+        await Event(started, client=c).wait(timeout=20)
+        await c.cancel(fut)
+        await async_poll_for(
+            lambda: _lines(tmp_path, "finally") == ["waiter"], timeout=15
+        )
+    finally:
+        await Event(never, client=c).set()
+    await async_poll_for(lambda: not s.tasks, timeout=20)
+    await async_poll_for(lambda: not a.state.tasks, timeout=20)
+
+
+# --------------------------------------------------------------------------
+# current_key, compute once
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1)])
+async def test_current_key_in_inline_children_is_the_root_key(c, s, a):
+    mine, children = await c.compute(keys_everywhere(dask_key_name="the-root"))
+    assert mine == "the-root"
+    assert children == ["the-root", ("the-root", "the-root"), ("the-root", "the-root")]
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1)])
+async def test_call_computed_inline_is_computed_once(c, s, a, tmp_path):
+    out = await c.compute(reuses(str(tmp_path)))
+    assert out == (10, 10, 10, 11, 15)
+    assert _lines(tmp_path, "runs") == ["c"]
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1)])
+async def test_same_call_twice_waiting_on_the_cluster_runs_once(c, s, a, tmp_path):
+    """The first occurrence runs inline and waits for its delayed task: the
+    second must not be handed out as a task that runs the body again."""
+    assert await c.compute(same_call_twice(str(tmp_path))) == [42, 42]
+    assert _lines(tmp_path, "runs") == ["c"]
+
+
+# --------------------------------------------------------------------------
+# processes: stealing, a worker dying
+
+
+@pytest.mark.timeout(120)
+def test_work_is_stolen_by_an_idle_worker():
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as lc,
+        Client(lc) as client,
+    ):
+        workers = set(client.nthreads())
+        assert len(workers) == 2
+        where = client.compute(where_tree(6)).result(timeout=90)
+        assert len(where) == 64  # every leaf ran, once
+        # Leaves run on the worker that runs their parent: the second worker
+        # only ran some if a subtree was handed to it.
+        assert set(where) == workers
+
+
+@pytest.mark.timeout(120)
+@cluster(nthreads=[("", 1), ("", 1)], Worker=Nanny, timeout=100)
+async def test_worker_running_the_root_inline_dies(c, s, a, b, tmp_path):
+    go = f"go-{uuid.uuid4().hex}"
+    n = 8
+    fut = c.compute(gated_tree(0, n, go, str(tmp_path), dask_key_name="root"))
+    try:
+        # The root runs its tree inline and is blocked in a leaf.
+        await async_poll_for(
+            lambda: (
+                "0" in _lines(tmp_path, "leaf")
+                and "root" in s.tasks
+                and s.tasks["root"].processing_on is not None
+            ),
+            timeout=30,
+        )
+        address = s.tasks["root"].processing_on.address
+        (victim,) = [nanny for nanny in (a, b) if nanny.worker_address == address]
+        os.kill(victim.process.process.pid, signal.SIGKILL)
+        await async_poll_for(lambda: address not in s.workers, timeout=30)
+        assert not fut.done()
+    finally:
+        await Event(go, client=c).set()
+    assert await fut.result(timeout=60) == sum(i * i for i in range(n))
+    # The root ran its body again from the start, elsewhere.
+    assert _lines(tmp_path, "starts").count(f"0-{n}") >= 2
