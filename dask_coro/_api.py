@@ -252,13 +252,6 @@ def _worker_of_event_loop() -> Any:
 _PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})
 
 
-def _current_annotations() -> dict | None:
-    # What dask.annotate set here (a ContextVar read; HighLevelGraph layers
-    # read the same when they are made). An annotated call is a task: its
-    # annotations (resources, priority, retries, ...) are for the scheduler.
-    return _annotations.get() or None
-
-
 def _plain_values(kwargs: dict) -> bool:
     return all(type(v) in _PLAIN for v in kwargs.values())
 
@@ -300,7 +293,9 @@ class CoroutineFunction:
         call._name = name
         call._done = None
         call._inline = None
-        call._ann = ann = _current_annotations()
+        # What dask.annotate set here, as a layer would take it: an annotated
+        # call is a task, its annotations are for the scheduler.
+        call._ann = ann = _annotations.get() or None
         if self.inline and name is None and not ann:
             for a in args:
                 if type(a) not in _PLAIN:
