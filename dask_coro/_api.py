@@ -248,6 +248,7 @@ def _worker_of_event_loop() -> Any:
         return None
 
 
+_SPAN_ONLY = {"span": None}.keys()
 #: Argument types that hold no dask collection (exact types: a subclass could).
 _PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})
 
@@ -294,9 +295,11 @@ class CoroutineFunction:
         call._done = None
         call._inline = None
         # What dask.annotate set here, as a layer would take it: an annotated
-        # call is a task, its annotations are for the scheduler.
+        # call is a task, its annotations are for the scheduler. But for the
+        # span: Worker.execute runs every task of a named span inside
+        # dask.annotate(span=...), and its children belong to it anyway.
         call._ann = ann = _annotations.get() or None
-        if self.inline and name is None and not ann:
+        if self.inline and name is None and (not ann or ann.keys() == _SPAN_ONLY):
             for a in args:
                 if type(a) not in _PLAIN:
                     break

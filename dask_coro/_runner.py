@@ -88,6 +88,9 @@ class _KeyWatcher(WorkerPlugin):
         self.handed_out = 0.0  # when a run last handed work out
 
     def inline_started(self, worker: Worker) -> None:
+        # The last count was taken before this task took its thread: only a
+        # poll sent from now on says whether a thread is idle.
+        self.handed(self.idle.n)
         self.inline_runs += 1
         if self.poller is None or self.poller.done():
             self.poller = asyncio.ensure_future(self._poll(worker))

@@ -78,13 +78,17 @@ class TreePlugin(SchedulerPlugin):
 
     def handle_tree(self, key: Key) -> dict[str, Any]:
         root = self.book.root_of(key)
-        return {
-            "key": key,
-            "state": self._state(key),
-            "nodes": self.book.subtree(key),
-            "counts": self.book.counts(root) if root is not None else None,
-            "root": root,
-        }
+        state = self._state(key)
+        nodes = self.book.subtree(key)
+        counts = self.book.counts(root) if root is not None else None
+        if not nodes and state != "forgotten":
+            # A task that submitted nothing (its calls all ran inline, or it
+            # has not yielded yet): a tree of one node. (Its compute times are
+            # not recorded: only children's transitions are followed.)
+            nodes = [(key, None, 0, state, time(), None)]
+            counts = {"spawned": 0, "done": 0, "failed": 0, "depth": 0, "untracked": 0}
+            root = key
+        return {"key": key, "state": state, "nodes": nodes, "counts": counts, "root": root}
 
     def handle_progress(self, keys: list[Key]) -> list[dict[str, Any]]:
         return [

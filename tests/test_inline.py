@@ -13,6 +13,7 @@ every wait polls a condition with a generous timeout.
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import signal
 import time
@@ -20,6 +21,7 @@ import traceback
 import uuid
 
 import dask
+import distributed
 import pytest
 from distributed import (
     Client,
@@ -35,6 +37,7 @@ from filelog import append as _append
 from filelog import lines as _lines
 from workloads import afib, fib
 
+import dask_coro
 from dask_coro import Promise, coroutine, current_key
 from dask_coro._plan import derive_key
 
@@ -302,6 +305,32 @@ def gated_tree(lo, hi, go, folder):
 async def test_fib_and_afib(c, s, a):
     assert await c.compute(fib(20)) == 6765
     assert await c.compute(afib(15)) == 610
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1)])
+async def test_inline_inside_a_named_span(c, s, a):
+    # Worker.execute runs a task of a named span inside dask.annotate(span=...):
+    # that annotation alone must not turn the calls into tasks.
+    r = recorder(s)
+    with distributed.span("search"):
+        fut = c.compute(fib(14, dask_key_name="fib-span"))
+    assert await fut == 377
+    assert len(r.seen) < 10, r.seen
+
+
+def test_tree_of_a_root_whose_calls_all_ran_inline():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster, Client(cluster) as client:
+        f = client.compute(fib(10))
+        assert f.result() == 55
+        t = dask_coro.tree(f)
+        assert [n.key for n in t] == [f.key] and t.edges == []
+        assert t.counts["spawned"] == 0 and t.counts["depth"] == 0
+        assert dask_coro.progress(f, file=io.StringIO())["spawned"] == 0
 
 
 @pytest.mark.timeout(60)

@@ -21,6 +21,10 @@ def test_there_are_notebooks():
     }
 
 
+# The notebooks are user docs: they run with the shipped default, coroutine
+# calls inline (coro.inline.enabled true). The kernel inherits the environment
+# variable the conftest fixture sets from this mark.
+@pytest.mark.inline
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs(path, tmp_path):
     nb = nbformat.read(path, as_version=4)
