@@ -286,6 +286,19 @@ class CoroutineFunction:
         # The hot path of fine-grained recursion: no key, no graph, no
         # tokenizing here (CoroutineCall._build does that when asked).
         name = kwargs.pop("dask_key_name", None) if kwargs else None
+        # What dask.annotate set here, as a layer would take it: an annotated
+        # call is a task, its annotations are for the scheduler. But for the
+        # span: Worker.execute runs every task of a named span inside
+        # dask.annotate(span=...), and its children belong to it anyway.
+        ann = _annotations.get() or None
+        spec = None
+        if self.inline and name is None and (not ann or ann.keys() == _SPAN_ONLY):
+            for a in args:
+                if type(a) not in _PLAIN:
+                    break
+            else:
+                if not kwargs or _plain_values(kwargs):
+                    spec = (self.__wrapped__, args, kwargs)
         call = _new_call(CoroutineCall)
         call._length = self.nout
         call._fn = self
@@ -293,19 +306,8 @@ class CoroutineFunction:
         call._kwargs = kwargs
         call._name = name
         call._done = None
-        call._inline = None
-        # What dask.annotate set here, as a layer would take it: an annotated
-        # call is a task, its annotations are for the scheduler. But for the
-        # span: Worker.execute runs every task of a named span inside
-        # dask.annotate(span=...), and its children belong to it anyway.
-        call._ann = ann = _annotations.get() or None
-        if self.inline and name is None and (not ann or ann.keys() == _SPAN_ONLY):
-            for a in args:
-                if type(a) not in _PLAIN:
-                    break
-            else:
-                if not kwargs or _plain_values(kwargs):
-                    call._inline = (self.__wrapped__, args, kwargs)
+        call._inline = spec
+        call._ann = ann
         return call
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:

@@ -108,6 +108,12 @@ class Driver:
         self.name = name
         self.done = False
 
+    @property
+    def label(self) -> str:
+        """The body's name for messages (``name`` may be its function)."""
+        name = self.name
+        return name if type(name) is str else getattr(name, "__name__", "coroutine")
+
     def start(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Step:
         """Call ``func``; step into it if it made a generator or coroutine object."""
         try:
@@ -170,7 +176,7 @@ class Driver:
             # tornado future, ...): raise at that await, as the body would see.
             method = self._body.throw
             arg = BadYieldError(
-                f"coroutine {self.name!r} awaited {out!r}, which only an asyncio "
+                f"coroutine {self.label!r} awaited {out!r}, which only an asyncio "
                 "event loop can wait for; a dask_coro coroutine may await "
                 "dask_coro.gather(...) or a coroutine call. Run asyncio code in a "
                 "separate task."

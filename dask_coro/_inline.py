@@ -62,9 +62,10 @@ class Frame(Driver):
         "ext",
     )
 
-    def __init__(self, name: str, up: Frame | None, at: int):
+    def __init__(self, name: Any, up: Frame | None, at: int, body: Any = None):
         # Driver.__init__, inlined: a frame is made per body run inline.
-        self._body = None
+        # ``name`` may be the function: its name is only read for errors.
+        self._body = body
         self._is_async = False
         self.name = name
         self.done = False
@@ -257,46 +258,28 @@ class Trampoline:
 
         The hot path of fine-grained recursion: what ``Driver.start`` and
         ``Driver.send`` do is inlined here for generator bodies (a call that
-        returns without yielding never gets a frame); ``async def`` bodies and
-        every error path go through the ``Driver`` methods."""
+        returns without yielding never gets a frame, and a generator's yields
+        and returns make no ``Step`` object: ``y`` holds what the top frame
+        yielded, ``ret`` what it returned); ``async def`` bodies and every
+        error path go through the ``Driver`` methods."""
         stack = self.stack
         push = stack.append
         idle = self.idle
         mark_done = self.mark_done
         call_type = self.call_type
         countdown = self.check_every
+        y = ret = _NO
         while True:
             top = stack[-1]
             if step is not None:
                 typ = type(step)
                 if typ is Yielded:
-                    value = step.value
-                    vt = type(value)
-                    if vt is list or vt is tuple:
-                        # The common yield, set up here: calls only.
-                        for x in value:
-                            if type(x) is not call_type or x._inline is None and x._done is None:
-                                break
-                        else:
-                            top.index += 1
-                            top.shape = vt
-                            top.leaves = value
-                            top.results = [_PENDING] * len(value)
-                            top.todo = range(len(value))
-                            top.next = 0
-                            step = value = None
-                            vt = None
-                    if vt is not None:
-                        step = self._yielded(top, value)
-                        value = None
-                        if step is not None:  # the yield itself was bad
-                            continue
-                    if top.remote and top.todo:
-                        # Start the remote leaves now; they run while the
-                        # inline ones do.
-                        top.sent = len(top.remote)
-                        return Submit([(top, list(top.remote))], False, top)
-                else:
+                    y = step.value
+                    step = None
+                elif typ is Returned:
+                    ret = step.value
+                    step = None
+                else:  # Raised
                     stack.pop()
                     top.done = True
                     top._body = None
@@ -305,16 +288,49 @@ class Trampoline:
                     if not stack:
                         return Done(step)
                     parent = stack[-1]
-                    if typ is Returned:
-                        value = step.value
-                        parent.results[top.at] = value
-                        mark_done(parent.leaves[top.at], (value,))
-                        step = None
-                        top = parent
+                    self._abandon(parent)
+                    step = parent.throw(step.error)  # type: ignore[union-attr]
+                    continue
+            if y is not _NO:
+                value = y
+                y = _NO
+                vt = type(value)
+                if vt is list or vt is tuple:
+                    # The common yield, set up here: calls only.
+                    for x in value:
+                        if type(x) is not call_type or x._inline is None and x._done is None:
+                            break
                     else:
-                        self._abandon(parent)
-                        step = parent.throw(step.error)  # type: ignore[union-attr]
+                        top.index += 1
+                        top.shape = vt
+                        top.leaves = value
+                        top.results = [_PENDING] * len(value)
+                        top.todo = range(len(value))
+                        top.next = 0
+                        vt = None
+                if vt is not None:
+                    step = self._yielded(top, value)
+                    if step is not None:  # the yield itself was bad
                         continue
+                    if top.remote and top.todo:
+                        # Start the remote leaves now; they run while the
+                        # inline ones do.
+                        top.sent = len(top.remote)
+                        return Submit([(top, list(top.remote))], False, top)
+                value = None
+            elif ret is not _NO:
+                stack.pop()
+                top.done = True
+                top._body = None
+                if top.ext is not None:
+                    self._ended(top)
+                if not stack:
+                    return Done(Returned(ret))
+                parent = stack[-1]
+                parent.results[top.at] = ret
+                mark_done(parent.leaves[top.at], (ret,))
+                ret = _NO
+                top = parent
             # Go on with top's current yield: the next inline leaf, else wait
             # for the remote ones, else resume it.
             todo = top.todo
@@ -332,7 +348,8 @@ class Trampoline:
                 if done is not None:
                     top.results[pos] = done[0]
                     continue
-                if leaf._inline is None:
+                spec = leaf._inline
+                if spec is None:
                     # Handed out meanwhile at another position (the same call
                     # object yielded twice, stolen there): wait for that task.
                     self._to_remote(top, (pos,))
@@ -342,7 +359,7 @@ class Trampoline:
                     countdown = self.check_every
                     if self.cancelled is not None and self.cancelled():
                         return Stopped()
-                func, args, kwargs = leaf._inline
+                func, args, kwargs = spec
                 try:
                     out = func(*args, **kwargs) if kwargs else func(*args)
                 except BaseException as e:  # noqa: B036 - a body may raise anything
@@ -352,7 +369,7 @@ class Trampoline:
                 typ = type(out)
                 if typ is _GENERATOR:
                     try:
-                        y = out.send(None)
+                        yv = out.send(None)
                     except StopIteration as stop:
                         out = stop.value  # returned without yielding: no frame
                     except BaseException as e:  # noqa: B036
@@ -360,13 +377,12 @@ class Trampoline:
                         step = top.throw(e)
                         break
                     else:
-                        child = Frame(getattr(func, "__name__", "coroutine"), top, pos)
-                        child._body = out
+                        child = Frame(func, top, pos, out)
                         push(child)
-                        step = Yielded(y.value if type(y) is Request else y)
+                        y = yv.value if type(yv) is Request else yv
                         break
                 elif typ is _COROUTINE:
-                    child = Frame(getattr(func, "__name__", "coroutine"), top, pos)
+                    child = Frame(func, top, pos)
                     push(child)
                     step = child.begin(out)
                     break
@@ -396,13 +412,13 @@ class Trampoline:
                     step = top.send(value)
                     continue
                 try:  # Driver.send, inlined
-                    y = top._body.send(value)
+                    yv = top._body.send(value)
                 except StopIteration as stop:
-                    step = Returned(stop.value)
+                    ret = stop.value
                 except BaseException as e:  # noqa: B036
                     step = Raised(e)
                 else:
-                    step = Yielded(y.value if type(y) is Request else y)
+                    y = yv.value if type(yv) is Request else yv
                 del value
 
     def _yielded(self, frame: Frame, value: Any) -> Step | None:
@@ -433,7 +449,7 @@ class Trampoline:
                 frame.todo = _ONE
                 return None
         try:
-            structure = Structure(value, self.classify(frame.name, frame.index))
+            structure = Structure(value, self.classify(frame.label, frame.index))
         except Exception as e:
             frame.todo = _EMPTY
             frame.leaves = _EMPTY
@@ -535,6 +551,7 @@ class Trampoline:
 
 
 _EMPTY: Any = ()
+_NO: Any = object()  # no value (a yielded or returned value may be None)
 _FOLD = 100  # levels of a frame name nested before it is folded
 _GENERATOR = types.GeneratorType
 _COROUTINE = types.CoroutineType

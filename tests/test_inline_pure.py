@@ -68,7 +68,7 @@ def raised(out):
 
 def positions(out):
     """The batches of a Submit as (frame name, positions)."""
-    return [(f.name, list(p)) for f, p in out.batches]
+    return [(f.label, list(p)) for f, p in out.batches]
 
 
 @coroutine
@@ -221,7 +221,7 @@ def top_of_promotion():
 def test_unstarted_calls_of_every_frame_promoted_before_a_wait():
     t, out = start(top_of_promotion)
     assert type(out) is Submit and out.wait is True
-    names = [f.name for f in t.stack]
+    names = [f.label for f in t.stack]
     assert names == ["root", "middle", "waits_remotely"]
     # The deep leaf and every unstarted sibling on the stack, oldest frame first.
     assert positions(out) == [("root", [1]), ("middle", [1]), ("waits_remotely", [0])]
@@ -337,7 +337,7 @@ def test_stealing_takes_oldest_frames_first(n, expected):
         out = (
             t.run()
             if out.wait is False
-            else t.resume([values[(out.frame.name, p)] for p in out.frame.remote])
+            else t.resume([values[(out.frame.label, p)] for p in out.frame.remote])
         )
         if type(out) is Done:
             break
@@ -755,13 +755,13 @@ def test_ended_holds_only_frames_with_an_ext():
     while type(out) is Submit:
         for frame, _ in out.batches:
             if frame.ext is None:
-                frame.ext = f"ext of {frame.name}"  # as the runner does
+                frame.ext = f"ext of {frame.label}"  # as the runner does
         assert all(f.ext is not None for f in t.ended)
         out = t.resume([f"v{p}" for p in out.frame.remote]) if out.wait else t.run()
     returned(out)
     assert t.ended
     assert all(f.ext is not None for f in t.ended)
-    assert {f.name for f in t.ended} <= {f.name for f in frames}
+    assert {f.label for f in t.ended} <= {f.label for f in frames}
     assert frames[0] in t.ended
 
 
