@@ -22,13 +22,55 @@ N_WORKERS = 2
 THREADS_PER_WORKER = 1
 
 
+INLINE_ENV = "DASK_CORO__INLINE__ENABLED"
+
+
 @contextlib.contextmanager
-def cluster(**kwargs: Any) -> Iterator[Client]:
-    """The embedded cluster every benchmark uses: 2 worker processes x 1 thread."""
-    with LocalCluster(n_workers=N_WORKERS, threads_per_worker=THREADS_PER_WORKER,
-                      processes=True, dashboard_address=":0", **kwargs) as lc, \
+def inline_setting(inline: bool | None) -> Iterator[None]:
+    """``coro.inline.enabled`` set to ``inline`` (None: leave the default) in
+    this process and in the environment, for worker processes started meanwhile
+    (the Nanny passes dask.config on; the variable covers anything else)."""
+    if inline is None:
+        yield
+        return
+    import dask
+
+    old = os.environ.get(INLINE_ENV)
+    os.environ[INLINE_ENV] = str(bool(inline))
+    try:
+        with dask.config.set({"coro.inline.enabled": bool(inline)}):
+            yield
+    finally:
+        if old is None:
+            os.environ.pop(INLINE_ENV, None)
+        else:
+            os.environ[INLINE_ENV] = old
+
+
+def _inline_enabled() -> bool:
+    import dask
+
+    import dask_coro  # noqa: F401  (loads the coro defaults)
+
+    return bool(dask.config.get("coro.inline.enabled"))
+
+
+@contextlib.contextmanager
+def cluster(inline: bool | None = None, n_workers: int = N_WORKERS,
+            **kwargs: Any) -> Iterator[Client]:
+    """The embedded cluster every benchmark uses: 2 worker processes x 1 thread.
+
+    ``inline``: dask_coro's ``coro.inline.enabled`` on the workers (True: coroutine
+    calls with plain arguments run inline, the default; False: every call is a
+    task; None: whatever the environment says). Checked on every worker."""
+    with inline_setting(inline), \
+            LocalCluster(n_workers=n_workers, threads_per_worker=THREADS_PER_WORKER,
+                         processes=True, dashboard_address=":0", **kwargs) as lc, \
             Client(lc) as client:
-        client.wait_for_workers(N_WORKERS)
+        client.wait_for_workers(n_workers)
+        if inline is not None:
+            seen = client.run(_inline_enabled)
+            assert set(seen.values()) == {bool(inline)}, f"coro.inline.enabled on workers: {seen}"
         yield client
 
 
@@ -136,7 +178,10 @@ def median(xs: list[float]) -> float:
 
 
 def ratio(a: float | None, b: float | None) -> str:
-    return f"{a / b:.2f}" if a is not None and b else "-"
+    if a is None or not b:
+        return "-"
+    r = a / b
+    return f"{r:.2f}" if r >= 0.1 else f"{r:.2g}"
 
 
 def fmt_s(x: float | None) -> str:

@@ -1,15 +1,17 @@
-"""fib(n) with every call a task: dask_coro versus worker_client() versus Ray nested tasks (when Ray is installed), wall time, tasks per second, peak OS threads and processes on the workers.
+"""fib(n) with every call a coroutine: dask_coro with calls run inline (the default) and with every call a task, versus worker_client() and Ray nested tasks (when Ray is installed): wall time, calls per second, tasks run, peak OS threads and processes on the workers.
 
-Run: python benchmarks/bench_fib.py [--n 12 14 16] [--repeat 3] [--alt coro wc ray]
+Run: python benchmarks/bench_fib.py [--n 12 14 16] [--repeat 3] [--alt inline tasks wc ray]
 2 worker processes x 1 thread (Ray: ray.init(num_cpus=2)); a fresh cluster per
 (n, alternative), one untimed fib(5) to warm it up, then --repeat timed runs.
-Prints a Markdown table and notes.
+dask_coro's two rows differ only by `coro.inline.enabled`, set before the
+cluster starts. Prints a Markdown table and notes.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 
@@ -61,9 +63,9 @@ def tasks_of(n: int) -> int:
 
 
 def measure_dask(alt: str, n: int, repeat: int) -> dict:
-    with B.cluster() as client:
+    with B.cluster(inline={"inline": True, "tasks": False}.get(alt)) as client:
         procs = list(B.worker_processes(client).values())
-        if alt == "coro":
+        if alt in ("inline", "tasks"):
             def run(k):
                 return client.compute(coro_fib(k)).result()
         else:
@@ -71,14 +73,16 @@ def measure_dask(alt: str, n: int, repeat: int) -> dict:
                 return client.submit(wc_fib, k, pure=False).result()
         assert run(5) == 5  # warm-up: imports, plugins, the workers' clients
         base = B.ProcSampler(lambda: B.with_descendants(procs)).sample()
-        walls = []
+        walls, ran = [], []
+        B.tasks_done(client, reset=True)
         with B.ProcSampler(lambda: B.with_descendants(procs)) as s:
             for _ in range(repeat):
                 wall, value = B.timed(lambda: run(n))
                 assert value == _fib(n), value
                 walls.append(wall)
-                B.log(f"fib({n}) {alt}: {wall:.2f} s")
-    return _result(n, walls, s.peak, base)
+                ran.append(B.tasks_done(client, reset=True))
+                B.log(f"fib({n}) {alt}: {wall:.3f} s, {ran[-1]} tasks")
+    return {**_result(n, walls, s.peak, base), "tasks_run": ran}
 
 
 def _ray_workers() -> list[psutil.Process]:
@@ -116,60 +120,96 @@ def measure_ray(n: int, repeat: int) -> dict:
 def _result(n, walls, peak, base) -> dict:
     wall = B.median(walls)
     return {"wall": wall, "walls": walls, "tasks": tasks_of(n), "tasks_per_s": tasks_of(n) / wall,
+            "tasks_run": None,
             **{f"peak_{k}": v for k, v in peak.items()},
             **{f"base_{k}": v for k, v in base.items()}}
 
 
-LABEL = {"coro": "dask_coro", "wc": "worker_client", "ray": "Ray nested tasks"}
+LABEL = {"inline": "dask_coro, inline on (default)", "tasks": "dask_coro, inline off: every call a task",
+         "wc": "worker_client", "ray": "Ray nested tasks"}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, nargs="+", default=[12, 14, 16])
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--alt", nargs="+", default=["coro", "wc", "ray"], choices=list(LABEL))
-    p.add_argument("--json", help="also write the numbers to this JSON file")
+    p.add_argument("--alt", nargs="+", default=list(LABEL), choices=list(LABEL))
+    p.add_argument("--json", help="also write the numbers to this JSON file (after every "
+                                  "measurement, so a run stopped midway leaves what it had)")
+    p.add_argument("--render", metavar="JSON", help="only print the table of such a file")
     args = p.parse_args(argv)
+    if args.render:
+        with open(args.render) as f:
+            render(json.load(f))
+        return 0
     have_ray = "ray" in args.alt and _import_ray()
     alts = [a for a in args.alt if a != "ray" or have_ray]
-    res: dict[int, dict[str, dict]] = {}
+    data = {"results": {}, "ns": args.n, "alts": alts, "repeat": args.repeat, "partial": True,
+            "ray": ray.__version__ if have_ray else None,
+            "no_ray": "ray" in args.alt and not have_ray}
     # Ray's driver prints its raylet's warnings to sys.stdout; stdout is the
     # Markdown result, so while measuring they go to stderr.
     with contextlib.redirect_stdout(sys.stderr):
-        for n in args.n:
-            res[n] = {}
-            for alt in alts:
-                res[n][alt] = (measure_ray(n, args.repeat) if alt == "ray"
-                               else measure_dask(alt, n, args.repeat))
-    rows = []
-    for n in args.n:
-        wc = res[n].get("wc", {}).get("wall")
+        # Alternative by alternative, Ray last: a run stopped midway still has
+        # dask_coro's and worker_client's rows.
         for alt in alts:
-            r = res[n][alt]
+            for n in args.n:
+                res = data["results"].setdefault(str(n), {})
+                res[alt] = (measure_ray(n, args.repeat) if alt == "ray"
+                            else measure_dask(alt, n, args.repeat))
+                B.write_json(args.json, data)
+    data["partial"] = False
+    B.write_json(args.json, data)
+    render(data)
+    return 0
+
+
+def render(data: dict) -> None:
+    """The Markdown table and notes of a JSON file this script wrote."""
+    rows, missing = [], []
+    for n in data["ns"]:
+        res = data["results"].get(str(n), {})
+        wc = res.get("wc", {}).get("wall")
+        for alt in data["alts"]:
+            r = res.get(alt)
+            if r is None:
+                missing.append(f"fib({n}) {LABEL[alt]}")
+                continue
+            ran = r["tasks_run"]
             rows.append([n, r["tasks"], LABEL[alt], B.fmt_s(r["wall"]), B.runs(r["walls"]),
-                         f"{r['tasks_per_s']:.0f}", B.ratio(r["wall"], wc),
+                         f"{r['tasks_per_s']:.0f}",
+                         "-" if ran is None else "/".join(str(x) for x in ran),
+                         B.ratio(r["wall"], wc),
                          f"{r['peak_threads_max']} ({r['base_threads_max']})",
                          f"{r['peak_threads_total']} ({r['base_threads_total']})",
                          f"{r['peak_procs']} ({r['base_procs']})"])
-    print(B.table(["n", "tasks", "alternative", f"wall s, median of {args.repeat}", "runs s",
-                   "tasks/s", "wall / worker_client", "peak OS threads, busiest worker process (idle)",
+    print(B.table(["n", "calls", "alternative", f"wall s, median of {data['repeat']}", "runs s",
+                   "calls/s", "tasks run per run (counted)", "wall / worker_client",
+                   "peak OS threads, busiest worker process (idle)",
                    "peak OS threads, all worker processes (idle)", "peak worker processes (idle)"],
                   rows))
     print()
+    if data["partial"]:
+        print("**Stopped before the end** (its time budget ran out): not measured: "
+              + ", ".join(missing) + ".")
+        print()
     print(NOTES)
-    if "ray" in args.alt and not have_ray:
+    if data["no_ray"]:
         print("\nRay is not installed (`pip install ray`): its rows were skipped.")
-    B.write_json(args.json, {"results": {str(n): v for n, v in res.items()},
-                             "ray": ray.__version__ if have_ray else None})
-    return 0
 
 
 NOTES = """\
 Wall time: from submitting fib(n) to its value on the client. Every call of
-fib is a task: dask_coro's generator coroutine (`dask_coro.examples.fib`,
-children yielded as one list per call), `worker_client()` (the task submits
-its two children and blocks in `gather` on a seceded thread), and Ray
-(`@ray.remote` fib calling `ray.get` on its two children inside the task).
+fib is a coroutine call (`dask_coro.examples.fib`, children yielded as one
+list per call). With inline on (`coro.inline.enabled`, the default) a call
+with plain arguments runs inside its parent's thread-pool step as a plain call
+(no task, no key, no scheduler message); while the scheduler reports idle
+threads, calls not started yet are handed out as tasks, so the other worker
+gets work: "tasks run" counts what reached memory on the scheduler (the root,
+and the calls handed out). With inline off every call is a task, as are
+`worker_client()`'s (the task submits its two children and blocks in `gather`
+on a seceded thread) and Ray's (`@ray.remote` fib calling `ray.get` on its two
+children inside the task).
 Threads and processes are sampled every 50 ms from /proc (`psutil`
 `num_threads`, OS threads, not only Python's) over the timed runs of one
 (n, alternative); "(idle)" is the same quantity after the warm-up, before the

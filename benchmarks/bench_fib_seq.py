@@ -1,10 +1,11 @@
-"""fib(25) with every call a dask_coro coroutine and no manual cutoff, versus plain sequential Python fib(25) in one process; bounded by a timeout, with the rate measured on a smaller fib to extrapolate.
+"""fib(25) with every call a dask_coro coroutine and no manual cutoff, inline on (the default; 2 workers and 1) and inline off (every call a task), versus plain sequential Python fib(25) in one process.
 
-Run: python benchmarks/bench_fib_seq.py [--n 25] [--timeout 300] [--small 16] [--repeat 3]
-2 worker processes x 1 thread. Sequential Python: median of --repeat x 5 runs
-in this process. Coroutines: fib(--small) --repeat times (the rate), then one
-attempt at fib(--n) on a fresh cluster, given up after --timeout seconds (it
-is one run, not a median: a run takes the whole budget).
+Run: python benchmarks/bench_fib_seq.py [--n 25] [--repeat 3] [--small 14] [--timeout 0]
+Sequential Python: median of --repeat x 5 runs in this process. Inline on:
+--repeat runs of fib(--n) on 2 worker processes x 1 thread, then on 1 worker.
+Inline off: fib(--n) is some 243,000 tasks (minutes on this machine), so its
+time is extrapolated from --repeat runs of fib(--small); with --timeout > 0 it
+also attempts fib(--n) itself, given up after that many seconds.
 """
 
 from __future__ import annotations
@@ -27,8 +28,29 @@ def tasks_of(n: int) -> int:
     return 2 * seq_fib(n + 1) - 1
 
 
+def timed_runs(n: int, repeat: int, inline: bool, n_workers: int = B.N_WORKERS) -> dict:
+    """--repeat runs of fib(n) on a fresh cluster: walls, tasks run, peaks."""
+    with B.cluster(inline=inline, n_workers=n_workers) as client:
+        assert client.compute(coro_fib(5)).result() == 5
+        procs = list(B.worker_processes(client).values())
+        base = B.ProcSampler(lambda: procs).sample()
+        walls, ran = [], []
+        B.tasks_done(client, reset=True)
+        with B.ProcSampler(lambda: procs) as s:
+            for _ in range(repeat):
+                wall, value = B.timed(lambda: client.compute(coro_fib(n)).result())
+                assert value == seq_fib(n), value
+                walls.append(wall)
+                ran.append(B.tasks_done(client, reset=True))
+                B.log(f"fib({n}) inline={inline} on {n_workers} worker(s): {wall:.3f} s, "
+                      f"{ran[-1]} tasks")
+    return {"walls": walls, "wall": B.median(walls), "tasks_run": ran,
+            "peak_threads": s.peak["threads_max"], "peak_rss": s.peak["rss"],
+            "base_rss": base["rss"], "base_threads": base["threads_max"]}
+
+
 def small_rate(n: int, repeat: int) -> list[float]:
-    with B.cluster() as client:
+    with B.cluster(inline=False) as client:
         assert client.compute(coro_fib(5)).result() == 5
         walls = []
         for _ in range(repeat):
@@ -42,7 +64,7 @@ def small_rate(n: int, repeat: int) -> list[float]:
 def attempt(n: int, timeout: float) -> dict:
     """One run of fib(n), given up after ``timeout`` s: how far it got."""
     out: dict = {"finished": False}
-    with B.cluster() as client:
+    with B.cluster(inline=False) as client:
         assert client.compute(coro_fib(5)).result() == 5
         B.tasks_done(client, reset=True)
         procs = list(B.worker_processes(client).values())
@@ -100,9 +122,11 @@ def _n_tasks(dask_scheduler) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=25)
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds given to fib(--n)")
-    p.add_argument("--small", type=int, default=16, help="fib(n) whose rate is extrapolated")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--small", type=int, default=14,
+                   help="fib(n) whose rate, inline off, is extrapolated to fib(--n)")
+    p.add_argument("--timeout", type=float, default=0.0,
+                   help="s given to one attempt at fib(--n) with inline off (0: no attempt)")
     p.add_argument("--json", help="also write the numbers to this JSON file")
     args = p.parse_args(argv)
     n, total = args.n, tasks_of(args.n)
@@ -114,53 +138,72 @@ def main(argv=None) -> int:
     seq_s = B.median(seq)
     B.log(f"sequential fib({n}): {seq_s * 1000:.1f} ms")
 
+    on2 = timed_runs(n, args.repeat, inline=True)
+    on1 = timed_runs(n, args.repeat, inline=True, n_workers=1)
     small = small_rate(args.small, args.repeat)
     small_s = B.median(small)
     rate = tasks_of(args.small) / small_s
-    run = attempt(n, args.timeout)
-    if run["finished"]:
-        coro_s, how = run["wall"], "measured"
+    off_s = total / rate
+    run = attempt(n, args.timeout) if args.timeout > 0 else None
+    if run and run["finished"]:
         assert run["value"] == seq_fib(n), run["value"]
-    else:
-        coro_s, how = total / rate, f"did not finish in {args.timeout:.0f} s; extrapolated"
-    big_rate = run["done"] / run["elapsed"]
+        off_s = run["wall"]
+
+    def tasks(r):
+        return "/".join(str(x) for x in r["tasks_run"])
+
     rows = [
         [f"sequential Python fib({n}), one process", f"{seq_s * 1000:.1f} ms",
-         f"median of {len(seq)}", "1"],
-        [f"dask_coro fib({args.small}), every call a coroutine ({tasks_of(args.small)} tasks)",
-         B.fmt_s(small_s) + " s", f"median of {args.repeat}: {B.runs(small)}; {rate:.0f} tasks/s", "-"],
-        [f"dask_coro fib({n}), every call a coroutine ({total} tasks)",
-         (B.fmt_s(run["wall"]) + " s") if run["finished"] else f"> {args.timeout:.0f} s",
-         ("one run" if run["finished"] else
-          f"one run, stopped at {args.timeout:.0f} s with {run['done']} tasks done "
-          f"({run['done'] / total:.0%}): {big_rate:.0f} tasks/s"),
-         f"{coro_s / seq_s:,.0f}" + ("" if run["finished"] else " (extrapolated)")],
+         f"median of {len(seq)}: {seq_s / total * 1e9:.0f} ns a call", "-", "1"],
+        [f"dask_coro fib({n}), inline on (default), 2 workers", B.fmt_s(on2["wall"]) + " s",
+         f"median of {args.repeat}: {B.runs(on2['walls'])}", tasks(on2),
+         f"**{on2['wall'] / seq_s:.0f}**"],
+        [f"dask_coro fib({n}), inline on (default), 1 worker", B.fmt_s(on1["wall"]) + " s",
+         f"median of {args.repeat}: {B.runs(on1['walls'])}", tasks(on1),
+         f"{on1['wall'] / seq_s:.0f}"],
+        [f"dask_coro fib({args.small}), inline off: every call a task",
+         B.fmt_s(small_s) + " s",
+         f"median of {args.repeat}: {B.runs(small)}; {rate:.0f} tasks/s",
+         str(tasks_of(args.small)), f"{small_s / (seq_s * tasks_of(args.small) / total):,.0f}"],
     ]
-    print(B.table(["", "wall", "runs", f"/ sequential fib({n})"], rows))
-    print()
-    if run["finished"]:
-        how = f"fib({n}) with every call a coroutine finished in {B.fmt_s(coro_s)} s."
+    if run and run["finished"]:
+        rows.append([f"dask_coro fib({n}), inline off: every call a task", B.fmt_s(off_s) + " s",
+                     "one run", str(run["done"]), f"{off_s / seq_s:,.0f}"])
     else:
-        how = (f"fib({n}) with every call a coroutine did not finish in {args.timeout:.0f} s; "
-               f"at the fib({args.small}) rate ({rate:.0f} tasks/s) it would take about "
-               f"{B.fmt_s(coro_s)} s, at the rate of the attempt itself about "
-               f"{B.fmt_s(total / big_rate) if big_rate else '-'} s (the rate falls as the "
-               "tree of suspended coroutines grows).")
-    text = (f"{how} Sequential Python does one call in about {seq_s / total * 1e9:.0f} ns; "
-            f"a coroutine task costs about {1e6 / rate:.0f} us of wall time on this cluster, "
-            "so a coroutine per call only pays where a call does milliseconds of work: "
-            "give fib a cutoff below which it recurses in plain Python. "
-            f"During the attempt the two workers' RSS went from {B.mib(run['base_rss'])} MiB "
-            f"to at most {B.mib(run['peak_rss'])} MiB and the busiest worker process had at "
-            f"most {run['peak_threads']} OS threads. "
-            + ("" if run["finished"] else _cancel_note(run) + " ")
-            + "Tasks done are counted by a scheduler plugin (transitions to memory); the "
-            f"fib({n}) attempt is one run, not a median, because it takes the whole budget.")
+        what = ("" if run is None else
+                f"; one attempt stopped at {args.timeout:.0f} s with {run['done']} tasks done")
+        rows.append([f"dask_coro fib({n}), inline off: every call a task",
+                     f"~{B.fmt_s(off_s)} s", f"extrapolated at the fib({args.small}) rate{what}",
+                     f"{total} (all)", f"~{off_s / seq_s:,.0f}"])
+    print(B.table(["", "wall", "runs", "tasks run per run (counted)",
+                   f"/ sequential fib({n}) (the fib({args.small}) row: per call)"], rows))
+    print()
+    text = (
+        f"fib({n}) has {total:,} calls. Sequential Python does one in about "
+        f"{seq_s / total * 1e9:.0f} ns. With inline on (the default) every call is still a "
+        f"`@coroutine` call, written as in `dask_coro.examples.fib`, and the whole tree takes "
+        f"{B.fmt_s(on2['wall'])} s on 2 workers ({on2['wall'] / seq_s:.0f} x sequential, "
+        f"{on2['wall'] / total * 1e6:.2f} us a call) and {B.fmt_s(on1['wall'])} s on 1 "
+        f"({on1['wall'] / seq_s:.0f} x): the calls run inline in the root's thread-pool "
+        "steps, and the few counted as tasks were handed out to the idle worker (work "
+        "stealing). With inline off every call is a task, about "
+        f"{1e6 / rate:.0f} us of wall time each on this cluster: fib({n}) would take "
+        f"~{B.fmt_s(off_s)} s, ~{off_s / seq_s:,.0f} x sequential. "
+        f"During the inline runs on 2 workers the busiest worker process had at most "
+        f"{on2['peak_threads']} OS threads and the two workers' RSS went from "
+        f"{B.mib(on2['base_rss'])} MiB to at most {B.mib(on2['peak_rss'])} MiB. "
+        "Wall time is from `client.compute` to the value on the client; tasks run are "
+        "transitions to memory on the scheduler (the root included).")
     print(textwrap.fill(text, 79, break_on_hyphens=False))
+    if run and not run["finished"]:
+        print()
+        print(textwrap.fill(_cancel_note(run), 79))
     B.write_json(args.json, {"n": n, "tasks": total, "seq_s": seq_s, "seqs": seq,
+                             "inline2": on2, "inline1": on1,
                              "small": args.small, "small_s": small_s, "smalls": small,
-                             "small_rate": rate, "attempt": run, "coro_s": coro_s,
-                             "extrapolated": not run["finished"], "timeout": args.timeout})
+                             "small_rate": rate, "tasks_s": off_s,
+                             "tasks_extrapolated": not (run and run["finished"]),
+                             "attempt": run})
     return 0
 
 

@@ -1,8 +1,9 @@
-"""The seed's process_all over a list of 1,000 (two yields: its length, then every item incremented and summed) as a dask_coro coroutine versus the same steps written with worker_client(), wall time.
+"""The seed's process_all over a list of 1,000 (two yields: its length, then every item incremented and summed) as a dask_coro coroutine, with inline on and off, versus the same steps written with worker_client(), wall time.
 
 Run: python benchmarks/bench_process_all.py [--n 1000] [--repeat 3]
-2 worker processes x 1 thread; a fresh cluster per alternative, warmed up with
-n = 10, then --repeat timed runs. Prints a Markdown table and notes.
+2 worker processes x 1 thread; a fresh cluster per alternative (with
+`coro.inline.enabled` set before it starts), warmed up with n = 10, then
+--repeat timed runs. Prints a Markdown table and notes.
 """
 
 from __future__ import annotations
@@ -63,19 +64,35 @@ def wc_process_all(n):
         return c.submit(sum, processed, pure=False).result()
 
 
+def run_wc(c, n):
+    return c.submit(wc_process_all, n, pure=False).result()
+
+
+def run_seed(c, n):
+    return c.compute(process_all(n)).result()
+
+
+def run_sum(c, n):
+    return c.compute(process_all_sum_task(n)).result()
+
+
+SEED = "1 + 1 + n getitem + n inc + n add"
+ONE_SUM = "1 + 1 + n getitem + n inc + 1 sum"
+# key: (label, tasks, function, coro.inline.enabled on the cluster; None: the default)
 ALTS = {
-    "wc": ("worker_client: submit/result in one task", "1 + 1 + n getitem + n inc + 1 sum",
-           lambda c, n: c.submit(wc_process_all, n, pure=False).result()),
-    "coro": ("dask_coro: the seed's process_all", "1 + 1 + n getitem + n inc + n add",
-             lambda c, n: c.compute(process_all(n)).result()),
-    "coro_sum": ("dask_coro: process_all with `dask.delayed(sum)`", "1 + 1 + n getitem + n inc + 1 sum",
-                 lambda c, n: c.compute(process_all_sum_task(n)).result()),
+    "wc": ("worker_client: submit/result in one task", ONE_SUM, run_wc, None),
+    "coro": ("dask_coro: the seed's process_all, inline on (default)", SEED, run_seed, True),
+    "coro_off": ("dask_coro: the seed's process_all, inline off", SEED, run_seed, False),
+    "coro_sum": ("dask_coro: process_all with `dask.delayed(sum)`, inline on (default)", ONE_SUM,
+                 run_sum, True),
+    "coro_sum_off": ("dask_coro: process_all with `dask.delayed(sum)`, inline off", ONE_SUM,
+                     run_sum, False),
 }
 
 
 def measure(alt: str, n: int, repeat: int) -> tuple[list[float], int]:
-    fn = ALTS[alt][2]
-    with B.cluster() as client:
+    fn, inline = ALTS[alt][2], ALTS[alt][3]
+    with B.cluster(inline=inline) as client:
         assert fn(client, 10) == sum(range(1, 11))
         walls, tasks = [], []
         for _ in range(repeat):
@@ -97,7 +114,7 @@ def main(argv=None) -> int:
     res = {alt: measure(alt, args.n, args.repeat) for alt in ALTS}
     med = {alt: B.median(w) for alt, (w, _) in res.items()}
     rows = [[label, shape, res[alt][1], B.fmt_s(med[alt]), B.runs(res[alt][0]),
-             B.ratio(med[alt], med["wc"])] for alt, (label, shape, _) in ALTS.items()]
+             B.ratio(med[alt], med["wc"])] for alt, (label, shape, _, _) in ALTS.items()]
     print(B.table([f"process_all, list of {args.n}", "tasks", "tasks run (counted)",
                    f"wall s, median of {args.repeat}", "runs s", "/ worker_client"], rows))
     print()
@@ -109,7 +126,11 @@ included; the worker_client version's `len` and sum are tasks too). The seed's
 of n `add` tasks, each waiting for the one before: the second dask_coro row
 sums in one task, as the worker_client version does. Children of a
 `worker_client` are submitted one `submit` at a time (the client batches the
-messages); a coroutine's children of one yield go in one `update-graph`.""")
+messages); a coroutine's children of one yield go in one `update-graph`.
+Every child here has a lazy argument (`L`, `L[i]`, the running sum), so none
+can run inline: with `coro.inline.enabled` on or off they are the same tasks,
+and the two settings differ only by noise and the inline machinery's
+bookkeeping.""")
     B.write_json(args.json, {"n": args.n, "walls": {a: w for a, (w, _) in res.items()},
                              "tasks": {a: t for a, (_, t) in res.items()}, "median": med})
     return 0

@@ -1,11 +1,15 @@
-"""10,000 coroutines suspended at once, each waiting on one child held back by a gate: do they complete, peak OS threads, worker memory per suspended coroutine; versus worker_client tasks waiting the same way.
+"""10,000 coroutines suspended at once, each waiting on one child held back by a gate (dask_coro with inline off and with inline on): do they complete, peak OS threads, worker memory per suspended coroutine; versus worker_client tasks waiting the same way.
 
-Run: python benchmarks/bench_suspended.py [--n 10000] [--wc-n 2000] [--repeat 3]
+Run: python benchmarks/bench_suspended.py [--n 10000] [--wc-n 2000] [--repeat 3] [--alt coro coro_inline wc]
      python benchmarks/bench_suspended.py --tracemalloc 2000   (where the memory goes)
 2 worker processes x 1 thread; a fresh cluster per run and alternative. The
 gate is a task restricted to a resource no worker has (it stays in no-worker
 on the scheduler); each waiter yields one child that depends on it. When every
 waiter is suspended, one worker is given the resource and everything runs.
+The child is a `Future`, never a coroutine call, so it is a task and the
+waiter suspends with `coro.inline.enabled` on as well as off; a waiter whose
+child were a `@coroutine` call with plain arguments would, inline on, run it
+in its own step and never suspend.
 """
 
 from __future__ import annotations
@@ -91,8 +95,11 @@ def gate_value():
     return 1000
 
 
+INLINE = {"coro": False, "coro_inline": True, "wc": None}
+
+
 def run_once(alt: str, n: int, settle: float, timeout: float, trace: bool = False) -> dict:
-    with B.cluster() as client:
+    with B.cluster(inline=INLINE[alt]) as client:
         workers = B.worker_processes(client)
         procs = list(workers.values())
         # Warm-up: imports, dask_coro's plugins and the workers' own clients.
@@ -113,7 +120,7 @@ def _one_round(client, alt, n, timeout, warm=False, settle=0.0, procs=(), trace=
     resource = f"GATE-{tag}"
     gate = client.submit(gate_value, resources={resource: 1}, pure=False)
     start = time.perf_counter()
-    if alt == "coro":
+    if alt in ("coro", "coro_inline"):
         futs = client.compute([waiter(i, gate.key) for i in range(n)])
         prefix = "waiter-"
     else:
@@ -168,11 +175,12 @@ def main(argv=None) -> int:
     p.add_argument("--tracemalloc", type=int, default=0, metavar="N",
                    help="instead: one run of N coroutines under tracemalloc, and where their "
                         "memory was allocated")
+    p.add_argument("--alt", nargs="+", default=list(INLINE), choices=list(INLINE))
     p.add_argument("--json", help="also write the numbers to this JSON file")
     args = p.parse_args(argv)
     if args.tracemalloc:
         return breakdown(args)
-    alts = {"coro": args.n, "wc": args.wc_n}
+    alts = {a: (args.wc_n if a == "wc" else args.n) for a in args.alt}
     res: dict[str, list[dict]] = {a: [] for a, k in alts.items() if k}
     errors: dict[str, str] = {}
     for r in range(args.repeat):
@@ -184,7 +192,8 @@ def main(argv=None) -> int:
             except Exception as e:  # reported, not hidden: "completes?" is the question
                 errors[alt] = f"{type(e).__name__}: {e}"
                 B.log(f"{alt}: {errors[alt]}")
-    label = {"coro": "dask_coro coroutines", "wc": "worker_client tasks"}
+    label = {"coro": "dask_coro coroutines, inline off", "coro_inline":
+             "dask_coro coroutines, inline on (default)", "wc": "worker_client tasks"}
     rows, summary = [], {}
     for alt, runs in res.items():
         n = alts[alt]
@@ -223,7 +232,9 @@ def main(argv=None) -> int:
     print(textwrap.fill(
         f"Medians of {args.repeat} runs, a fresh cluster per run and alternative (alternatives "
         "interleaved). A waiter is a root task; dask_coro's `yield`s a `Future` of the gate "
-        "by key, which becomes one child task (`identity` of the gate) per waiter; "
+        "by key, which becomes one child task (`identity` of the gate) per waiter, with "
+        "inline on too (a `Future` is never run inline): inline on adds the trampoline's "
+        "frame and the poll for idle threads to each suspended waiter; "
         "worker_client's submits the same child and blocks in `result()` on a seceded thread. "
         "\"All suspended\": every waiter is `long-running` on its worker (the gate was in "
         f"state `{gate_state}` on the scheduler then). Memory: RSS of the two worker "
@@ -240,7 +251,7 @@ def main(argv=None) -> int:
 def breakdown(args) -> int:
     """Where the memory of suspended coroutines is allocated, by source line."""
     n = args.tracemalloc
-    r = run_once("coro", n, args.settle, args.timeout, trace=True)
+    r = run_once("coro", n, args.settle, args.timeout, trace=True)  # inline off
     by: dict[tuple[str, int, str], list[int]] = {}
     for f, line, src, size, count in r["trace"]:
         acc = by.setdefault((f, line, src), [0, 0])

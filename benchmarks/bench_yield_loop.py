@@ -1,8 +1,9 @@
-"""A coroutine looping over N sequential yields of one trivial child: per-yield latency and the most keys alive on the scheduler, versus a worker_client loop of submit().result().
+"""A coroutine looping over N sequential yields of one trivial child (a @coroutine call with inline on and off, a dask.delayed call): per-yield latency and the most keys alive on the scheduler, versus a worker_client loop of submit().result().
 
-Run: python benchmarks/bench_yield_loop.py [--n 1000] [--repeat 3]
-2 worker processes x 1 thread; a fresh cluster per alternative, warmed up with
-N = 10, then --repeat timed loops. Prints a Markdown table and notes.
+Run: python benchmarks/bench_yield_loop.py [--n 1000] [--inline-n 30000] [--repeat 3]
+2 worker processes x 1 thread; a fresh cluster per alternative (with
+`coro.inline.enabled` set before it starts), warmed up with N = 10, then
+--repeat timed loops. Prints a Markdown table and notes.
 """
 
 from __future__ import annotations
@@ -66,48 +67,87 @@ def _max(dask_scheduler):
     return dask_scheduler.plugins["bench-max-tasks"].max
 
 
+def _local_loop(n: int) -> None:
+    from dask_coro._api import CoroutineCall, mark_done
+    from dask_coro._classify import classifier
+    from dask_coro._inline import Trampoline
+
+    out = Trampoline("loop", call_type=CoroutineCall, classify=classifier,
+                     mark_done=mark_done).start(loop.__wrapped__, (n,), {})
+    assert out.step.value == sum(range(1, n + 1))
+
+
+def run_coro(c, n):
+    return c.compute(loop(n)).result()
+
+
+# key: (label, function, coro.inline.enabled on the cluster; None: the default)
 ALTS = {
-    "coro": ("dask_coro: `yield coroutine(inc)(i)`", lambda c, n: c.compute(loop(n)).result()),
-    "delayed": ("dask_coro: `yield dask.delayed(inc)(i)`",
-                lambda c, n: c.compute(loop_delayed(n)).result()),
+    "coro": ("dask_coro: `yield coroutine(inc)(i)`, inline on (default)", run_coro, True),
+    "coro_off": ("dask_coro: `yield coroutine(inc)(i)`, inline off (a task each)", run_coro, False),
+    "delayed": ("dask_coro: `yield dask.delayed(inc)(i)` (a task each)",
+                lambda c, n: c.compute(loop_delayed(n)).result(), True),
     "wc": ("worker_client: `submit(inc, i).result()`",
-           lambda c, n: c.submit(wc_loop, n, pure=False).result()),
+           lambda c, n: c.submit(wc_loop, n, pure=False).result(), None),
 }
 
 
-def measure(alt: str, n: int, repeat: int) -> tuple[list[float], int]:
-    fn = ALTS[alt][1]
-    with B.cluster() as client:
+def measure(alt: str, n: int, repeat: int) -> tuple[list[float], int, list[float], list[int]]:
+    """Walls of N yields, the most keys on the scheduler, walls of the same
+    root with no yield (its own submit and result, subtracted per yield), and
+    the tasks run per loop."""
+    _, fn, inline = ALTS[alt]
+    with B.cluster(inline=inline) as client:
         client.register_plugin(MaxTasks())
         assert fn(client, 10) == sum(range(1, 11))
-        walls, most = [], 0
+        walls, most, empty, ran = [], 0, [], []
         for _ in range(repeat):
+            empty.append(B.timed(lambda: fn(client, 0))[0])
             client.run_on_scheduler(_reset)
+            B.tasks_done(client, reset=True)
             wall, total = B.timed(lambda: fn(client, n))
             assert total == sum(range(1, n + 1)), total
             walls.append(wall)
+            ran.append(B.tasks_done(client))
             most = max(most, client.run_on_scheduler(_max))
-            B.log(f"yield loop {n} {alt}: {wall:.2f} s")
-    return walls, most
+            B.log(f"yield loop {n} {alt}: {wall:.3f} s (no yield: {empty[-1]:.3f} s), "
+                  f"{ran[-1]} tasks")
+    return walls, most, empty, ran
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=1000)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--inline-n", type=int, default=30_000,
+                   help="N for the inline row (a yield is microseconds there)")
     p.add_argument("--json", help="also write the numbers to this JSON file")
     args = p.parse_args(argv)
-    n = args.n
-    res = {alt: measure(alt, n, args.repeat) for alt in ALTS}
-    med = {alt: B.median(w) for alt, (w, _) in res.items()}
-    rows = [[label, B.fmt_s(med[alt]), B.runs(res[alt][0]), f"{med[alt] / n * 1000:.2f}",
-             B.ratio(med[alt], med["wc"]), res[alt][1]]
-            for alt, (label, _) in ALTS.items()]
-    print(B.table([f"N = {n} sequential yields", f"total s, median of {args.repeat}", "runs s",
-                   "per yield ms", "/ worker_client", "most keys on the scheduler"], rows))
+    ns = {alt: args.inline_n if alt == "coro" else args.n for alt in ALTS}
+    res = {alt: measure(alt, ns[alt], args.repeat) for alt in ALTS}
+    med = {alt: B.median(r[0]) for alt, r in res.items()}
+    empty = {alt: B.median(r[2]) for alt, r in res.items()}
+    per = {alt: max(0.0, med[alt] - empty[alt]) / ns[alt] for alt in ALTS}
+    local = [B.timed(lambda: _local_loop(args.inline_n))[0] for _ in range(args.repeat)]
+    per["local"] = B.median(local) / args.inline_n
+    rows = [[label, ns[alt], B.fmt_s(med[alt]), B.runs(res[alt][0]), B.fmt_s(empty[alt]),
+             f"{per[alt] * 1000:.4f}", B.ratio(per[alt], per["wc"]),
+             "/".join(str(x) for x in res[alt][3]), res[alt][1]]
+            for alt, (label, _, _) in ALTS.items()]
+    rows.append(["the inline row's loop run by `dask_coro._inline.Trampoline` in this process "
+                 "(no cluster, nothing handed out)", args.inline_n, B.fmt_s(B.median(local)),
+                 B.runs(local), "-", f"{per['local'] * 1000:.4f}",
+                 B.ratio(per["local"], per["wc"]), "-", "-"])
+    print(B.table(["sequential yields of one child", "N", f"total s, median of {args.repeat}",
+                   "runs s", "the root with N = 0, s (median)",
+                   "per yield ms: (total - N = 0) / N", "/ worker_client",
+                   "tasks run per loop (counted)", "most keys on the scheduler"], rows))
     print()
     print("""\
-One yield: the body (on the worker's thread pool) yields one child, the
+With inline on (the default) a `@coroutine` child with plain arguments is a
+plain call in the body's own thread-pool step: no task, no message. A task
+child (inline off, or a `dask.delayed` call): the body (on the worker's
+thread pool) yields one child, the
 runner plans it and sends one `update-graph`, the scheduler runs the child
 (a `@coroutine` plain function is an async task that steps the body on the
 thread pool; a `dask.delayed` call is a plain task), the result comes back
@@ -115,9 +155,21 @@ to the coroutine's worker, and the body resumes on the thread pool.
 "Most keys on the scheduler" is the largest `len(scheduler.tasks)` seen at
 any transition during a loop: the root, the child in flight and the one just
 released. Results are released as soon as the coroutine has resumed, so the
-number does not grow with N.""")
-    B.write_json(args.json, {"n": n, "walls": {a: w for a, (w, _) in res.items()},
-                             "most_keys": {a: m for a, (_, m) in res.items()}, "median": med})
+number does not grow with N. Per yield: the median total less the median of
+the same root run with N = 0 (its own submission and result), over N.
+"Tasks run" counts transitions to memory on the scheduler during a loop (the
+root included). Inline on, a child the loop is about to run may still be
+handed out as a task when a poll finds the other worker idle (every
+`coro.inline.poll-interval`, 20 ms): the loop then waits for that task's
+round trip (milliseconds) instead of running the call (microseconds), which
+is most of the inline row's time per yield here (compare the last row: the
+same loop through the trampoline in one process, where nothing is handed
+out).""")
+    B.write_json(args.json, {"n": args.n, "ns": ns, "walls": {a: r[0] for a, r in res.items()},
+                             "empty": {a: r[2] for a, r in res.items()},
+                             "tasks_run": {a: r[3] for a, r in res.items()},
+                             "most_keys": {a: r[1] for a, r in res.items()}, "median": med,
+                             "per_yield": per})
     return 0
 
 

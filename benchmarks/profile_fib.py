@@ -1,16 +1,20 @@
-"""Where the time goes per child task of dask_coro's fib(n): py-spy samples of both worker processes and of the client process (which runs the LocalCluster scheduler), grouped into driver, plan, submission, scheduler, transfer and event-loop buckets.
+"""Where the time goes per child of dask_coro's fib(n): per child task (inline off) from py-spy samples of both worker processes and of the client process (which runs the LocalCluster scheduler), in driver, plan, submission, scheduler, transfer and event-loop buckets; per inline call from timings and py-spy samples of dask_coro._inline.Trampoline running fib(--inline-n) in one process, against sequential Python.
 
-Run: python benchmarks/profile_fib.py [--n 14] [--repeat 3] [--rate 250] [--top 12]
+Run: python benchmarks/profile_fib.py [--n 14] [--repeat 3] [--rate 250] [--top 12] [--inline-n 22]
 Needs py-spy (`pip install py-spy`) and the right to attach to a process
-(root, or ptrace_scope 0). 2 worker processes x 1 thread; --repeat runs of
-fib(n) after a warm-up, in one recording. Only samples of threads that were busy count (py-spy without
---idle), so a bucket's samples / rate is CPU time, not wall time.
+(root, or ptrace_scope 0). Tasks: 2 worker processes x 1 thread with
+`coro.inline.enabled` off; --repeat runs of fib(n) after a warm-up, in one
+recording. Only samples of threads that were busy count, so a bucket's
+share of the samples shares out the CPU time the OS counted. Inline: the
+trampoline alone (no cluster), timed without a profiler, then sampled by
+py-spy in a child process for --inline-seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import re
 import shutil
@@ -18,7 +22,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
+import types
 
 import _bench as B
 import psutil
@@ -29,8 +35,9 @@ from dask_coro.examples import fib
 # claim a sample when any frame of its stack matches (checked in this order);
 # otherwise the innermost frame that matches a "leaf" bucket decides.
 WORKER_CONTAINING = [
-    ("driver: body steps on the thread pool (incl. Delayed construction)", r"\(dask_coro/_driver\.py"),
     ("plan: Structure, classify, plan_yield, result cache", r"\(dask_coro/_(structure|classify|plan|cache)\.py"),
+    ("driver: body steps on the thread pool, through the trampoline (incl. Delayed construction)",
+     r"\(dask_coro/_(driver|inline)\.py"),
     ("submission: client.get, graph to futures, pickling the graph",
      r"^(Client\.get|Client\._graph_to_futures|Client\._send_to_scheduler) \("),
     ("runner: handing each step to the thread pool (run_in_executor)", r"^_Run\._in_pool \("),
@@ -128,16 +135,24 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="runs of fib(n) in the one recording")
     p.add_argument("--top", type=int, default=12, help="functions listed per process kind")
     p.add_argument("--keep", help="copy py-spy's raw output files into this directory")
+    p.add_argument("--inline-n", type=int, default=22, help="fib(n) run by the trampoline alone")
+    p.add_argument("--inline-seconds", type=float, default=4.0, help="s of py-spy sampling of it")
+    p.add_argument("--inline-child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--json", help="also write the numbers to this JSON file")
     args = p.parse_args(argv)
+    if args.inline_child is not None:
+        return inline_child(args.inline_child, args.inline_seconds, args.json)
     spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     if not os.path.exists(spy):
-        print("py-spy is not installed (`pip install py-spy`): no profile.")
-        B.write_json(args.json, {"skipped": "py-spy not installed"})
+        print("py-spy is not installed (`pip install py-spy`): no profile of tasks.")
+        print()
+        text, inline = profile_inline(None, args)
+        print(text)
+        B.write_json(args.json, {"skipped": "py-spy not installed", "inline": inline})
         return 0
     tasks = 2 * _fib(args.n + 1) - 1
     children = (tasks - 1) * args.repeat
-    with tempfile.TemporaryDirectory() as tmp, B.cluster() as client:
+    with tempfile.TemporaryDirectory() as tmp, B.cluster(inline=False) as client:
         assert client.compute(fib(8)).result() == 21  # warm-up
         targets = {f"worker {i}": pid for i, pid in enumerate(sorted(client.run(os.getpid).values()))}
         targets["client + scheduler"] = os.getpid()
@@ -181,8 +196,11 @@ def main(argv=None) -> int:
 
     lines, data = [], {"n": args.n, "tasks": tasks, "repeat": args.repeat, "children": children,
                        "wall": wall, "walls": walls, "rate": args.rate, "cpu": cpu, "buckets": {}}
+    lines.append(f"### Where the time goes per child task: fib({args.n}), inline off, under py-spy")
+    lines.append("")
     lines.append(
-        f"fib({args.n}) {args.repeat} times in one recording: {tasks} tasks a run, {children} "
+        f"fib({args.n}) {args.repeat} times in one recording, `coro.inline.enabled` off (every "
+        f"call a task): {tasks} tasks a run, {children} "
         f"child tasks in all, {wall:.2f} s wall ({B.runs(walls)}) while sampled (py-spy at "
         f"{args.rate} Hz). CPU used meanwhile (psutil): "
         + ", ".join(f"{k} {v:.2f} s" for k, v in cpu.items()) + ".")
@@ -237,8 +255,249 @@ def main(argv=None) -> int:
         lines.append("")
     print("\n".join(lines))
     print(NOTES)
+    print()
+    text, data["inline"] = profile_inline(spy, args)
+    print(text)
     B.write_json(args.json, data)
     return 0
+
+
+# -- the inline path ----------------------------------------------------------
+
+
+def _tramp_fib(n: int) -> int:
+    """fib(n) through the trampoline, as a worker runs it inline (no cluster:
+    nothing is ever handed out)."""
+    from dask_coro._api import CoroutineCall, mark_done
+    from dask_coro._classify import classifier
+    from dask_coro._inline import Done, Trampoline
+
+    out = Trampoline("fib", call_type=CoroutineCall, classify=classifier,
+                     mark_done=mark_done).start(fib.__wrapped__, (n,), {})
+    assert type(out) is Done
+    return out.step.value
+
+
+def _make_calls(k: int, f=fib) -> None:
+    """k coroutine calls made and dropped (f=None: the loop alone)."""
+    if f is None:
+        for _ in range(k):
+            pass
+        return
+    for _ in range(k):
+        f(3)
+
+
+def _floor_body(i):
+    if i < 2:
+        return i
+    a, b = yield [(_floor_body, (i - 1,)), (_floor_body, (i - 2,))]
+    return a + b
+
+
+def _floor_run(func, args):
+    """The least a generator trampoline does in CPython: calls are (func, args)
+    tuples, a stack of [generator, leaves, results, next]; no dask_coro object.
+    The floor for fine-grained recursion written as generators."""
+    gen_type = types.GeneratorType
+    out = func(*args)
+    if type(out) is not gen_type:
+        return out
+    try:
+        y = out.send(None)
+    except StopIteration as stop:
+        return stop.value
+    stack = [[out, y, [], 0]]
+    while True:
+        top = stack[-1]
+        leaves, results, i = top[1], top[2], top[3]
+        if i < len(leaves):
+            top[3] = i + 1
+            f, a = leaves[i]
+            o = f(*a)
+            if type(o) is gen_type:
+                try:
+                    y = o.send(None)
+                except StopIteration as stop:
+                    results.append(stop.value)
+                    continue
+                stack.append([o, y, [], 0])
+                continue
+            results.append(o)
+            continue
+        try:
+            y = top[0].send(results)
+        except StopIteration as stop:
+            stack.pop()
+            if not stack:
+                return stop.value
+            stack[-1][2].append(stop.value)
+            continue
+        top[1], top[2], top[3] = y, [], 0
+
+
+def inline_child(n: int, seconds: float, path: str) -> int:
+    """Runs fib(n) through the trampoline for ``seconds`` (under py-spy)."""
+    expect, runs, start = _fib(n), 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        assert _tramp_fib(n) == expect
+        runs += 1
+    B.write_json(path, {"runs": runs, "wall": time.perf_counter() - start})
+    return 0
+
+
+def _best(fn, k: int = 7) -> float:
+    """Median of k timed calls (one untimed first)."""
+    fn()
+    return B.median([B.timed(fn)[0] for _ in range(k)])
+
+
+# Innermost frame -> bucket. Lines of Trampoline._loop are told apart by their
+# source text: the generator sends, the StopIteration of a body that returns,
+# the call of the body function (which creates the generator), the rest.
+INLINE_BUCKETS = [
+    ("making each call: `fib(i - 1)` is `CoroutineFunction.__call__` (a `CoroutineCall`, its "
+     "slots, the plain-arguments check)", "call"),
+    ("the body's own code: fib's generator between yields (the test, building the yielded "
+     "list, `a + b`)", "body"),
+    ("starting a body: `func(*args)` in the trampoline creates the generator", "start"),
+    ("generator send: the trampoline resuming a body (`send`)", "send"),
+    ("a body's return: its `StopIteration` raised, caught and its value taken", "return"),
+    ("trampoline bookkeeping: the stack, a `Frame` per body that yields, results, "
+     "`mark_done`", "tramp"),
+    ("the benchmark's own loop, other", "other"),
+]
+
+
+def _inline_bucket(frame: str) -> str:
+    import linecache
+
+    m = re.match(r"^(\S+) \((.+):(\d+)\)$", frame)
+    if not m:
+        return "other"
+    func, path, line = m.group(1), m.group(2), int(m.group(3))
+    if path.endswith("dask_coro/_api.py"):
+        return "call"
+    if path.endswith("dask_coro/examples.py") and func == "fib":
+        return "body"
+    if path.endswith("dask_coro/_inline.py"):
+        if func == "Trampoline._loop" or func == "_loop":
+            import dask_coro._inline as inl
+
+            src = linecache.getline(inl.__file__, line)
+            if ".send(" in src:
+                return "send"
+            if "StopIteration" in src or "stop.value" in src:
+                return "return"
+            if "func(*args" in src:
+                return "start"
+        return "tramp"
+    if path.endswith("dask_coro/_driver.py"):
+        return "tramp"
+    return "other"
+
+
+def profile_inline(spy: str | None, args) -> tuple[str, dict]:
+    """Timings of fib(--inline-n) run inline by the trampoline against
+    sequential Python, and (with py-spy) where the time of an inline call goes."""
+    n = args.inline_n
+    calls = 2 * _fib(n + 1) - 1
+    frames = _fib(n + 1) - 1  # calls that yield (i >= 2): a Frame each
+    seq = _best(lambda: _fib(n), 15)
+    tramp = _best(lambda: _tramp_fib(n))
+    floor = _best(lambda: _floor_run(_floor_body, (n,)))
+    make = _best(lambda: _make_calls(calls)) - _best(lambda: _make_calls(calls, None))
+    per = tramp / calls
+    data = {"n": n, "calls": calls, "frames": frames, "seq_s": seq, "tramp_s": tramp,
+            "floor_s": floor, "make_s": make, "per_call_us": per * 1e6, "buckets": {}}
+    lines = [
+        f"### Where the time goes per inline call: fib({n}) run by `Trampoline` in one process",
+        "",
+        B.table(["fib(%d): %d calls, %d of them yield" % (n, calls, frames), "wall ms (median)",
+                 "per call ns", "/ sequential"], [
+            ["sequential Python (`def fib`, plain recursion)", f"{seq * 1000:.1f}",
+             f"{seq / calls * 1e9:.0f}", "1"],
+            ["dask_coro: `Trampoline(...).start(fib.__wrapped__, (%d,), {})`, every call a "
+             "`@coroutine` call run inline" % n, f"{tramp * 1000:.1f}", f"{per * 1e9:.0f}",
+             f"**{tramp / seq:.1f}**"],
+            ["floor: a 30-line generator trampoline, calls as `(func, args)` tuples, no "
+             "dask_coro object", f"{floor * 1000:.1f}", f"{floor / calls * 1e9:.0f}",
+             f"{floor / seq:.1f}"],
+            ["of which: making the %d `CoroutineCall` objects alone (`fib(3)` in a loop, "
+             "less the empty loop)" % calls, f"{make * 1000:.1f}",
+             f"{make / calls * 1e9:.0f}", f"{make / seq:.1f}"],
+        ]),
+        "",
+    ]
+    if spy is None:
+        lines.append("py-spy is not installed: no breakdown of an inline call.")
+        return "\n".join(lines), data
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "inline.txt")
+        result = os.path.join(tmp, "inline.json")
+        proc = subprocess.run(
+            [spy, "record", "--format", "raw", "--rate", str(max(args.rate, 500)), "-o", out,
+             "--", sys.executable, os.path.abspath(__file__), "--inline-child", str(n),
+             "--inline-seconds", str(args.inline_seconds), "--json", result],
+            capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+        if proc.returncode != 0 or not os.path.exists(out) or not os.path.exists(result):
+            lines.append(f"py-spy failed on the inline run: {proc.stderr[-300:]}")
+            return "\n".join(lines), data
+        with open(result) as f:
+            child = json.load(f)
+        stacks = read_raw(out)
+    by: collections.Counter[str] = collections.Counter()
+    lines_: collections.Counter[int] = collections.Counter()
+    for _, frames_, k in stacks:
+        # Only the timed loop: not the child's imports, nor py-spy's start.
+        if not any(f.startswith("inline_child ") for f in frames_):
+            continue
+        bucket = _inline_bucket(frames_[-1])
+        by[bucket] += k
+        m = re.match(r"^(Trampoline\.)?_loop \(.*:(\d+)\)$", frames_[-1])
+        if m:
+            lines_[int(m.group(2))] += k
+    total = sum(by.values()) or 1
+    rows = []
+    for name, key in INLINE_BUCKETS:
+        share = by[key] / total
+        data["buckets"][key] = share
+        rows.append([name, f"{share:.0%}", f"{share * per * 1e9:.0f}"])
+    rows.append(["**all** (per call, timed without the profiler)", "100%",
+                 f"**{per * 1e9:.0f}**"])
+    data["spy_samples"] = total
+    data["spy_runs"] = child["runs"]
+    import linecache
+
+    import dask_coro._inline as inl
+
+    top = [[f"`_inline.py:{ln}`", f"`{linecache.getline(inl.__file__, ln).strip()[:80]}`",
+            f"{k / total:.1%}", f"{k / total * per * 1e9:.0f}"]
+           for ln, k in lines_.most_common(10)]
+    data["loop_lines"] = {str(ln): k / total for ln, k in lines_.most_common(20)}
+    lines += [
+        B.table(["where (innermost Python frame of each py-spy sample)", "share of samples",
+                 "ns per call"], rows),
+        "",
+        f"The 10 busiest lines of `Trampoline._loop` (of all samples: {sum(lines_.values()) / total:.0%}):",
+        "",
+        B.table(["line", "source", "share of samples", "ns per call"], top),
+        "",
+        textwrap.fill(
+            f"py-spy sampled a child process running fib({n}) through the trampoline "
+            f"{child['runs']} times in {child['wall']:.1f} s ({total} samples at "
+            f"{max(args.rate, 500)} Hz in that loop; its imports not counted); each sample "
+            "goes to the innermost Python frame, and "
+            "the lines of `Trampoline._loop` are told apart by their source (the `send` "
+            "lines, the `StopIteration` ones, the one calling the body function). C work "
+            "shows under the Python line that asked for it: creating a generator under "
+            "`func(*args)`, resuming one under `send` until the body's first line runs. ns "
+            "per call = share x the trampoline's time per call measured without the "
+            "profiler. The floor row is the same recursion through the least a generator "
+            "trampoline can do in CPython: what any coroutine-per-call design pays before "
+            "dask_coro adds its call objects and bookkeeping.", 79, break_on_hyphens=False),
+    ]
+    return "\n".join(lines), data
 
 
 NOTES = """\
