@@ -268,6 +268,7 @@ class Trampoline:
         mark_done = self.mark_done
         call_type = self.call_type
         countdown = self.check_every
+        calm = 0
         y = ret = _NO
         while True:
             top = stack[-1]
@@ -335,12 +336,13 @@ class Trampoline:
             # for the remote ones, else resume it.
             todo = top.todo
             while top.next < len(todo):
-                if idle.n > 0:
+                calm -= 1
+                if idle.n > 0 and calm <= 0:
                     batches = self._steal(idle.n)
                     if batches:
                         return Submit(batches, False, top)
                     todo = top.todo
-                    continue
+                    calm = 64  # nothing to hand out: look again in 64 calls
                 pos = todo[top.next]
                 top.next += 1
                 leaf = top.leaves[pos]
@@ -474,19 +476,22 @@ class Trampoline:
 
     def _steal(self, n: int) -> list[tuple[Frame, list[int]]]:
         """Promote up to ``n`` unstarted leaves, the oldest frames' first (the
-        biggest work, as Cilk's thieves take), from the end of each frame's list."""
+        biggest work, as Cilk's thieves take), from the end of each frame's
+        list; never the top frame's next leaf, which this stack is about to
+        run (handing it out would only make the stack wait for it)."""
         batches = []
         running = self._running()
+        top = self.stack[-1]
         for frame in self.stack:
-            unstarted = len(frame.todo) - frame.next
-            if unstarted <= 0:
+            start = frame.next + 1 if frame is top else frame.next
+            if len(frame.todo) <= start:
                 continue
-            todo = frame.todo = list(frame.todo)
-            rest = todo[frame.next :]
+            todo = list(frame.todo)
+            rest = todo[start:]
             taken = [p for p in rest if id(frame.leaves[p]) not in running][-n:]
             if not taken:
                 continue
-            frame.todo = todo = todo[: frame.next] + [p for p in rest if p not in taken]
+            frame.todo = todo = todo[:start] + [p for p in rest if p not in taken]
             n -= self._to_remote(frame, taken)
             if frame.sent < len(frame.remote):
                 batches.append((frame, frame.remote[frame.sent :]))

@@ -285,6 +285,24 @@ def three():
     return (yield [rec(1), rec(2), rec(3)])
 
 
+@coroutine
+def loop_of_one(n):
+    total = 0
+    for i in range(n):
+        total += yield rec(i)
+    return total
+
+
+def test_idle_capacity_never_takes_the_call_about_to_run():
+    # A sequential loop has one unstarted call at a time: handing it out
+    # would only make the loop wait for a task. Idle capacity stays unused.
+    idle = Idle(1)
+    t, out = start(loop_of_one, 300, tramp=make(idle=idle))
+    assert returned(out) == sum(range(300))
+    assert LOG == list(range(300))
+    assert idle.n == 1
+
+
 def test_idle_capacity_steals_the_last_unstarted_call():
     idle = Idle(1)
     t, out = start(three, tramp=make(idle=idle))
