@@ -98,10 +98,6 @@ class Driver:
 
     __slots__ = ("_body", "_is_async", "name", "done")
 
-    #: What a call must return to be a body to step into; anything else is
-    #: its result.
-    BODY_TYPES = _BODY_TYPES
-
     def __init__(self, name: str = "coroutine"):
         self._body: Any = None
         self._is_async = False

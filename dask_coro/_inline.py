@@ -77,10 +77,6 @@ class Frame(Driver):
         self.sent = 0
         # The rest is set by each yield.
 
-    @property
-    def driver(self) -> Frame:
-        return self
-
     def path(self, pos: int) -> Path:
         """Where leaf ``pos`` sits in what this frame yielded."""
         shape = self.shape
@@ -432,24 +428,13 @@ class Trampoline:
         frame.sent = 0
         call_type = self.call_type
         typ = type(value)
-        if call_type is not None:
-            if typ is list or typ is tuple:
-                for x in value:
-                    if type(x) is not call_type or x._inline is None and x._done is None:
-                        break
-                else:
-                    n = len(value)
-                    frame.shape = typ
-                    frame.leaves = value
-                    frame.results = [_PENDING] * n
-                    frame.todo = range(n)
-                    return None
-            elif typ is call_type and (value._inline is not None or value._done is not None):
-                frame.shape = None
-                frame.leaves = (value,)
-                frame.results = [_PENDING]
-                frame.todo = _ONE
-                return None
+        # (A list or tuple of inline calls only is set up by _loop itself.)
+        if typ is call_type and (value._inline is not None or value._done is not None):
+            frame.shape = None
+            frame.leaves = (value,)
+            frame.results = [_PENDING]
+            frame.todo = _ONE
+            return None
         try:
             structure = Structure(value, self.classify(frame.label, frame.index))
         except Exception as e:
