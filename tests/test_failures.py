@@ -31,6 +31,7 @@ from distributed.utils_test import async_poll_for, captured_logger, gen_cluster
 import dask_coro
 from filelog import append as _append
 from filelog import lines as _lines
+from filelog import ticks_after_cancel
 from dask_coro import BadYieldError, coroutine
 from dask_coro._plan import derive_key
 
@@ -423,15 +424,7 @@ async def _assert_tree_stopped(s, workers, folder: Path, finally_markers: list[s
     await async_poll_for(
         lambda: all((folder / m).exists() for m in finally_markers), timeout=20
     )
-    await async_poll_for(
-        lambda: not s.tasks,
-        timeout=20,
-        fail_func=lambda: print({k: v.state for k, v in s.tasks.items()}),
-    )
-    await async_poll_for(lambda: not any(w.state.tasks for w in workers), timeout=20)
-    n = len(_lines(folder, "ticks"))
-    await asyncio.sleep(0.5)  # not a timing assertion: nothing may happen meanwhile
-    assert len(_lines(folder, "ticks")) == n
+    await ticks_after_cancel(s, workers, folder)
     assert not s.tasks
     for m in finally_markers:
         assert (folder / m).read_text() == "ran"

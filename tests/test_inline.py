@@ -35,6 +35,7 @@ from distributed import (
 from distributed.utils_test import async_poll_for, gen_cluster
 from filelog import append as _append
 from filelog import lines as _lines
+from filelog import ticks_after_cancel
 from workloads import afib, fib
 
 import dask_coro
@@ -470,15 +471,7 @@ async def _assert_tree_stopped(s, workers, folder, depth):
     await async_poll_for(lambda: str(depth) in _lines(folder, "closed"), timeout=20)
     closed = [int(x) for x in _lines(folder, "closed")]
     assert closed == sorted(set(closed)) and closed[-1] == depth, closed
-    await async_poll_for(
-        lambda: not s.tasks,
-        timeout=20,
-        fail_func=lambda: print({k: v.state for k, v in s.tasks.items()}),
-    )
-    await async_poll_for(lambda: not any(w.state.tasks for w in workers), timeout=20)
-    n = len(_lines(folder, "ticks"))
-    await asyncio.sleep(0.5)  # not a timing assertion: nothing may happen meanwhile
-    assert len(_lines(folder, "ticks")) == n
+    n = await ticks_after_cancel(s, workers, folder)
     assert n < 2**depth  # stopped before the end
 
 
