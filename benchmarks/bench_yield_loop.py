@@ -68,9 +68,9 @@ def _max(dask_scheduler):
 
 
 def _local_loop(n: int) -> None:
-    from dask_coro._api import CoroutineCall, mark_done
-    from dask_coro._classify import classifier
-    from dask_coro._inline import Trampoline
+    from dask_coro.runtime.call import CoroutineCall, mark_done
+    from dask_coro.core.classify import classifier
+    from dask_coro.core.trampoline import Trampoline
 
     out = Trampoline("loop", call_type=CoroutineCall, classify=classifier,
                      mark_done=mark_done).start(loop.__wrapped__, (n,), {})
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
              f"{per[alt] * 1000:.4f}", B.ratio(per[alt], per["wc"]),
              "/".join(str(x) for x in res[alt][3]), res[alt][1]]
             for alt, (label, _, _) in ALTS.items()]
-    rows.append(["the inline row's loop run by `dask_coro._inline.Trampoline` in this process "
+    rows.append(["the inline row's loop run by `dask_coro.core.trampoline.Trampoline` in this process "
                  "(no cluster, nothing handed out)", args.inline_n, B.fmt_s(B.median(local)),
                  B.runs(local), "-", f"{per['local'] * 1000:.4f}",
                  B.ratio(per["local"], per["wc"]), "-", "-"])

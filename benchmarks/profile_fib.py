@@ -1,4 +1,4 @@
-"""Where the time goes per child of dask_coro's fib(n): per child task (inline off) from py-spy samples of both worker processes and of the client process (which runs the LocalCluster scheduler), in driver, plan, submission, scheduler, transfer and event-loop buckets; per inline call from timings and py-spy samples of dask_coro._inline.Trampoline running fib(--inline-n) in one process, against sequential Python.
+"""Where the time goes per child of dask_coro's fib(n): per child task (inline off) from py-spy samples of both worker processes and of the client process (which runs the LocalCluster scheduler), in driver, plan, submission, scheduler, transfer and event-loop buckets; per inline call from timings and py-spy samples of dask_coro.core.trampoline.Trampoline running fib(--inline-n) in one process, against sequential Python.
 
 Run: python benchmarks/profile_fib.py [--n 14] [--repeat 3] [--rate 250] [--top 12] [--inline-n 22]
 Needs py-spy (`pip install py-spy`) and the right to attach to a process
@@ -268,9 +268,9 @@ def main(argv=None) -> int:
 def _tramp_fib(n: int) -> int:
     """fib(n) through the trampoline, as a worker runs it inline (no cluster:
     nothing is ever handed out)."""
-    from dask_coro._api import CoroutineCall, mark_done
-    from dask_coro._classify import classifier
-    from dask_coro._inline import Done, Trampoline
+    from dask_coro.runtime.call import CoroutineCall, mark_done
+    from dask_coro.core.classify import classifier
+    from dask_coro.core.trampoline import Done, Trampoline
 
     out = Trampoline("fib", call_type=CoroutineCall, classify=classifier,
                      mark_done=mark_done).start(fib.__wrapped__, (n,), {})
@@ -382,7 +382,7 @@ def _inline_bucket(frame: str) -> str:
         return "body"
     if path.endswith("dask_coro/_inline.py"):
         if func == "Trampoline._loop" or func == "_loop":
-            import dask_coro._inline as inl
+            import dask_coro.core.trampoline as inl
 
             src = linecache.getline(inl.__file__, line)
             if ".send(" in src:
@@ -469,7 +469,7 @@ def profile_inline(spy: str | None, args) -> tuple[str, dict]:
     data["spy_runs"] = child["runs"]
     import linecache
 
-    import dask_coro._inline as inl
+    import dask_coro.core.trampoline as inl
 
     top = [[f"`_inline.py:{ln}`", f"`{linecache.getline(inl.__file__, ln).strip()[:80]}`",
             f"{k / total:.1%}", f"{k / total * per * 1e9:.0f}"]

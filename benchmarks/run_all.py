@@ -464,7 +464,7 @@ def _inline_summary(inl: dict, tasks: dict | None) -> str:
     seq = inl["seq_s"] / inl["calls"] * 1e9
     floor = inl["floor_s"] / inl["calls"] * 1e9
     lines = ["### Per inline call (inline on, the default)", ""]
-    text = (f"fib({inl['n']}) run by `dask_coro._inline.Trampoline` in one process, as a "
+    text = (f"fib({inl['n']}) run by `dask_coro.core.trampoline.Trampoline` in one process, as a "
             f"worker runs it inline: {per:.0f} ns per call, {inl['tramp_s'] / inl['seq_s']:.0f} x "
             f"sequential Python's {seq:.0f} ns; the least a generator trampoline does in "
             f"CPython takes {floor:.0f} ns ({inl['floor_s'] / inl['seq_s']:.0f} x).")

@@ -9,31 +9,31 @@ if _TYPE_CHECKING:
     from typing import Any
 
 from . import _config  # noqa: F401  (loads coro.yaml into dask.config)
-from ._api import CoroutineCall as CoroutineCall
-from ._api import CoroutineFunction as CoroutineFunction
-from ._api import coroutine as coroutine
-from ._api import gather as gather
+from .runtime.call import CoroutineCall as CoroutineCall
+from .runtime.call import CoroutineFunction as CoroutineFunction
+from .runtime.call import coroutine as coroutine
+from .runtime.call import gather as gather
 from ._context import current_key as current_key
 from ._exceptions import BadYieldError as BadYieldError
 from ._exceptions import CoroutineCancelledError as CoroutineCancelledError
 from ._exceptions import DaskCoroError as DaskCoroError
 from ._exceptions import NotInTaskError as NotInTaskError
 from ._exceptions import PromiseError as PromiseError
-from ._promise import Promise as Promise
+from .promise.client import Promise as Promise
 
 __version__ = "0.1.0"
 
 # These import distributed, which importing dask_coro does not.
 _LAZY = {
-    "tie": ("._lifetimes_worker", "tie"),
-    "release_abandoned": ("._lifetimes_worker", "release_abandoned"),
-    "progress": ("._diagnostics", "progress"),
-    "tree": ("._diagnostics", "tree"),
-    "Tree": ("._diagnostics", "Tree"),
-    "TreePlugin": ("._tree_scheduler", "TreePlugin"),
-    "LifetimesPlugin": ("._lifetimes_scheduler", "LifetimesPlugin"),
-    "PromisePlugin": ("._promise_scheduler", "PromisePlugin"),
-    "InlinePlugin": ("._inline_scheduler", "InlinePlugin"),
+    "tie": (".lifetimes.worker", "tie"),
+    "release_abandoned": (".lifetimes.worker", "release_abandoned"),
+    "progress": (".diagnostics.client", "progress"),
+    "tree": (".diagnostics.client", "tree"),
+    "Tree": (".diagnostics.client", "Tree"),
+    "TreePlugin": (".diagnostics.scheduler", "TreePlugin"),
+    "LifetimesPlugin": (".lifetimes.scheduler", "LifetimesPlugin"),
+    "PromisePlugin": (".promise.scheduler", "PromisePlugin"),
+    "InlinePlugin": (".runtime.scheduler", "InlinePlugin"),
 }
 
 
@@ -53,10 +53,10 @@ async def dask_setup(server: Any) -> None:
     from distributed import Scheduler
     from distributed.protocol.pickle import dumps
 
-    from ._inline_scheduler import InlinePlugin
-    from ._lifetimes_scheduler import LifetimesPlugin
-    from ._promise_scheduler import PromisePlugin
-    from ._tree_scheduler import TreePlugin
+    from .runtime.scheduler import InlinePlugin
+    from .lifetimes.scheduler import LifetimesPlugin
+    from .promise.scheduler import PromisePlugin
+    from .diagnostics.scheduler import TreePlugin
 
     for plugin in (PromisePlugin(), LifetimesPlugin(), TreePlugin(), InlinePlugin()):
         if isinstance(server, Scheduler):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from dask_coro._cache import ResultCache
+from dask_coro.core.cache import ResultCache
 
 
 class Layer:

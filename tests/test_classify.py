@@ -14,8 +14,8 @@ import pytest
 
 import dask_coro
 from dask_coro import BadYieldError, DaskCoroError, coroutine
-from dask_coro._classify import ACCEPTED, _Rejected, classifier, is_lazy
-from dask_coro._structure import Structure
+from dask_coro.core.classify import ACCEPTED, _Rejected, classifier, is_lazy
+from dask_coro.core.structure import Structure
 
 
 @coroutine

@@ -19,7 +19,7 @@ from workloads import afib, fib, inc, process_all, process_all_checked, sequenti
 
 import dask_coro
 from dask_coro import coroutine, current_key
-from dask_coro._plan import derive_key
+from dask_coro.core.plan import derive_key
 
 
 class Recorder(SchedulerPlugin):

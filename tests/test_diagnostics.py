@@ -16,9 +16,9 @@ from distributed.utils_test import async_poll_for, gen_cluster
 
 import dask_coro
 from dask_coro import coroutine
-from dask_coro._diagnostics import _html, _TextBar
-from dask_coro._tree import TreeBook
-from dask_coro._tree_scheduler import NAME
+from dask_coro.diagnostics.client import _html, _TextBar
+from dask_coro.diagnostics.book import TreeBook
+from dask_coro.diagnostics.scheduler import NAME
 from dask_coro.examples import fib
 
 # -- the book, without a cluster ------------------------------------------------

@@ -8,7 +8,7 @@ import types
 import pytest
 
 from dask_coro import BadYieldError
-from dask_coro._driver import Driver, Raised, Request, Returned, Yielded
+from dask_coro.core.driver import Driver, Raised, Request, Returned, Yielded
 
 
 class Boom(Exception):

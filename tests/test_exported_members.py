@@ -68,7 +68,8 @@ def test_star_import():
 
 
 def test_exported_objects_are_the_implementations():
-    from dask_coro import _api, _context, _exceptions
+    from dask_coro import _context, _exceptions
+    from dask_coro.runtime import call as _api
 
     assert dask_coro.coroutine is _api.coroutine
     assert dask_coro.gather is _api.gather

@@ -33,7 +33,7 @@ from filelog import append as _append
 from filelog import lines as _lines
 from filelog import ticks_after_cancel
 from dask_coro import BadYieldError, coroutine
-from dask_coro._plan import derive_key
+from dask_coro.core.plan import derive_key
 
 # --------------------------------------------------------------------------
 # helpers (run on the workers; gen_cluster workers share this process, Nanny

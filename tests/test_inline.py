@@ -40,7 +40,7 @@ from workloads import afib, fib
 
 import dask_coro
 from dask_coro import Promise, coroutine, current_key
-from dask_coro._plan import derive_key
+from dask_coro.core.plan import derive_key
 
 pytestmark = pytest.mark.inline
 

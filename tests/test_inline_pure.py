@@ -18,11 +18,11 @@ from dask.delayed import Delayed
 import dask_coro
 from dask_coro.examples import afib, fib
 from dask_coro import BadYieldError, coroutine, current_key
-from dask_coro._api import CoroutineCall, mark_done
-from dask_coro._classify import classifier
-from dask_coro._driver import Raised, Returned
-from dask_coro._inline import Done, Idle, Stopped, Submit, Trampoline
-from dask_coro._plan import derive_key
+from dask_coro.runtime.call import CoroutineCall, mark_done
+from dask_coro.core.classify import classifier
+from dask_coro.core.driver import Raised, Returned
+from dask_coro.core.trampoline import Done, Idle, Stopped, Submit, Trampoline
+from dask_coro.core.plan import derive_key
 
 # --------------------------------------------------------------------------
 # helpers

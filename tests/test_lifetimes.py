@@ -20,7 +20,7 @@ from distributed.utils_test import async_poll_for, captured_logger, gen_cluster
 
 import dask_coro
 from dask_coro import DaskCoroError, LifetimesPlugin, NotInTaskError, coroutine, tie
-from dask_coro._lifetimes_scheduler import NAME
+from dask_coro.lifetimes.scheduler import NAME
 
 validated = dict(
     client=True,
@@ -340,7 +340,7 @@ async def test_worker_missing_its_plugin_adds_it_on_first_tie(c, s, a, b):
 
 
 def _record_for(token: str, address: str, rid: str) -> str:
-    from dask_coro._lifetimes_worker import _file_name, _write_record, registry_dir
+    from dask_coro.lifetimes.worker import _file_name, _write_record, registry_dir
 
     path = os.path.join(registry_dir(token), _file_name(rid))
     _write_record(path, address, rid, record_anywhere)

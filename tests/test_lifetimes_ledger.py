@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from dask_coro._lifetimes import Ledger, Origin
+from dask_coro.lifetimes.ledger import Ledger, Origin
 
 A = Origin("10.0.0.1", "tcp://10.0.0.1:1")
 A2 = Origin("10.0.0.1", "tcp://10.0.0.1:2")

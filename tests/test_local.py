@@ -23,7 +23,7 @@ import pytest
 
 import dask_coro
 from dask_coro import BadYieldError, CoroutineCall, NotInTaskError, coroutine, current_key
-from dask_coro._plan import derive_key
+from dask_coro.core.plan import derive_key
 from dask_coro.examples import afib, fib, inc, my_len
 
 

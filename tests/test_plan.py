@@ -19,8 +19,8 @@ from dask.local import get_sync
 from dask.utils import key_split
 
 from dask_coro import coroutine
-from dask_coro._api import CoroutineTask
-from dask_coro._plan import derive_key, plan_yield
+from dask_coro.runtime.call import CoroutineTask
+from dask_coro.core.plan import derive_key, plan_yield
 
 KEY_RE = re.compile(r"^[A-Za-z_][\w-]*-[0-9a-f]{32}$")
 
@@ -316,7 +316,7 @@ def test_keys_independent_of_hash_seed():
         """
         import json
         from dask_coro import coroutine
-        from dask_coro._plan import plan_yield
+        from dask_coro.core.plan import plan_yield
 
         @coroutine
         def a(): return 1

@@ -36,7 +36,8 @@ import dask_coro
 from filelog import append as _append
 from filelog import lines as _lines
 from dask_coro import DaskCoroError, coroutine, shm
-from dask_coro._lifetimes_worker import registry_dir
+from dask_coro.lifetimes import shm as _shm_impl
+from dask_coro.lifetimes.worker import registry_dir
 
 try:
     shm.segments()
@@ -534,7 +535,7 @@ def _mapped_names(dask_scheduler=None, dask_worker=None) -> list[str]:
     import gc
 
     gc.collect()
-    return sorted(shm._mapped)
+    return sorted(_shm_impl._mapped)
 
 
 def test_no_process_keeps_a_released_segment_mapped(client, tmp_path):

@@ -6,7 +6,7 @@ from collections import namedtuple
 
 import pytest
 
-from dask_coro._structure import Structure, format_path
+from dask_coro.core.structure import Structure, format_path
 
 
 class Leaf:

@@ -29,9 +29,9 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
-from ._config import get_timedelta
-from ._context import shm_as_handles
-from ._lifetimes import Ledger, Origin
+from .._config import get_timedelta
+from .._context import shm_as_handles
+from .ledger import Ledger, Origin
 
 logger = logging.getLogger("dask_coro")
 
@@ -63,7 +63,7 @@ class LifetimesPlugin(SchedulerPlugin):
         self._leaving: set[str] = set()  # workers that said they are closing
 
     async def start(self, scheduler: Any) -> None:
-        from ._lifetimes_worker import LifetimesWorkerPlugin
+        from .worker import LifetimesWorkerPlugin
 
         self.scheduler = scheduler
         scheduler.handlers["dask_coro_tie"] = self.handle_tie

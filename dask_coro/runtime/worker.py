@@ -39,23 +39,23 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.worker import get_worker, thread_state
 from distributed.worker_state_machine import SecedeEvent
 
-from . import _config
-from ._cache import ResultCache
-from ._classify import classifier
-from ._context import running_key
-from ._api import CoroutineCall
-from ._driver import Returned, Step
-from ._exceptions import CoroutineCancelledError, DaskCoroError
-from ._inline import Done, Frame, Idle, Outcome, Stopped, Submit, Trampoline
-from ._lifetimes_worker import hold_segments
-from ._plan import plan_yield
-from ._inline_scheduler import InlinePlugin
-from ._tree_scheduler import ANNOTATION, TreePlugin
+from .. import _config
+from ..core.cache import ResultCache
+from ..core.classify import classifier
+from .._context import running_key
+from .call import CoroutineCall
+from ..core.driver import Returned, Step
+from .._exceptions import CoroutineCancelledError, DaskCoroError
+from ..core.trampoline import Done, Frame, Idle, Outcome, Stopped, Submit, Trampoline
+from ..lifetimes.worker import hold_segments
+from ..core.plan import plan_yield
+from .scheduler import InlinePlugin
+from ..diagnostics.scheduler import ANNOTATION, TreePlugin
 
 if TYPE_CHECKING:
     from distributed import Client, Worker
 
-    from ._api import CoroutineTask
+    from .call import CoroutineTask
 
 logger = logging.getLogger("dask_coro")
 

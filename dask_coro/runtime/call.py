@@ -16,9 +16,9 @@ from dask.delayed import Delayed, unpack_collections
 from dask.highlevelgraph import HighLevelGraph
 from dask.utils import funcname
 
-from ._classify import _Rejected, is_lazy
-from ._driver import Request
-from ._exceptions import DaskCoroError
+from ..core.classify import _Rejected, is_lazy
+from ..core.driver import Request
+from .._exceptions import DaskCoroError
 
 
 def gather(x: Any) -> Request:
@@ -187,7 +187,7 @@ class CoroutineTask:
         if worker is not None:
             ts = worker.state.tasks.get(self.key)
             if ts is not None and ts.state == "executing":
-                from ._runner import run_on_worker
+                from .worker import run_on_worker
 
                 return run_on_worker(self, args, kwargs)
             # Called on the loop, but not as the task the worker is executing:
@@ -198,7 +198,7 @@ class CoroutineTask:
                 "but is not a task executing there; compute coroutine calls from a "
                 "thread (not inside an async task), and without low-level fusion"
             )
-        from ._local import run_local
+        from .local import run_local
 
         return run_local(self, args, kwargs)
 

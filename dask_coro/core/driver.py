@@ -15,7 +15,7 @@ import types
 from collections.abc import Callable, Generator
 from typing import Any
 
-from ._exceptions import BadYieldError
+from .._exceptions import BadYieldError
 
 
 class Request:

@@ -17,8 +17,8 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from . import _config
-from ._tree import TreeBook
+from .. import _config
+from .book import TreeBook
 
 Key = Hashable
 NAME = "dask-coro-tree"

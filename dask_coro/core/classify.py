@@ -20,8 +20,8 @@ import dask
 from dask._task_spec import TaskRef
 from dask.delayed import Delayed
 
-from ._exceptions import BadYieldError
-from ._structure import Path, format_path
+from .._exceptions import BadYieldError
+from .structure import Path, format_path
 
 ACCEPTED = (
     "a coroutine may yield Delayed objects, coroutine calls, Futures, dask "

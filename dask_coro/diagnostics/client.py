@@ -10,7 +10,7 @@ from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from ._exceptions import DaskCoroError
+from .._exceptions import DaskCoroError
 
 Key = Hashable
 
@@ -45,7 +45,7 @@ def _futures(x: Any) -> tuple[Any, list[Any]]:
 
 
 def _install(client: Any) -> None:
-    from ._tree_scheduler import TreePlugin
+    from .scheduler import TreePlugin
 
     if not getattr(client, "_dask_coro_tree", False):
         client.register_plugin(TreePlugin())

@@ -19,9 +19,9 @@ from dask._task_spec import DataNode, GraphNode, Task, TaskRef, convert_legacy_t
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
-from ._context import current_key
-from ._exceptions import NotInTaskError, PromiseError
-from ._plan import _collection_graph
+from .._context import current_key
+from .._exceptions import NotInTaskError, PromiseError
+from ..core.plan import _collection_graph
 
 
 #: The resource that parks an unresolved promise; no worker has it.
@@ -68,7 +68,7 @@ def _client() -> Any:
 def _install(client: Any) -> None:
     # Once per client; the plugin is idempotent on the scheduler as well.
     if not getattr(client, "_dask_coro_promises", False):
-        from ._promise_scheduler import PromisePlugin
+        from .scheduler import PromisePlugin
 
         client.register_plugin(PromisePlugin())
         client._dask_coro_promises = True

@@ -27,8 +27,8 @@ from dask._task_spec import Alias, Task
 from distributed.core import error_message
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from ._exceptions import PromiseError
-from ._promise import unresolved
+from .._exceptions import PromiseError
+from .client import unresolved
 
 logger = logging.getLogger("dask_coro")
 

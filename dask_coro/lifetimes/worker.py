@@ -26,9 +26,9 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from ._config import get_timedelta
-from ._context import current_key
-from ._exceptions import DaskCoroError, NotInTaskError
+from .._config import get_timedelta
+from .._context import current_key
+from .._exceptions import DaskCoroError, NotInTaskError
 
 logger = logging.getLogger("dask_coro")
 
@@ -144,7 +144,7 @@ async def hold_segments(worker: Any, key: Key, value: Any) -> None:
     """Tie the shared-memory segments ``value`` holds to ``key``, and wait for
     the scheduler to have them: a coroutine does this with its children's
     results before it releases the children, since its body now holds them."""
-    shm = sys.modules.get("dask_coro.shm")
+    shm = sys.modules.get("dask_coro.lifetimes.shm")
     if shm is None or not shm.any_attached():
         return
     plugin = worker.plugins.get(NAME)
@@ -195,7 +195,7 @@ def ensure_installed(worker: Any) -> LifetimesWorkerPlugin:
     async def install() -> None:
         from distributed.protocol.pickle import dumps
 
-        from ._lifetimes_scheduler import LifetimesPlugin
+        from .scheduler import LifetimesPlugin
 
         await worker.scheduler.register_scheduler_plugin(
             plugin=dumps(LifetimesPlugin()), name=LifetimesPlugin.name, idempotent=True
@@ -426,7 +426,7 @@ class LifetimesWorkerPlugin(WorkerPlugin):
 
     def transition(self, key: Key, start: str, finish: str, **kwargs: Any) -> None:
         if finish == "memory" and start in ("executing", "long-running"):
-            shm = sys.modules.get("dask_coro.shm")
+            shm = sys.modules.get("dask_coro.lifetimes.shm")
             if shm is None or not shm.any_attached():
                 return
             data = self.worker.data

@@ -31,8 +31,8 @@ import types
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from ._driver import Driver, Raised, Request, Returned, Step, Yielded
-from ._structure import Path, Structure
+from .driver import Driver, Raised, Request, Returned, Step, Yielded
+from .structure import Path, Structure
 
 _PENDING: Any = object()
 

@@ -17,17 +17,17 @@ from dask._task_spec import DataNode, TaskRef
 from dask.local import get_sync
 from dask.utils import funcname
 
-from . import _config
-from ._api import CoroutineCall, mark_done
-from ._cache import ResultCache
-from ._classify import classifier
-from ._context import running_key
-from ._driver import Returned
-from ._inline import Done, Frame, Submit, Trampoline
-from ._plan import Plan, plan_yield
+from .. import _config
+from .call import CoroutineCall, mark_done
+from ..core.cache import ResultCache
+from ..core.classify import classifier
+from .._context import running_key
+from ..core.driver import Returned
+from ..core.trampoline import Done, Frame, Submit, Trampoline
+from ..core.plan import Plan, plan_yield
 
 if TYPE_CHECKING:
-    from ._api import CoroutineTask
+    from .call import CoroutineTask
 
 
 class _Scope:

@@ -1,0 +1,325 @@
+"""NumPy arrays in POSIX shared memory whose lifetime follows task keys.
+
+Inside a task on a distributed worker, ``empty``, ``zeros`` and ``from_array``
+create a segment, tie it to the running task's key (``dask_coro.tie``) and
+return a ``ShmArray`` that views it. The array pickles as a small handle
+(segment name, shape, dtype, strides, offset); unpickled in another process on
+the same host it maps the same memory, without a copy, and writes are seen by
+every process. A task whose result holds such an array (itself, a view of it,
+or inside a list, tuple or dict) keeps the segment alive as well. The segment
+is unlinked when the last key holding it is forgotten; processes that still map
+it keep their mapping until they drop their arrays.
+
+Outside a distributed worker (a local scheduler, plain Python) the segment
+lives as long as the arrays created in this process, and is unlinked when the
+last of them is garbage collected or the process exits.
+
+Segments are named ``dask-coro-<hex>``; ``segments()`` lists those on this
+host, so a leak can be found (``ls /dev/shm/dask-coro-*`` on Linux).
+
+NumPy is needed: ``pip install "dask-coro[shm]"``.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import uuid
+import weakref
+from typing import Any
+
+import numpy as np
+
+from .._context import shm_as_handles
+from .._exceptions import DaskCoroError
+
+__all__ = ["PREFIX", "ShmArray", "empty", "from_array", "segments", "zeros"]
+
+#: Every segment's name starts with this.
+PREFIX = "dask-coro-"
+
+_lock = threading.Lock()
+#: Segments mapped in this process, by name.
+_mapped: weakref.WeakValueDictionary[str, _Segment] = weakref.WeakValueDictionary()
+#: Mapped segments whose lifetime the cluster manages (they may be in results).
+_managed: weakref.WeakSet[_Segment] = weakref.WeakSet()
+
+
+def _posix() -> Any:
+    try:
+        import _posixshmem
+    except ImportError:  # Windows
+        raise DaskCoroError("POSIX shared memory is not available on this platform") from None
+    return _posixshmem
+
+
+def _unlink(name: str) -> None:
+    """Release of a segment: unlink its name. Idempotent."""
+    try:
+        _posix().shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
+
+
+class _Segment:
+    """One mapping of a named segment in this process. The arrays viewing it
+    keep it (and so the mapping) alive."""
+
+    __slots__ = ("__weakref__", "address", "managed", "mm", "name", "size")
+
+    def __init__(self, name: str, mm: mmap.mmap, managed: bool) -> None:
+        self.name = name
+        self.mm = mm
+        self.size = len(mm)
+        self.managed = managed
+        self.address = np.frombuffer(mm, dtype=np.uint8).__array_interface__["data"][0]
+
+    def holds(self, a: np.ndarray) -> bool:
+        start = a.__array_interface__["data"][0]
+        return self.address <= start < self.address + self.size or (
+            a.size == 0 and start == self.address + self.size
+        )
+
+    def array(self, shape: Any, dtype: Any, strides: Any, offset: int) -> ShmArray:
+        base = np.ndarray(shape, dtype, buffer=self.mm, offset=offset, strides=strides)
+        out = base.view(ShmArray)
+        out._segment = self
+        return out
+
+
+def _create(nbytes: int) -> _Segment:
+    posix = _posix()
+    key: Any = None
+    managed = False
+    name = PREFIX + uuid.uuid4().hex[:16]  # short: macOS allows 31 characters
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except (ImportError, ValueError):
+        worker = None
+    if worker is not None:
+        from .._context import current_key
+        from .worker import tie_quietly
+
+        key = current_key()
+        # Tied before it exists: a worker dying between the two leaves a
+        # release with nothing to unlink, never a segment nobody releases.
+        managed = tie_quietly(name, _unlink, key)
+    fd = posix.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    try:
+        os.ftruncate(fd, max(nbytes, 1))  # zero-filled; mmap refuses length 0
+        mm = mmap.mmap(fd, max(nbytes, 1))
+    except BaseException:
+        _unlink(name)
+        raise
+    finally:
+        os.close(fd)
+    segment = _Segment(name, mm, managed=managed)
+    with _lock:
+        _mapped[name] = segment
+        if managed:
+            _managed.add(segment)
+    if not managed:
+        # Local lifetime (no cluster, or a key already forgotten): unlink when
+        # this process drops its last array over it, or exits.
+        weakref.finalize(segment, _unlink, name)
+    return segment
+
+
+class _Handle:
+    """A shared array on its way through the scheduler, unmapped."""
+
+    __slots__ = ("args",)
+
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        self.args = args
+
+    def __reduce__(self) -> Any:
+        return (_attach, self.args)
+
+    def __repr__(self) -> str:
+        return f"<shared array handle {self.args[0]}>"
+
+
+def _attach(
+    name: str, managed: bool, shape: Any, dtype: Any, strides: Any, offset: int
+) -> ShmArray | _Handle:
+    """Unpickle a handle: map the named segment once per process."""
+    if shm_as_handles.get():
+        return _Handle((name, managed, shape, dtype, strides, offset))
+    with _lock:
+        segment = _mapped.get(name)
+        if segment is None:
+            try:
+                fd = _posix().shm_open("/" + name, os.O_RDWR, mode=0o600)
+            except FileNotFoundError:
+                raise FileNotFoundError(
+                    f"shared-memory segment {name!r} does not exist on this host: it "
+                    "was released (every key holding it was forgotten, or the process "
+                    "that made it outside a cluster dropped it), or it was made on "
+                    "another host (shared-memory arrays are shared by the processes "
+                    "of one host)"
+                ) from None
+            try:
+                mm = mmap.mmap(fd, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
+            segment = _Segment(name, mm, managed=managed)
+            _mapped[name] = segment
+            if managed:
+                _managed.add(segment)
+    return segment.array(shape, dtype, strides, offset)
+
+
+class ShmArray(np.ndarray):
+    """A NumPy array over a shared-memory segment; pickles as a handle.
+
+    Views (slices, transposes, reshapes without a copy) stay ``ShmArray`` and
+    pickle as handles too. Anything that allocates new memory (``copy()``,
+    arithmetic) is not in the segment and behaves as a plain array.
+    ``np.asarray(a)`` gives a plain ``ndarray`` view, which pickles by copying.
+    """
+
+    _segment: _Segment | None = None
+
+    def __array_finalize__(self, obj: Any) -> None:
+        segment = getattr(obj, "_segment", None)
+        self._segment = segment if segment is not None and segment.holds(self) else None
+
+    def __array_wrap__(self, array: Any, context: Any = None, return_scalar: bool = False) -> Any:
+        out = super().__array_wrap__(array, context, return_scalar)
+        if isinstance(out, ShmArray) and out._segment is None:
+            return out.view(np.ndarray)
+        return out
+
+    @property
+    def segment_name(self) -> str | None:
+        """The segment's name, or None if this array's memory is not shared."""
+        return None if self._segment is None else self._segment.name
+
+    def __reduce__(self) -> Any:
+        segment = self._segment
+        if segment is None:
+            return self.view(np.ndarray).__reduce__()
+        offset = self.__array_interface__["data"][0] - segment.address
+        return (
+            _attach,
+            (segment.name, segment.managed, self.shape, self.dtype, self.strides, offset),
+        )
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return self.__reduce__()
+
+
+def empty(shape: Any, dtype: Any = float, *, order: str = "C") -> ShmArray:
+    """A new array in shared memory (zero-filled, as the OS gives new pages)."""
+    dtype = np.dtype(dtype)
+    if dtype.hasobject:
+        raise TypeError(
+            f"dtype {dtype} holds Python objects, which cannot live in shared memory"
+        )
+    if order not in ("C", "F"):
+        raise ValueError(f"order must be 'C' or 'F', got {order!r}")
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if any(not isinstance(n, (int, np.integer)) or n < 0 for n in shape):
+        raise ValueError(f"shape must be non-negative integers, got {shape!r}")
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    segment = _create(nbytes)
+    strides = _strides(shape, dtype.itemsize, order)
+    return segment.array(shape, dtype, strides, 0)
+
+
+zeros = empty
+
+
+def from_array(a: Any) -> ShmArray:
+    """A copy of ``a`` in shared memory."""
+    a = np.asarray(a)
+    out = empty(a.shape, a.dtype)
+    out[...] = a
+    return out
+
+
+def _strides(shape: tuple[int, ...], itemsize: int, order: str) -> tuple[int, ...]:
+    strides = []
+    step = itemsize
+    dims = reversed(shape) if order == "C" else shape
+    for n in dims:
+        strides.append(step)
+        step *= max(int(n), 1)
+    return tuple(reversed(strides)) if order == "C" else tuple(strides)
+
+
+def segments() -> list[str]:
+    """Names of dask_coro segments that exist on this host (Linux: ``/dev/shm``)."""
+    try:
+        return sorted(n for n in os.listdir("/dev/shm") if n.startswith(PREFIX))
+    except FileNotFoundError:
+        raise DaskCoroError("listing segments needs /dev/shm (Linux)") from None
+
+
+# -- the worker plugin's view ------------------------------------------------
+
+
+def any_attached() -> bool:
+    """Whether this process maps a segment the cluster manages."""
+    return len(_managed) > 0
+
+
+def segments_in(value: Any) -> set[str]:
+    """Names of managed segments ``value`` holds: itself, or inside lists,
+    tuples and dicts, however deep."""
+    found: set[str] = set()
+    stack = [value]
+    seen: set[int] = set()
+    while stack:
+        v = stack.pop()
+        if isinstance(v, ShmArray):
+            if v._segment is not None and v._segment.managed:
+                found.add(v._segment.name)
+        elif isinstance(v, (list, tuple, dict)):
+            if id(v) in seen:
+                continue
+            seen.add(id(v))
+            stack.extend(v.values() if isinstance(v, dict) else v)
+    return found
+
+
+# -- distributed integration -------------------------------------------------
+
+
+def _register() -> None:
+    try:
+        from dask.sizeof import sizeof
+        from distributed.protocol.serialize import dask_deserialize, dask_serialize
+    except ImportError:
+        return
+    import pickle
+
+    @dask_serialize.register(ShmArray)
+    def _serialize(x: ShmArray) -> tuple[dict[str, Any], list[Any]]:
+        # Registered so distributed does not take numpy's serializer (found
+        # through the MRO), which would copy the data.
+        if x._segment is None:
+            plain = x.view(np.ndarray)
+            header, frames = dask_serialize.dispatch(np.ndarray)(plain)
+            return {"plain": header}, frames
+        return {}, [pickle.dumps(x)]
+
+    @dask_deserialize.register(ShmArray)
+    def _deserialize(header: dict[str, Any], frames: list[Any]) -> Any:
+        if "plain" in header:
+            return dask_deserialize.dispatch(np.ndarray)(header["plain"], frames)
+        return pickle.loads(frames[0])
+
+    @sizeof.register(ShmArray)
+    def _sizeof(x: ShmArray) -> int:
+        # Shared pages belong to the host, not to each worker holding a
+        # handle; counting them per worker would make distributed spill
+        # handles and avoid moving work to where the data already is.
+        return 200 if x._segment is not None else int(x.nbytes)
+
+
+_register()
