@@ -25,8 +25,8 @@ __version__ = "0.1.0"
 
 # These import distributed, which importing dask_coro does not.
 _LAZY = {
-    "tie": (".lifetimes.worker", "tie"),
-    "release_abandoned": (".lifetimes.worker", "release_abandoned"),
+    "tie": (".lifetimes.tie", "tie"),
+    "release_abandoned": (".lifetimes.registry", "release_abandoned"),
     "progress": (".diagnostics.client", "progress"),
     "tree": (".diagnostics.client", "tree"),
     "Tree": (".diagnostics.client", "Tree"),

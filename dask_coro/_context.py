@@ -1,4 +1,5 @@
-"""Task context: which key is running here."""
+"""Task context: which key is running here (pure but for a look at
+distributed's own task context, when distributed is loaded)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,6 @@ from ._exceptions import NotInTaskError
 
 #: Set inside the context every coroutine step runs in (worker and local driver).
 running_key: ContextVar[Hashable] = ContextVar("dask_coro.running_key")
-
-#: Set while a scheduler deserializes a task graph (see
-#: ``_lifetimes_scheduler.keep_handles``): the scheduler only passes task
-#: arguments on, so a shared array's handle stays a handle, mapping nothing.
-shm_as_handles: ContextVar[bool] = ContextVar("dask_coro.shm_as_handles", default=False)
 
 
 def current_key() -> Hashable:
@@ -33,11 +29,12 @@ def current_key() -> Hashable:
     key = running_key.get(None)
     if key is not None:
         return key
-    dist = sys.modules.get("distributed")
-    if dist is not None:
-        from distributed.worker import get_worker, thread_state
+    if sys.modules.get("distributed") is not None:  # else no task of distributed runs here
+        from distributed.worker import get_worker
 
-        key = getattr(thread_state, "key", None)  # set by distributed.worker._run_task
+        from ._internals.distributed_private import async_tasks_executing, thread_task_key
+
+        key = thread_task_key()
         if key is not None:
             return key
         try:
@@ -48,13 +45,7 @@ def current_key() -> Hashable:
             # An async task runs on the event loop, where distributed sets no
             # key (Worker.execute -> _run_task_async). If it is the only async
             # task executing, it is us.
-            async_keys = [
-                k
-                for k in worker.active_keys
-                if (ts := worker.state.tasks.get(k)) is not None
-                and ts.run_spec is not None
-                and getattr(ts.run_spec, "is_coro", False)
-            ]
+            async_keys = async_tasks_executing(worker)
             if len(async_keys) == 1:
                 return async_keys[0]
             if async_keys:

@@ -14,7 +14,7 @@ import pytest
 
 import dask_coro
 from dask_coro import BadYieldError, DaskCoroError, coroutine
-from dask_coro.core.classify import ACCEPTED, _Rejected, classifier, is_lazy
+from dask_coro.core.classify import ACCEPTED, Rejected, classifier, is_lazy
 from dask_coro.core.structure import Structure
 
 
@@ -81,7 +81,7 @@ def test_is_lazy_false_for_numpy():
 
 
 def test_is_lazy_raises_internal_rejected_for_set():
-    with pytest.raises(_Rejected):
+    with pytest.raises(Rejected):
         is_lazy({1})
 
 
@@ -95,7 +95,7 @@ def test_is_lazy_can_be_extended():
     is_lazy.register(MyLazy, lambda obj: True)
 
     def reject(obj):
-        raise _Rejected("custom hint")
+        raise Rejected("custom hint")
 
     is_lazy.register(MyBad, reject)
     # (singledispatch has no unregister; these test-local classes stay

@@ -15,47 +15,12 @@ import dask
 import pytest
 from distributed import Client, LocalCluster, SchedulerPlugin
 from distributed.utils_test import async_poll_for, gen_cluster
+from helpers import recorder
 from workloads import afib, fib, inc, process_all, process_all_checked, sequential_fib
 
 import dask_coro
 from dask_coro import coroutine, current_key
 from dask_coro.core.plan import derive_key
-
-
-class Recorder(SchedulerPlugin):
-    """Records every update-graph and every transition on the scheduler."""
-
-    def __init__(self) -> None:
-        self.graphs: list[set] = []
-        self.transitions: list[tuple] = []
-        self.max_tasks = 0
-        self.scheduler = None
-
-    async def start(self, scheduler):
-        self.scheduler = scheduler
-
-    def update_graph(self, scheduler, *, keys, **kwargs):
-        self.graphs.append(set(keys))
-
-    def transition(self, key, start, finish, *args, **kwargs):
-        self.transitions.append((key, start, finish))
-        if self.scheduler is not None:
-            self.max_tasks = max(self.max_tasks, len(self.scheduler.tasks))
-
-    def ran(self, prefix: str) -> list:
-        """Keys with this prefix that finished computing (went to memory)."""
-        return [
-            k
-            for k, start, finish in self.transitions
-            if finish == "memory" and str(k).startswith(prefix + "-")
-        ]
-
-
-async def recorder(s) -> Recorder:
-    r = Recorder()
-    s.add_plugin(r)
-    await r.start(s)
-    return r
 
 
 @gen_cluster(client=True, nthreads=[("", 1)])
@@ -67,7 +32,7 @@ async def test_recursion_deeper_than_threads_on_one_thread(c, s, a):
 
 @gen_cluster(client=True, nthreads=[("", 1), ("", 1)])
 async def test_process_all_reuses_the_list(c, s, a, b):
-    r = await recorder(s)
+    r = recorder(s)
     for _ in range(5):
         total, data = await c.compute(process_all_checked())
         assert total == sum(x + 1 for x in data)
@@ -85,7 +50,7 @@ async def test_one_message_per_yield(c, s, a):
             total += sum((yield [inc(i) for i in range(n)]))
         return total
 
-    r = await recorder(s)
+    r = recorder(s)
     assert await c.compute(fan(50, 3)) == 3 * sum(range(1, 51))
     # One update-graph from the client, then one per yield with all 50 children.
     assert len(r.graphs) == 4
@@ -94,7 +59,7 @@ async def test_one_message_per_yield(c, s, a):
 
 @gen_cluster(client=True, nthreads=[("", 1)])
 async def test_children_keys_are_derived_and_prioritised(c, s, a):
-    r = await recorder(s)
+    r = recorder(s)
 
     @coroutine
     def parent():
@@ -134,7 +99,7 @@ async def test_results_released_after_resume(c, s, a):
             total += yield inc(i)
         return total
 
-    r = await recorder(s)
+    r = recorder(s)
     assert await c.compute(loop(1000)) == sum(range(1, 1001))
     # Root plus at most a couple of children alive at any time, not 1,000.
     assert r.max_tasks <= 5, r.max_tasks

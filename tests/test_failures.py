@@ -24,14 +24,16 @@ import uuid
 from pathlib import Path
 
 import pytest
-from distributed import Client, Event, Future, Nanny, SchedulerPlugin, get_client
+from distributed import Client, Event, Future, Nanny, get_client
 from distributed.client import FutureCancelledError
-from distributed.utils_test import async_poll_for, captured_logger, gen_cluster
-
-import dask_coro
+from distributed.utils_test import async_poll_for, captured_logger
 from filelog import append as _append
 from filelog import lines as _lines
 from filelog import ticks_after_cancel
+from helpers import cluster, recorder
+from workloads import boom, does_not_catch, inc
+
+import dask_coro
 from dask_coro import BadYieldError, coroutine
 from dask_coro.core.plan import derive_key
 
@@ -42,21 +44,6 @@ from dask_coro.core.plan import derive_key
 
 def _touch(folder: str, name: str, text: str = "") -> None:
     Path(folder, name).write_text(text)
-
-
-
-
-def cluster(**kwargs):
-    """gen_cluster whose client is not the default client.
-
-    A worker's ``get_client()`` adopts the process's default client when it
-    talks to the same scheduler; gen_cluster's workers live in the test's
-    process, so with the test's client as default the coroutines would submit
-    their children through it. Here every worker makes its own client, as it
-    does in a real deployment, and closing or cancelling from the test's client
-    is something the runner has to notice.
-    """
-    return gen_cluster(client=True, client_kwargs={"set_as_default": False}, **kwargs)
 
 
 def _keys_with_prefix(s, prefix: str) -> list:
@@ -76,34 +63,8 @@ class MyError(Exception):
     """A user exception type: must come back as itself, not a wrapper."""
 
 
-class Recorder(SchedulerPlugin):
-    """Every key the scheduler ever heard of, and the keys that reached memory."""
-
-    def __init__(self) -> None:
-        self.seen: set = set()
-        self.memory: list = []
-
-    def update_graph(self, scheduler, *, keys, **kwargs):
-        self.seen.update(keys)
-
-    def transition(self, key, start, finish, *args, **kwargs):
-        self.seen.add(key)
-        if finish == "memory":
-            self.memory.append(key)
-
-
 # --------------------------------------------------------------------------
 # child errors
-
-
-@coroutine
-def boom(x):
-    raise ValueError(f"boom {x}")  # BOOM-LINE
-
-
-@coroutine
-def inc(x):
-    return x + 1
 
 
 @coroutine
@@ -173,13 +134,6 @@ async def test_error_crosses_two_levels_with_its_type_and_args(c, s, a):
     # Both the grandchild that raised and the coroutine it passed through.
     assert "in raises_custom" in tb, tb
     assert "in middle" in tb, tb
-
-
-@coroutine
-def does_not_catch():
-    yield inc(1)
-    yield [inc(2), boom(8)]
-    return "unreachable"
 
 
 @cluster(nthreads=[("", 1)])
@@ -343,8 +297,7 @@ def keeps_its_sibling(go: str, folder: str):
 
 @cluster(nthreads=[("", 2)])
 async def test_sibling_still_used_by_the_parent_is_kept_and_reused(c, s, a, tmp_path):
-    r = Recorder()
-    s.add_plugin(r)
+    r = recorder(s)
     go = f"go-{uuid.uuid4().hex}"
     root = keeps_its_sibling(go, str(tmp_path), dask_key_name="keeper")
     sibling = derive_key("slow_value", "keeper", 0, (1,))
@@ -492,8 +445,7 @@ def blocks_between_yields(folder: str, go: str):
 @cluster(nthreads=[("", 1)])
 async def test_cancel_while_body_runs_between_yields(c, s, a, tmp_path):
     go = f"go-{uuid.uuid4().hex}"
-    r = Recorder()
-    s.add_plugin(r)
+    r = recorder(s)
     try:
         fut = c.compute(blocks_between_yields(str(tmp_path), go, dask_key_name="busy"))
         await async_poll_for(lambda: (tmp_path / "in-body").exists(), timeout=20)
@@ -752,8 +704,7 @@ async def awaits_asyncio():
 
 @cluster(nthreads=[("", 1)])
 async def test_yielding_a_set_raises_bad_yield_at_the_yield(c, s, a):
-    r = Recorder()
-    s.add_plugin(r)
+    r = recorder(s)
     etype, msg, after = await c.compute(yields_a_set(True, dask_key_name="setter"))
     assert etype is BadYieldError
     assert issubclass(etype, TypeError)

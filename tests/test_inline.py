@@ -29,14 +29,14 @@ from distributed import (
     Future,
     LocalCluster,
     Nanny,
-    SchedulerPlugin,
     get_client,
 )
-from distributed.utils_test import async_poll_for, gen_cluster
+from distributed.utils_test import async_poll_for
 from filelog import append as _append
 from filelog import lines as _lines
 from filelog import ticks_after_cancel
-from workloads import afib, fib
+from helpers import cluster, recorder
+from workloads import afib, boom, does_not_catch, fib, inc
 
 import dask_coro
 from dask_coro import Promise, coroutine, current_key
@@ -45,50 +45,14 @@ from dask_coro.core.plan import derive_key
 pytestmark = pytest.mark.inline
 
 
-def cluster(**kwargs):
-    """gen_cluster whose client is not the default client: every worker talks
-    to the scheduler through a client of its own, as in a real deployment
-    (see tests/test_failures.py)."""
-    return gen_cluster(client=True, client_kwargs={"set_as_default": False}, **kwargs)
-
-
-class Recorder(SchedulerPlugin):
-    """Every key the scheduler ever heard of."""
-
-    def __init__(self) -> None:
-        self.seen: set = set()
-
-    def update_graph(self, scheduler, *, keys, **kwargs):
-        self.seen.update(keys)
-
-    def transition(self, key, start, finish, *args, **kwargs):
-        self.seen.add(key)
-
-
-def recorder(s) -> Recorder:
-    r = Recorder()
-    s.add_plugin(r)
-    return r
-
-
 # --------------------------------------------------------------------------
 # coroutines (module level: Nanny and LocalCluster workers import them)
-
-
-@coroutine
-def inc(x):
-    return x + 1
 
 
 @coroutine
 def logged(folder, tag, value=None):
     _append(folder, "runs", tag)
     return tag if value is None else value
-
-
-@coroutine
-def boom(x):
-    raise ValueError(f"boom {x}")  # BOOM-LINE
 
 
 @coroutine
@@ -108,13 +72,6 @@ def catches(folder, kind):
         caught = None
     after = yield [inc(10), inc(20)]
     return caught, after
-
-
-@coroutine
-def does_not_catch():
-    yield inc(1)
-    yield [inc(2), boom(8)]
-    return "unreachable"
 
 
 def _double(x):

@@ -1,4 +1,4 @@
-"""The inline trampoline (dask_coro/_inline.py), driven directly as the worker
+"""The inline trampoline (dask_coro/core/engine.py), driven directly as the worker
 runner drives it: no cluster, no threads.
 
 ``start``/``run``/``resume``/``throw`` return ``Done`` (the root finished),
@@ -18,10 +18,8 @@ from dask.delayed import Delayed
 import dask_coro
 from dask_coro.examples import afib, fib
 from dask_coro import BadYieldError, coroutine, current_key
-from dask_coro.runtime.call import CoroutineCall, mark_done
-from dask_coro.core.classify import classifier
-from dask_coro.core.driver import Raised, Returned
-from dask_coro.core.trampoline import Done, Idle, Stopped, Submit, Trampoline
+from dask_coro.core.engine import Done, Idle, Raised, Returned, Stopped, Submit
+from dask_coro.runtime.call import CoroutineCall, trampoline
 from dask_coro.core.plan import derive_key
 
 # --------------------------------------------------------------------------
@@ -38,20 +36,18 @@ def _clear_log():
 
 
 def make(idle=None, cancelled=None, check_every=256):
-    return Trampoline(
+    return trampoline(
         "root",
-        call_type=CoroutineCall,
-        classify=classifier,
-        mark_done=mark_done,
+        inline=True,
         idle=idle if idle is not None else Idle(0),
         cancelled=cancelled if cancelled is not None else (lambda: False),
         check_every=check_every,
     )
 
 
-def start(func, *args, tramp=None, ext="root-ext", **kwargs):
+def start(func, *args, tramp=None, scope="root-scope", **kwargs):
     t = tramp or make()
-    return t, t.start(func.__wrapped__, args, kwargs, ext)
+    return t, t.start(func.__wrapped__, args, kwargs, scope)
 
 
 def returned(out):
@@ -593,7 +589,7 @@ def test_same_call_object_computed_once():
     a, b, again, more, c = returned(out)
     assert (a, b, again, more) == ("once", "once", "once", {"x": "once"})
     assert LOG == ["once"]
-    assert c._done == ("once",)
+    assert c.__dask_coro_done__ == ("once",)
     # Passed into a lazy call afterwards: its value, not a recomputation.
     assert dask.delayed(lambda v: v + "!")(c).compute(scheduler="sync") == "once!"
     assert LOG == ["once"]
@@ -768,26 +764,26 @@ def test_call_passed_into_another_lazy_call_is_remote():
 
 
 def test_ended_holds_only_frames_with_an_ext():
-    t, out = start(top_of_promotion, ext="root-ext")
+    t, out = start(top_of_promotion, scope="root-scope")
     frames = list(t.stack)
     while type(out) is Submit:
         for frame, _ in out.batches:
-            if frame.ext is None:
-                frame.ext = f"ext of {frame.label}"  # as the runner does
-        assert all(f.ext is not None for f in t.ended)
+            if frame.scope is None:
+                frame.scope = f"scope of {frame.label}"  # as the runner does
+        assert all(f.scope is not None for f in t.ended)
         out = t.resume([f"v{p}" for p in out.frame.remote]) if out.wait else t.run()
     returned(out)
     assert t.ended
-    assert all(f.ext is not None for f in t.ended)
+    assert all(f.scope is not None for f in t.ended)
     assert {f.label for f in t.ended} <= {f.label for f in frames}
     assert frames[0] in t.ended
 
 
 def test_ended_excludes_frames_run_only_inline():
-    t, out = start(shapes, ext="root-ext")
+    t, out = start(shapes, scope="root-scope")
     returned(out)
-    assert t.ended and all(f.ext == "root-ext" for f in t.ended)
-    t, out = start(shapes, ext=None)
+    assert t.ended and all(f.scope == "root-scope" for f in t.ended)
+    t, out = start(shapes, scope=None)
     returned(out)
     assert t.ended == []
 

@@ -25,11 +25,11 @@ import uuid
 
 import dask
 import pytest
-from distributed import Event, Nanny, SchedulerPlugin, get_client, get_worker
+from distributed import Event, Nanny, get_client, get_worker
 from distributed.utils_test import async_poll_for, gen_cluster
-
 from filelog import append as _append
 from filelog import lines as _lines
+from helpers import recorder
 
 from dask_coro import Promise, PromiseError
 
@@ -456,17 +456,6 @@ def explore(state: int, depth: int, promise: Promise) -> None:
     promise.resolve_with(combine(state, child_promises))
 
 
-class Recorder(SchedulerPlugin):
-    """Keys that reached memory."""
-
-    def __init__(self) -> None:
-        self.memory: list = []
-
-    def transition(self, key, start, finish, *args, **kwargs):
-        if finish == "memory":
-            self.memory.append(key)
-
-
 def search(depth: int) -> Promise:
     root = Promise()
     root.resolve_with(explore(0, depth, root))
@@ -475,8 +464,7 @@ def search(depth: int) -> Promise:
 
 @gen_cluster(client=True, nthreads=[("", 1), ("", 1)], timeout=110, **VALIDATE)
 async def test_branched_search_through_promises(c, s, a, b):
-    r = Recorder()
-    s.add_plugin(r)
+    r = recorder(s)
     root = await asyncio.to_thread(search, DEPTH)
     result = c.compute(root)
     assert await value(result, timeout=90) == best_sequential(0, DEPTH)

@@ -19,28 +19,62 @@ def run(code: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_pure_modules_work_with_distributed_blocked():
+CORE = sorted(p.stem for p in (PKG / "core").glob("*.py") if p.stem != "__init__")
+
+
+def test_core_folder_is_known():
+    # A new core module joins the purity checks below by being in core/.
+    assert {"cache", "classify", "engine", "plan", "scope", "structure"} <= set(CORE)
+
+
+def test_every_core_module_imports_with_distributed_blocked_and_starts_nothing():
+    r = run(
+        f"""
+        import asyncio, importlib, sys, threading
+        sys.modules["distributed"] = None  # any import of it now fails
+        before = threading.active_count()
+        for name in {CORE!r}:
+            importlib.import_module("dask_coro.core." + name)
+        assert threading.active_count() == before, threading.enumerate()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError("an event loop runs")
+        assert asyncio.get_event_loop_policy()._local._loop is None, "an event loop was made"
+        assert sys.modules["distributed"] is None
+        assert not [m for m in sys.modules if m.startswith("distributed.")]
+        assert not [m for m in sys.modules if m.startswith(("tornado", "greenlet"))]
+        print("ok")
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+def test_pure_core_runs_a_coroutine_with_distributed_blocked():
     r = run(
         """
         import sys
-        sys.modules["distributed"] = None  # any import of it now fails
+        sys.modules["distributed"] = None
 
-        import dask_coro.core.structure, dask_coro.core.driver, dask_coro.core.cache
-        from dask_coro.core.driver import Driver, Yielded, Returned
-        from dask_coro.core.structure import Structure
         from dask_coro.core.cache import ResultCache
+        from dask_coro.core.engine import Done, Returned, Trampoline
+        from dask_coro.core.structure import Structure
 
         def body(x):
             a, b = yield [x, x + 1]
             return a + b
 
-        d = Driver("body")
-        step = d.start(body, (1,), {})
-        assert step == Yielded([1, 2]), step
-        s = Structure(step.value, lambda obj, path: True)
-        assert s.paths == [(0,), (1,)]
-        step = d.send(s.rebuild([10, 20]))
-        assert step == Returned(30), step
+        t = Trampoline("body", call_type=None, classify=lambda name, i: lambda obj, path: True)
+        out = t.start(body, (1,), {})
+        assert [out.frame.leaves[p] for p in out.frame.remote] == [1, 2]
+        out = t.resume([10, 20])
+        assert type(out) is Done and type(out.step) is Returned and out.step.value == 30
+
+        s = Structure({"a": [1, 2]}, lambda obj, path: True)
+        assert s.paths == [("a", 0), ("a", 1)] and s.rebuild([3, 4]) == {"a": [3, 4]}
 
         class L: pass
         c = ResultCache()
@@ -49,7 +83,6 @@ def test_pure_modules_work_with_distributed_blocked():
         del layer
         import gc; gc.collect()
         assert c.sweep() == ["b"]
-        assert sys.modules["distributed"] is None
         print("ok")
         """
     )
@@ -158,27 +191,40 @@ def test_local_driver_does_not_import_distributed():
 
 
 def _imported_modules(path: pathlib.Path) -> set[str]:
+    """Every module a file imports, anywhere in it: absolute ones by their
+    full name, relative ones with their leading dots."""
     tree = ast.parse(path.read_text())
     out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            out.update(a.name.split(".")[0] for a in node.names)
+            out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level == 0 and node.module:
-                out.add(node.module.split(".")[0])
-            else:
-                out.add("." + (node.module or ""))
+            out.add("." * node.level + (node.module or ""))
     return out
 
 
+def _top(mods: set[str]) -> set[str]:
+    return {m.split(".")[0] for m in mods if not m.startswith(".")}
+
+
+def test_core_imports_no_distributed_and_nothing_outside_core_but_the_seams():
+    allowed = {".._exceptions", ".._internals.dask_private"}
+    for name in CORE:
+        mods = _imported_modules(PKG / "core" / f"{name}.py")
+        assert "distributed" not in _top(mods), name
+        outside = {m for m in mods if m.startswith("..")}
+        assert outside <= allowed, (name, outside)
+        # dask's private modules only through the seam
+        assert not {m for m in mods if m.startswith("dask._")}, name
+
+
 def test_pure_modules_import_neither_dask_nor_distributed():
-    # _structure, _driver and _cache say "Pure: no dask, no distributed".
-    for name in ("core/structure.py", "core/driver.py", "core/cache.py", "_exceptions.py", "lifetimes/ledger.py", "diagnostics/book.py"):
+    # Pure of dask as well: structure, cache, scope, the ledger, the tree book.
+    for name in ("core/structure.py", "core/cache.py", "core/scope.py", "_exceptions.py", "lifetimes/ledger.py", "diagnostics/book.py"):
         mods = _imported_modules(PKG / name)
-        assert "dask" not in mods, name
-        assert "distributed" not in mods, name
+        assert not _top(mods) & {"dask", "distributed"}, name
         relative = {m for m in mods if m.startswith(".")}
-        assert relative <= {".._exceptions", "._exceptions", ".structure"}, (name, relative)
+        assert relative <= {".._exceptions", ".cache", ".structure"}, (name, relative)
 
 
 def test_no_module_level_distributed_import_anywhere():
@@ -190,6 +236,8 @@ def test_no_module_level_distributed_import_anywhere():
         "promise/scheduler.py",
         "lifetimes/scheduler.py",
         "lifetimes/worker.py",
+        "lifetimes/tie.py",
+        "lifetimes/registry.py",
         "diagnostics/scheduler.py",
         "runtime/scheduler.py",
         "_internals/distributed_private.py",

@@ -37,7 +37,7 @@ from filelog import append as _append
 from filelog import lines as _lines
 from dask_coro import DaskCoroError, coroutine, shm
 from dask_coro.lifetimes import shm as _shm_impl
-from dask_coro.lifetimes.worker import registry_dir
+from dask_coro.lifetimes.registry import registry_dir
 
 try:
     shm.segments()

@@ -17,5 +17,17 @@ def process_all_checked():
     return total, data
 
 
+@coroutine
+def boom(x):
+    raise ValueError(f"boom {x}")  # BOOM-LINE
+
+
+@coroutine
+def does_not_catch():
+    yield inc(1)
+    yield [inc(2), boom(8)]
+    return "unreachable"
+
+
 def sequential_fib(i):
     return i if i < 2 else sequential_fib(i - 1) + sequential_fib(i - 2)

@@ -17,10 +17,10 @@ from functools import singledispatch
 from typing import Any
 
 import dask
-from dask._task_spec import TaskRef
 from dask.delayed import Delayed
 
 from .._exceptions import BadYieldError
+from .._internals.dask_private import TaskRef
 from .structure import Path, format_path
 
 ACCEPTED = (
@@ -29,7 +29,7 @@ ACCEPTED = (
 )
 
 
-class _Rejected(Exception):
+class Rejected(Exception):
     """Internal: ``is_lazy`` refuses an object; carries a hint for the user."""
 
     def __init__(self, hint: str = ""):
@@ -41,9 +41,9 @@ def is_lazy(obj: Any) -> bool:
     if dask.is_dask_collection(obj) or isinstance(obj, TaskRef):
         return True  # Delayed, coroutine calls, arrays, bags, dataframes, Futures
     if hasattr(obj, "__await__"):
-        raise _Rejected("an awaitable of another event loop cannot be waited for here")
+        raise Rejected("an awaitable of another event loop cannot be waited for here")
     if isinstance(obj, Iterator):
-        raise _Rejected("an iterator is consumed once; yield a list of its items instead")
+        raise Rejected("an iterator is consumed once; yield a list of its items instead")
     return False
 
 
@@ -57,14 +57,14 @@ def _(obj: Any) -> bool:
 @is_lazy.register(set)
 @is_lazy.register(frozenset)
 def _(obj: Any) -> bool:
-    raise _Rejected("a set has no order to give results back in; yield a list instead")
+    raise Rejected("a set has no order to give results back in; yield a list instead")
 
 
 @is_lazy.register(types.GeneratorType)
 @is_lazy.register(types.CoroutineType)
 @is_lazy.register(types.AsyncGeneratorType)
 def _(obj: Any) -> bool:
-    raise _Rejected(
+    raise Rejected(
         "did you call a generator or async function without @dask_coro.coroutine?"
     )
 
@@ -72,7 +72,7 @@ def _(obj: Any) -> bool:
 @is_lazy.register(concurrent.futures.Future)
 @is_lazy.register(asyncio.Future)
 def _(obj: Any) -> bool:
-    raise _Rejected("only distributed.Future objects can be yielded")
+    raise Rejected("only distributed.Future objects can be yielded")
 
 
 def classifier(name: str, index: int) -> Callable[[Any, Path], bool]:
@@ -82,7 +82,7 @@ def classifier(name: str, index: int) -> Callable[[Any, Path], bool]:
     def classify(obj: Any, path: Path) -> bool:
         try:
             return is_lazy(obj)
-        except _Rejected as e:
+        except Rejected as e:
             hint = f" ({e.hint})" if e.hint else ""
             raise BadYieldError(
                 f"coroutine {name!r} yielded {_short_repr(obj)} at position "

@@ -23,13 +23,14 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dask._task_spec import (
+from .._internals.dask_private import (
     Alias,
     DataNode,
     GraphNode,
     Task,
     TaskRef,
     convert_legacy_task,
+    finalized_graph,
 )
 from dask.delayed import Delayed
 from dask.utils import key_split
@@ -109,7 +110,7 @@ def plan_yield(
             # plain dict graph has no layers to follow.
             out, layer_of = leaf.key, hasattr(graph, "layers")
         else:
-            out, nodes = _collection_graph(leaf, rename)
+            out, nodes = collection_graph(leaf, rename)
             layer_of = False
         added = _rename_below(out, nodes, rename, plan.graph, parent, index, path)
         plan.outputs.append(rename[out])
@@ -141,7 +142,7 @@ def _index_layers(hlg: Any) -> dict[Key, tuple[Any, Any]]:
     return out
 
 
-def _collection_graph(
+def collection_graph(
     coll: Any, known: Mapping[Key, Key] | None = None
 ) -> tuple[Key, dict[Key, tuple[Any, Any]]]:
     """The optimized, finalized graph of any dask collection, as
@@ -151,15 +152,9 @@ def _collection_graph(
     result an earlier yield computed (``da.from_delayed(L, ...)``) would then
     compute it again. Such a collection is not optimized, so ``known`` keys
     stay in its graph and are referred to."""
-    from dask._expr import FinalizeCompute
-    from dask.base import collections_to_expr
-    from dask.core import flatten
-
     optimize = not known or known.keys().isdisjoint(coll.__dask_graph__().keys())
-    expr = FinalizeCompute(collections_to_expr([coll], optimize_graph=optimize)).optimize()
-    (out,) = flatten(expr.__dask_keys__())
-    dsk = expr.__dask_graph__()
-    return out, {k: (v, None) for k, v in dict(dsk).items()}
+    out, dsk = finalized_graph(coll, optimize=optimize)
+    return out, {k: (v, None) for k, v in dsk.items()}
 
 
 def _rename_below(

@@ -18,6 +18,7 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _config
+from .._internals.distributed_private import add_handlers
 from .book import TreeBook
 
 Key = Hashable
@@ -40,8 +41,10 @@ class TreePlugin(SchedulerPlugin):
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         self.book.max_nodes = int(_config.get("coro.tree.max-nodes"))
-        scheduler.handlers["dask_coro_tree"] = self.handle_tree
-        scheduler.handlers["dask_coro_progress"] = self.handle_progress
+        add_handlers(
+            scheduler,
+            rpc={"dask_coro_tree": self.handle_tree, "dask_coro_progress": self.handle_progress},
+        )
 
     # -- hooks ---------------------------------------------------------------
 

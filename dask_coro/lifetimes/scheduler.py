@@ -26,12 +26,15 @@ import logging
 from collections.abc import Hashable
 from typing import Any
 
+from distributed.comm import get_address_host
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
 from .._config import get_timedelta
-from .._context import shm_as_handles
+from .._internals import distributed_private as private
+from .handles import shm_as_handles
 from .ledger import Ledger, Origin
+from .worker import LifetimesWorkerPlugin
 
 logger = logging.getLogger("dask_coro")
 
@@ -63,19 +66,22 @@ class LifetimesPlugin(SchedulerPlugin):
         self._leaving: set[str] = set()  # workers that said they are closing
 
     async def start(self, scheduler: Any) -> None:
-        from .worker import LifetimesWorkerPlugin
-
         self.scheduler = scheduler
-        scheduler.handlers["dask_coro_tie"] = self.handle_tie
-        scheduler.handlers["dask_coro_lifetimes_ready"] = self.handle_ready
-        scheduler.handlers["dask_coro_lifetimes_leaving"] = self.handle_leaving
-        scheduler.stream_handlers["dask-coro-tie"] = self.handle_result_ties
+        private.add_handlers(
+            scheduler,
+            rpc={
+                "dask_coro_tie": self.handle_tie,
+                "dask_coro_lifetimes_ready": self.handle_ready,
+                "dask_coro_lifetimes_leaving": self.handle_leaving,
+            },
+            stream={"dask-coro-tie": self.handle_result_ties},
+        )
         keep_handles(scheduler)
         # Every worker, present and future, runs releases and ties results.
         # Stored before we yield so a worker joining meanwhile gets it too
         # (Scheduler.add_worker sends ``worker_plugins`` with its answer).
         plugin = dumps(LifetimesWorkerPlugin(token=scheduler.id))
-        scheduler.worker_plugins[LifetimesWorkerPlugin.name] = plugin
+        private.store_worker_plugin(scheduler, LifetimesWorkerPlugin.name, plugin)
         self._ready = asyncio.ensure_future(
             scheduler.broadcast(
                 msg={"op": "plugin-add", "plugin": plugin, "name": LifetimesWorkerPlugin.name},
@@ -224,22 +230,19 @@ def keep_handles(scheduler: Any) -> None:
     set around it reaches ``shm._attach``; without this the scheduler would
     map every segment passed as a task argument, and keep it mapped as long
     as it keeps the message (its batched streams log recent messages)."""
-    handler = scheduler.stream_handlers.get("update-graph")
-    if handler is None or getattr(handler, "_dask_coro_keeps_handles", False):
-        return
 
-    async def update_graph(**kwargs: Any) -> Any:
-        token = shm_as_handles.set(True)
-        try:
-            return await handler(**kwargs)
-        finally:
-            shm_as_handles.reset(token)
+    def wrap(handler: Any) -> Any:
+        async def update_graph(**kwargs: Any) -> Any:
+            token = shm_as_handles.set(True)
+            try:
+                return await handler(**kwargs)
+            finally:
+                shm_as_handles.reset(token)
 
-    update_graph._dask_coro_keeps_handles = True  # type: ignore[attr-defined]
-    scheduler.stream_handlers["update-graph"] = update_graph
+        return update_graph
+
+    private.wrap_stream_handler(scheduler, "update-graph", wrap, "_dask_coro_keeps_handles")
 
 
 def _host_of(address: str) -> str:
-    from distributed.comm import get_address_host
-
     return get_address_host(address)

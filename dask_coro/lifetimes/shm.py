@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .._context import shm_as_handles
+from .handles import shm_as_handles
 from .._exceptions import DaskCoroError
 
 __all__ = ["PREFIX", "ShmArray", "empty", "from_array", "segments", "zeros"]
@@ -101,7 +101,7 @@ def _create(nbytes: int) -> _Segment:
         worker = None
     if worker is not None:
         from .._context import current_key
-        from .worker import tie_quietly
+        from .tie import tie_quietly  # imports distributed: only on a worker
 
         key = current_key()
         # Tied before it exists: a worker dying between the two leaves a

@@ -15,28 +15,14 @@ from collections.abc import Hashable
 from typing import Any
 
 import dask
-from dask._task_spec import DataNode, GraphNode, Task, TaskRef, convert_legacy_task
+from .._internals.dask_private import DataNode, GraphNode, Task, TaskRef, convert_legacy_task
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
 from .._context import current_key
 from .._exceptions import NotInTaskError, PromiseError
-from ..core.plan import _collection_graph
-
-
-#: The resource that parks an unresolved promise; no worker has it.
-PARK_RESOURCE = "dask-coro-unresolved-promise"
-
-Key = Hashable
-
-
-def unresolved(key: Key, creator: Key | None) -> Any:
-    """The run_spec of a parked promise. It runs only if a worker claims the
-    parking resource, or under a local scheduler."""
-    raise PromiseError(
-        f"promise {key!r} was computed before it was resolved, outside a "
-        "distributed cluster that parks it; a Promise needs a distributed Client"
-    )
+from ..core.plan import collection_graph
+from .parked import PARK_RESOURCE, unresolved
 
 
 def _client() -> Any:
@@ -173,13 +159,17 @@ class Promise(Delayed):
         if reply.get("noop"):
             return
         futures = client.get(dsk, [target], sync=False) if dsk else []
-        client._send_to_scheduler(
+        # distributed is loaded: we hold one of its clients.
+        from .._internals.distributed_private import send_on_client_stream
+
+        send_on_client_stream(
+            client,
             {
                 "op": "dask-coro-promise-resolve",
                 "promise": self.key,
                 "target": target,
                 "resolver": resolver,
-            }
+            },
         )
         if reply.get("repoint"):
             # We are the promise's current target: our own completion (on the
@@ -203,7 +193,7 @@ class Promise(Delayed):
             target = x.key
             dsk: dict[Hashable, Any] = dict(x.__dask_graph__())
         elif dask.is_dask_collection(x):
-            target, nodes = _collection_graph(x)
+            target, nodes = collection_graph(x)
             dsk = {k: v for k, (v, _) in nodes.items()}
         else:
             target = f"promise-value-{uuid.uuid4().hex}"

@@ -23,12 +23,12 @@ from collections.abc import Hashable
 from time import time
 from typing import Any
 
-from dask._task_spec import Alias, Task
-from distributed.core import error_message
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .._exceptions import PromiseError
-from .client import unresolved
+from .._internals import distributed_private as private
+from .._internals.dask_private import Task
+from .parked import unresolved
 
 logger = logging.getLogger("dask_coro")
 
@@ -62,9 +62,11 @@ class PromisePlugin(SchedulerPlugin):
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
-        scheduler.handlers["dask_coro_promise_check"] = self.check
-        scheduler.handlers["dask_coro_promise_applied"] = self.applied
-        scheduler.stream_handlers["dask-coro-promise-resolve"] = self.resolve
+        private.add_handlers(
+            scheduler,
+            rpc={"dask_coro_promise_check": self.check, "dask_coro_promise_applied": self.applied},
+            stream={"dask-coro-promise-resolve": self.resolve},
+        )
 
     # -- hooks ---------------------------------------------------------------
 
@@ -202,7 +204,7 @@ class PromisePlugin(SchedulerPlugin):
                 return
             stimulus_id = f"dask-coro-promise-resolve-{time()}"
             detached = ts.dependencies - {tt}
-            error = rewire(s, ts, tt, stimulus_id)
+            error = private.alias_task(s, ts, tt, stimulus_id)
             if error:
                 self._fail(promise, f"promise {promise!r}: {error}", force=True)
                 return
@@ -225,12 +227,10 @@ class PromisePlugin(SchedulerPlugin):
 
     def _forget_orphan(self, key: Key) -> None:
         s = self.scheduler
-        ts = s.tasks.get(key)
-        if ts is None:
+        if key not in s.tasks or private.forget_if_unused(
+            s, key, f"dask-coro-promise-orphan-{time()}"
+        ):
             self.orphans.discard(key)
-        elif ts.state == "released" and not (ts.dependents or ts.who_wants or ts.waiters):
-            self.orphans.discard(key)
-            s.transitions({key: "forgotten"}, f"dask-coro-promise-orphan-{time()}")
 
     def _fail_later(self, promise: Key, message: str) -> None:
         # Not from inside a transition hook: transitions are not re-entrant.
@@ -242,76 +242,9 @@ class PromisePlugin(SchedulerPlugin):
         if ts is None or ts.state != "no-worker" or (promise in self.targets and not force):
             return
         try:
-            raise PromiseError(message)
+            raise PromiseError(message)  # raised, so that it has a traceback
         except PromiseError as e:
-            msg = error_message(e)
-        stimulus_id = f"dask-coro-promise-failed-{time()}"
-        recs = s.transition(
-            promise,
-            "erred",
-            stimulus_id,
-            cause=promise,
-            exception=msg["exception"],
-            traceback=msg["traceback"],
-            exception_text=msg["exception_text"],
-            traceback_text=msg["traceback_text"],
-        )
-        s.transitions(recs, stimulus_id)
-
-
-def rewire(s: Any, ts: Any, target: Any, stimulus_id: str) -> str | None:
-    """Make promise ``ts`` an alias of ``target``. Returns an error text, or None.
-
-    The only function that edits scheduler state for promises.
-    """
-    if ts.state not in ("no-worker", "waiting"):
-        return f"cannot re-point it in state {ts.state!r}"
-    if target.state == "erred" and ts.state == "waiting":
-        return f"its new target {target.key!r} has already failed"
-    ts.run_spec = Alias(ts.key, target.key)
-    ts.resource_restrictions = None
-    if ts.annotations:
-        ts.annotations.pop("resources", None)
-    if ts.state == "no-worker":
-        ts.add_dependency(target)
-        if target.state == "erred":
-            blame = target.exception_blame or target
-            recs = s.transition(
-                ts.key, "erred", stimulus_id, cause=blame.key,
-                exception=blame.exception, traceback=blame.traceback,
-                exception_text=blame.exception_text, traceback_text=blame.traceback_text,
-            )
-        else:
-            # no-worker -> released -> waiting: Scheduler._propagate_released
-            # recommends "waiting" because the promise has waiters or is wanted,
-            # and _transition_released_waiting waits for the new dependency.
-            recs = s.transition(ts.key, "released", stimulus_id)
-            if recs.get(ts.key) != "waiting":
-                recs[ts.key] = "waiting"
-        s.transitions(recs, stimulus_id)
-        return None
-    # "waiting" on the previous target: move the one dependency edge. The old
-    # target is not released here; once done, it is released like any result
-    # nobody waits for (Scheduler._add_to_memory).
-    for dts in list(ts.dependencies):
-        ts.dependencies.discard(dts)
-        dts.dependents.discard(ts)
-        if dts.waiters:
-            dts.waiters.discard(ts)
-    ts.waiting_on = None
-    ts.add_dependency(target)
-    recs: dict[Key, str] = {}
-    if target.who_has:
-        recs[ts.key] = "processing"
-    else:
-        ts.waiting_on = {target}
-        if target.waiters is None:
-            target.waiters = set()
-        target.waiters.add(ts)
-        if target.state == "released":
-            recs[target.key] = "waiting"
-    s.transitions(recs, stimulus_id)
-    return None
+            private.fail_task(s, promise, e, f"dask-coro-promise-failed-{time()}")
 
 
 def _error(message: str) -> dict[str, Any]:

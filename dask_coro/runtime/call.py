@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
+import importlib
 import sys
 import threading
 import uuid
 from collections.abc import Callable, Generator, Hashable
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import dask
-from dask.base import _annotations, tokenize
+from dask.base import tokenize
 from dask.delayed import Delayed, unpack_collections
 from dask.highlevelgraph import HighLevelGraph
 from dask.utils import funcname
 
-from ..core.classify import _Rejected, is_lazy
-from ..core.driver import Request
-from .._exceptions import DaskCoroError
+from .._internals.dask_private import DataNode, Task, annotations_in_effect, delayed_slot
+from ..core.classify import Rejected, classifier, is_lazy
+from ..core.engine import Frame, Idle, Request, Trampoline
 
 
 def gather(x: Any) -> Request:
@@ -33,10 +33,9 @@ def gather(x: Any) -> Request:
 
 # Delayed's own slots; CoroutineCall fills them when dask first asks for its key
 # or graph (see CoroutineCall._build).
-_KEY = Delayed.__dict__["_key"]
-_DASK = Delayed.__dict__["_dask"]
-_LAYER = Delayed.__dict__["_layer"]
-_LENGTH = Delayed.__dict__["_length"]
+_KEY = delayed_slot("_key")
+_DASK = delayed_slot("_dask")
+_LENGTH = delayed_slot("_length")
 _BUILD_LOCK = threading.RLock()  # building a call builds the calls in its arguments
 
 
@@ -49,12 +48,14 @@ class CoroutineCall(Delayed):
 
     Making one costs a few attribute stores: its key and graph are built the
     first time anything asks for them. A call nobody asked the key of, whose
-    arguments hold no lazy value, may run inline (``_inline`` is then
-    ``(func, args, kwargs)``); after it did, ``_done`` holds ``(result,)``, so
-    yielding it again, or building a graph on it, reuses the result.
+    arguments hold no lazy value, may run inline: it is an
+    ``core.engine.InlineCall``, ``__dask_coro_inline__`` is then
+    ``(func, args, kwargs)``; after it ran, ``__dask_coro_done__`` holds
+    ``(result,)``, so yielding it again, or building a graph on it, reuses
+    the result.
     """
 
-    __slots__ = ("_fn", "_args", "_kwargs", "_name", "_inline", "_done", "_ann")
+    __slots__ = ("_fn", "_args", "_kwargs", "_name", "__dask_coro_inline__", "__dask_coro_done__", "_ann")
 
     @property  # type: ignore[override]
     def _key(self) -> Any:
@@ -89,11 +90,9 @@ class CoroutineCall(Delayed):
                     key = f"{fn.prefix}-{tokenize(fn.__wrapped__, args, kwargs)}"
                 else:
                     key = f"{fn.prefix}-{uuid.uuid4().hex}"
-            done = self._done
+            done = self.__dask_coro_done__
             if done is not None:
                 # Computed inline already: dependents get the value, not a rerun.
-                from dask._task_spec import DataNode
-
                 graph = HighLevelGraph.from_collections(
                     key, {key: DataNode(key, done[0])}, dependencies=()
                 )
@@ -106,7 +105,7 @@ class CoroutineCall(Delayed):
                 graph = _graph(fn, key, args, kwargs)
             _DASK.__set__(self, graph)
             _KEY.__set__(self, key)
-            _INLINE.__set__(self, None)  # it has a name now: compute it as a task
+            self.__dask_coro_inline__ = None  # it has a name now: compute it as a task
             return key
 
     # Plain slot stores while a call is made (Delayed.__setattr__ is a Python
@@ -126,20 +125,15 @@ def _built_call(key: Any, graph: Any, length: int | None) -> CoroutineCall:
     _KEY.__set__(call, key)
     _DASK.__set__(call, graph)
     _LENGTH.__set__(call, length)
-    for slot in (_FN, _ARGS, _KWARGS, _NAME, _INLINE, _DONE, _ANN):
-        slot.__set__(call, None)
+    for slot in CoroutineCall.__slots__:
+        setattr(call, slot, None)
     return call
 
 
 _new_call = object.__new__
-_FN, _ARGS, _KWARGS, _NAME, _INLINE, _DONE, _ANN = (
-    CoroutineCall.__dict__[s] for s in CoroutineCall.__slots__
-)
 
 
 def _graph(fn: CoroutineFunction, key: Any, args: tuple, kwargs: dict) -> HighLevelGraph:
-    from dask._task_spec import Task
-
     args2 = []
     deps: list[Any] = []
     for a in args:
@@ -157,23 +151,36 @@ def _graph(fn: CoroutineFunction, key: Any, args: tuple, kwargs: dict) -> HighLe
     return HighLevelGraph.from_collections(key, {key: task}, dependencies=deps)
 
 
+class Runner(Protocol):
+    """Runs a coroutine task: ``runner(task, args, kwargs)``."""
+
+    def __call__(self, task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+
+
 class CoroutineTask:
     """The callable a coroutine call puts in the graph.
 
     distributed runs a task on its event loop when the task's function is a
     coroutine function (``Task.is_coro`` -> ``distributed.utils.iscoroutinefunction``,
     which honours tornado's ``__tornado_coroutine__`` flag), so a worker awaits
-    what ``__call__`` returns there: the worker runner. Any other scheduler
-    (threaded, sync, processes) calls it as a plain function, and it runs the
-    coroutine to the end in-process. One callable, right under every scheduler,
-    also when a graph mixes coroutine calls with plain ``Delayed`` objects.
+    what ``__call__`` returns there: the worker runner's coroutine. Any other
+    scheduler (threaded, sync, processes) calls it as a plain function, and it
+    runs the coroutine to the end in-process. One callable, right under every
+    scheduler, also when a graph mixes coroutine calls with plain ``Delayed``
+    objects.
 
     It carries its key because a task running on the event loop cannot learn
     it from distributed.
+
+    ``runners`` is injected by ``dask_coro.runtime`` (the runners import this
+    module, never the other way round): ``on_worker`` answers the coroutine
+    that runs the task on the worker whose event loop calls it, or None when
+    not called on a worker's event loop; ``local`` runs it to the end here.
     """
 
     __slots__ = ("func", "key")
     __tornado_coroutine__ = True
+    runners: ClassVar[tuple[Runner, Runner]]
 
     def __init__(self, func: Callable[..., Any], key: Hashable):
         self.func = func
@@ -183,24 +190,11 @@ class CoroutineTask:
         return CoroutineTask(self.func, key)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        worker = _worker_of_event_loop()
-        if worker is not None:
-            ts = worker.state.tasks.get(self.key)
-            if ts is not None and ts.state == "executing":
-                from .worker import run_on_worker
-
-                return run_on_worker(self, args, kwargs)
-            # Called on the loop, but not as the task the worker is executing:
-            # a synchronous scheduler run from inside an async task, or a key
-            # renamed by graph fusion. Never hand back an unawaited coroutine.
-            raise DaskCoroError(
-                f"coroutine task {self.key!r} was called on a worker's event loop "
-                "but is not a task executing there; compute coroutine calls from a "
-                "thread (not inside an async task), and without low-level fusion"
-            )
-        from .local import run_local
-
-        return run_local(self, args, kwargs)
+        on_worker, local = self.runners
+        awaitable = on_worker(self, args, kwargs)
+        if awaitable is not None:
+            return awaitable
+        return local(self, args, kwargs)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The module names the @coroutine wrapper, not self.func, so pickle and
@@ -224,28 +218,10 @@ class CoroutineTask:
 
 
 def _task_by_name(module: str, qualname: str, key: Hashable) -> CoroutineTask:
-    import importlib
-
     wrapper: Any = importlib.import_module(module)
     for part in qualname.split("."):
         wrapper = getattr(wrapper, part)
     return CoroutineTask(wrapper.__wrapped__, key)
-
-
-def _worker_of_event_loop() -> Any:
-    """The distributed worker whose event loop is running this code, or None."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-    if sys.modules.get("distributed") is None:  # not imported, or blocked
-        return None
-    from distributed.worker import get_worker
-
-    try:
-        return get_worker()  # thread_state, or the ContextVar Worker.execute sets
-    except ValueError:
-        return None
 
 
 _SPAN_ONLY = {"span": None}.keys()
@@ -290,7 +266,7 @@ class CoroutineFunction:
         # call is a task, its annotations are for the scheduler. But for the
         # span: Worker.execute runs every task of a named span inside
         # dask.annotate(span=...), and its children belong to it anyway.
-        ann = _annotations.get() or None
+        ann = annotations_in_effect.get() or None
         spec = None
         if self.inline and name is None and (not ann or ann.keys() == _SPAN_ONLY):
             for a in args:
@@ -305,8 +281,8 @@ class CoroutineFunction:
         call._args = args
         call._kwargs = kwargs
         call._name = name
-        call._done = None
-        call._inline = spec
+        call.__dask_coro_done__ = None
+        call.__dask_coro_inline__ = spec
         call._ann = ann
         return call
 
@@ -392,14 +368,31 @@ def coroutine(
 
 @is_lazy.register(CoroutineFunction)
 def _(obj: Any) -> bool:
-    raise _Rejected("a coroutine function must be called: yield f(x), not f")
+    raise Rejected("a coroutine function must be called: yield f(x), not f")
 
 
 @is_lazy.register(Request)
 def _(obj: Any) -> bool:
-    raise _Rejected("gather() is awaited, not nested: yield its argument instead")
+    raise Rejected("gather() is awaited, not nested: yield its argument instead")
 
 
-#: Records that a call computed its value inline (``Trampoline(mark_done=...)``):
-#: the slot's own setter, not Delayed's __setattr__, on the hot path.
-mark_done = _DONE.__set__
+def trampoline(
+    name: str,
+    *,
+    inline: bool,
+    idle: Idle | None = None,
+    cancelled: Callable[[], bool] | None = None,
+    on_ended: Callable[[Frame], None] | None = None,
+    check_every: int = 256,
+) -> Trampoline:
+    """The engine wired for coroutine calls, as both runners use it: with
+    ``inline``, ``CoroutineCall`` objects run inline (see ``Trampoline``)."""
+    return Trampoline(
+        name,
+        call_type=CoroutineCall if inline else None,
+        classify=classifier,
+        idle=idle,
+        cancelled=cancelled,
+        on_ended=on_ended,
+        check_every=check_every,
+    )

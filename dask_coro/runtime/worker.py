@@ -36,21 +36,20 @@ import dask
 from dask.utils import funcname
 from distributed import Future, Reschedule, get_client
 from distributed.diagnostics.plugin import WorkerPlugin
-from distributed.worker import get_worker, thread_state
-from distributed.worker_state_machine import SecedeEvent
+from distributed.protocol.pickle import dumps
+from distributed.worker import get_worker
 
 from .. import _config
-from ..core.cache import ResultCache
-from ..core.classify import classifier
 from .._context import running_key
-from .call import CoroutineCall
-from ..core.driver import Returned, Step
 from .._exceptions import CoroutineCancelledError, DaskCoroError
-from ..core.trampoline import Done, Frame, Idle, Outcome, Stopped, Submit, Trampoline
-from ..lifetimes.worker import hold_segments
+from .._internals import distributed_private as private
+from ..core.engine import Done, Frame, Idle, Outcome, Raised, Returned, Stopped, Submit, Trampoline
 from ..core.plan import plan_yield
-from .scheduler import InlinePlugin
+from ..core.scope import Scope
 from ..diagnostics.scheduler import ANNOTATION, TreePlugin
+from ..lifetimes.tie import hold_segments
+from .call import trampoline
+from .scheduler import InlinePlugin
 
 if TYPE_CHECKING:
     from distributed import Client, Worker
@@ -62,8 +61,23 @@ logger = logging.getLogger("dask_coro")
 _RUNNING_STATES = ("executing", "long-running")
 
 
-async def run_on_worker(task: CoroutineTask, args: tuple, kwargs: dict) -> Any:
-    return await _Run(get_worker(), task).main(args, kwargs)
+def run_if_on_worker(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The coroutine that runs ``task`` on the distributed worker whose event
+    loop calls this, or None if no worker's loop does."""
+    try:
+        worker = get_worker()  # thread_state, or the ContextVar Worker.execute sets
+    except ValueError:
+        return None
+    if private.worker_task_state(worker, task.key) != "executing":
+        # Called on the loop, but not as the task the worker is executing:
+        # a synchronous scheduler run from inside an async task, or a key
+        # renamed by graph fusion. Never hand back an unawaited coroutine.
+        raise DaskCoroError(
+            f"coroutine task {task.key!r} was called on a worker's event loop "
+            "but is not a task executing there; compute coroutine calls from a "
+            "thread (not inside an async task), and without low-level fusion"
+        )
+    return _Run(worker, task).main(args, kwargs)
 
 
 class _KeyWatcher(WorkerPlugin):
@@ -137,29 +151,9 @@ class _KeyWatcher(WorkerPlugin):
 
 
 def _watcher(worker: Worker) -> _KeyWatcher:
-    # Worker.plugins is the same dict the WorkerState notifies; inserting into it
-    # is synchronous (Worker.plugin_add is a coroutine that would also replace
-    # an existing plugin, dropping the runs it watches).
-    w = worker.plugins.get(_KeyWatcher.name)
-    if w is None:
-        w = worker.plugins[_KeyWatcher.name] = _KeyWatcher()
-    return w  # type: ignore[return-value]
-
-
-class _Scope:
-    """The runner's state for one frame (the task's own body, or a call run
-    inline that has remote leaves): the name its children's keys derive
-    from, its compute-once cache and held results, and the futures of its
-    current yield by leaf position."""
-
-    __slots__ = ("ident", "cache", "held", "futures", "error")
-
-    def __init__(self, ident: Any, cache: ResultCache, held: dict[Hashable, Future]):
-        self.ident = ident
-        self.cache = cache
-        self.held = held
-        self.futures: dict[int, Future] = {}
-        self.error: Exception | None = None
+    # Added synchronously: replacing it would drop the runs it watches.
+    w: _KeyWatcher = private.add_worker_plugin_now(worker, _KeyWatcher.name, _KeyWatcher)
+    return w
 
 
 class _Cancelled(Exception):
@@ -173,12 +167,12 @@ class _Run:
         self.func = task.func
         self.name = funcname(task.func)
         self.loop = asyncio.get_running_loop()
-        self.executor = worker.executors["default"]
+        self.executor = private.default_executor(worker)
         self.ctx = contextvars.copy_context()
         self.ctx.run(running_key.set, self.key)
         self.changed = asyncio.Event()
-        self.cache = ResultCache()
-        self.held: dict[Hashable, Future] = {}  # renamed key -> our future for it
+        self.root: Scope[Future] = Scope(self.key)
+        self.scopes: dict[int, Scope[Future]] = {id(self.root): self.root}
         self.start = time()
         self.seceded = False
 
@@ -188,19 +182,10 @@ class _Run:
         return self.loop.run_in_executor(self.executor, self.ctx.run, fn, *args)
 
     def _alive(self) -> bool:
-        ts = self.worker.state.tasks.get(self.key)
-        return ts is not None and ts.state in _RUNNING_STATES
+        return private.worker_task_state(self.worker, self.key) in _RUNNING_STATES
 
     def _secede(self) -> None:
-        # As distributed.secede() does, but from the event loop: no thread to
-        # hand back, only the slot.
-        self.worker.handle_stimulus(
-            SecedeEvent(
-                key=self.key,
-                compute_duration=time() - self.start,
-                stimulus_id=f"dask-coro-secede-{time()}",
-            )
-        )
+        private.secede_from_loop(self.worker, self.key, time() - self.start)
         self.seceded = True
 
     async def _client(self) -> Client:
@@ -211,19 +196,18 @@ class _Run:
             client = get_client()
             if client.status != "running":
                 await client  # the worker's client is created lazily, unstarted
-            comm = getattr(client, "scheduler_comm", None)
             # A client batches its messages to the scheduler over 10 ms
             # (Client._ensure_connected); a coroutine waits for each yield's
             # message, so on the worker's own client use coro.client-batch-interval
             # (default the 2 ms of the worker's stream, Worker.batched_stream).
             # null or 0 leaves distributed's interval alone.
             interval = _config.get_timedelta("coro.client-batch-interval", allow_none=True)
-            if "-worker-" in client.id and comm is not None and interval:
-                comm.interval = interval
+            if "-worker-" in client.id and interval:
+                private.set_batch_interval(client, interval)
             self.watcher.client = client
         return client
 
-    async def _annotations(self) -> dict[str, Any]:
+    async def _child_annotations(self) -> dict[str, Any]:
         """Annotations for our children: our key, which the scheduler's
         TreePlugin (installed once per worker) records as their parent, unless
         ``coro.tree.enabled`` is off. (Their span is ours already: we run in
@@ -245,11 +229,11 @@ class _Run:
     # -- the run -------------------------------------------------------------
 
     async def main(self, args: tuple, kwargs: dict) -> Any:
-        ts = self.worker.state.tasks.get(self.key)
-        if ts is None or ts.state != "executing":
+        state = private.worker_task_state(self.worker, self.key)
+        if state != "executing":
             raise DaskCoroError(
                 f"coroutine task {self.key!r} is not executing on this worker "
-                f"(state {getattr(ts, 'state', None)!r}); was its key renamed by a "
+                f"(state {state!r}); was its key renamed by a "
                 "graph optimization? Compute coroutine calls without low-level fusion."
             )
         watcher = self.watcher = _watcher(self.worker)
@@ -257,19 +241,16 @@ class _Run:
         inline = bool(_config.get("coro.inline.enabled"))
         if inline:
             watcher.inline_started(self.worker)
-        tramp = Trampoline(
+        tramp = trampoline(
             self.name,
-            call_type=CoroutineCall if inline else None,
-            classify=classifier,
+            inline=inline,
             idle=watcher.idle,
             cancelled=self._cancelled,
             on_ended=self._ended,
         )
-        root = self.root = _Scope(self.key, self.cache, self.held)
-        self.scopes = {id(root): root}
-        step: Step | None = None
+        step: Returned | Raised | None = None
         try:
-            out = await self._in_pool(tramp.start, self.func, args, kwargs, root)
+            out = await self._in_pool(tramp.start, self.func, args, kwargs, self.root)
             while True:
                 if type(out) is Done:
                     step = out.step
@@ -299,8 +280,7 @@ class _Run:
                     self.key,
                     error,
                 )
-            ts = self.worker.state.tasks.get(self.key)
-            if ts is not None and ts.state in (*_RUNNING_STATES, "resumed"):
+            if private.worker_task_state(self.worker, self.key) in (*_RUNNING_STATES, "resumed"):
                 # Asked for again while we were closing: run it again rather than
                 # report the cancellation as the task's error.
                 raise Reschedule() from None
@@ -320,10 +300,7 @@ class _Run:
             if watcher.runs.get(self.key) is self:
                 del watcher.runs[self.key]
             for scope in self.scopes.values():
-                scope.cache.clear()
-                for f in scope.futures.values():
-                    f.release()
-                for f in scope.held.values():
+                for f in (*scope.end_yield(), *scope.end_body()):
                     f.release()
             self.scopes.clear()
 
@@ -337,22 +314,14 @@ class _Run:
         release its transient futures (cancelling children nobody else holds,
         after an error), kept results no live lazy value depends on, and
         everything of a body that finished."""
-        scope: _Scope = frame.ext
-        for f in scope.futures.values():
-            if scope.held.get(f.key) is not f:
-                f.release()
-        scope.futures.clear()
-        scope.error = None
-        for k in scope.cache.sweep():
-            f = scope.held.pop(k, None)
-            if f is not None:
-                f.release()
+        scope = frame.scope
+        assert scope is not None
+        for f in scope.end_yield():
+            f.release()
         if frame.done and scope is not self.root:
             self.scopes.pop(id(scope), None)
-            scope.cache.clear()
-            for f in scope.held.values():
+            for f in scope.end_body():
                 f.release()
-            scope.held.clear()
 
     async def _submit(self, batches: list[tuple[Frame, list[int]]]) -> None:
         """Plan the remote leaves of each frame (keys derived from the frame's
@@ -362,9 +331,9 @@ class _Run:
         wanted: dict[Hashable, None] = {}
         plans = []
         for frame, positions in batches:
-            scope = frame.ext
+            scope = frame.scope
             if scope is None:
-                scope = frame.ext = _Scope(frame.ident(self.key), ResultCache(), {})
+                scope = frame.scope = Scope(frame.ident(self.key))
                 self.scopes[id(scope)] = scope
             try:
                 plan = plan_yield(
@@ -378,42 +347,31 @@ class _Run:
                 scope.error = e
                 continue
             graph.update(plan.graph)
-            for k in (*plan.keep, *plan.outputs):
-                if k in plan.graph:
-                    wanted[k] = None
+            wanted.update(dict.fromkeys(Scope.wanted(plan.outputs, plan.keep, plan.graph)))
             plans.append((scope, positions, plan))
         new: dict[Hashable, Future] = {}
         if wanted:
             # Children get priority over unrelated queued work: the scheduler
-            # ranks a graph by its submitting task, which Client._graph_to_futures
-            # reads from thread_state.key; the loop thread has none of its own.
-            annotations = await self._annotations()
-            previous = getattr(thread_state, "key", None)
-            thread_state.key = self.key
-            try:
-                with dask.annotate(**annotations):
-                    futures = client.get(graph, list(wanted), sync=False)
-            finally:
-                thread_state.key = previous
+            # ranks a graph by its submitting task.
+            annotations = await self._child_annotations()
+            with private.submitting_as(self.key), dask.annotate(**annotations):
+                futures = client.get(graph, list(wanted), sync=False)
             new = dict(zip(wanted, futures))
         for scope, positions, plan in plans:
-            for pos, k in zip(positions, plan.outputs):
-                scope.futures[pos] = new.get(k) or scope.held[k]
             # Delayed results are held until no live lazy value needs them; the
             # rest (finalized collections) only until the body has them.
-            scope.cache.add(plan.layers)
-            for k in plan.keep:
-                scope.held[k] = new[k]
+            scope.record(positions, plan.outputs, plan.keep, plan.layers, new)
 
     async def _join(self, tramp: Trampoline, frame: Frame) -> Outcome:
         """Wait for the remote leaves of ``frame`` (the top one) and resume it
         with their results, or raise the first error at its yield."""
-        scope: _Scope = frame.ext
+        scope = frame.scope
+        assert scope is not None
         try:
             if scope.error is not None:
                 raise scope.error
             client = await self._client()
-            results = await self._wait(client, [scope.futures[p] for p in frame.remote])
+            results = await self._wait(client, scope.handles(frame.remote))
             # Before the children go: segments in their results are ours now.
             await hold_segments(self.worker, self.key, results)
         except _Cancelled:
@@ -449,8 +407,6 @@ class _Run:
 
 async def _install(worker: Worker, plugin: Any) -> None:
     """Install a scheduler plugin of ours from a worker (idempotent)."""
-    from distributed.protocol.pickle import dumps
-
     try:
         await worker.scheduler.register_scheduler_plugin(
             plugin=dumps(plugin), name=plugin.name, idempotent=True

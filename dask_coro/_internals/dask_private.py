@@ -1,0 +1,46 @@
+"""Every use of dask's private or undocumented API, in one place.
+
+Checked against dask 2026.8.0; ``tests/test_internals.py`` pins each
+assumption, so a dask release that changes one fails a named test. Imports
+dask only (no distributed): the pure core may use it.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import Any
+
+# The task specification (dask._task_spec): the graph nodes dask builds and
+# distributed runs. Plans rename them, promises rewrite them.
+from dask._task_spec import Alias as Alias
+from dask._task_spec import DataNode as DataNode
+from dask._task_spec import GraphNode as GraphNode
+from dask._task_spec import Task as Task
+from dask._task_spec import TaskRef as TaskRef
+from dask._task_spec import convert_legacy_task as convert_legacy_task
+from dask.base import _annotations
+from dask.delayed import Delayed
+
+#: The annotations ``dask.annotate`` has in effect here (``dask.base._annotations``,
+#: a ContextVar holding a dict, or None/empty). Read on the hot path of making
+#: a coroutine call: a ContextVar ``get`` is one C call, a helper would be two.
+annotations_in_effect: ContextVar[dict[str, Any] | None] = _annotations
+
+
+def delayed_slot(name: str) -> Any:
+    """The slot descriptor ``Delayed.__dict__[name]`` (``_key``, ``_dask``,
+    ``_layer``, ``_length``): a coroutine call fills Delayed's own slots when
+    dask first asks for its key or graph."""
+    return Delayed.__dict__[name]
+
+
+def finalized_graph(coll: Any, *, optimize: bool) -> tuple[Any, dict[Any, Any]]:
+    """The key and graph of ``coll``'s computed result, as ``Client.compute``
+    builds them (``FinalizeCompute(collections_to_expr(...)).optimize()``)."""
+    from dask._expr import FinalizeCompute
+    from dask.base import collections_to_expr
+    from dask.core import flatten
+
+    expr = FinalizeCompute(collections_to_expr([coll], optimize_graph=optimize)).optimize()
+    (out,) = flatten(expr.__dask_keys__())
+    return out, dict(expr.__dask_graph__())

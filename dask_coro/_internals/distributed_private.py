@@ -1,0 +1,290 @@
+"""Every use of distributed's private or undocumented API, in one place.
+
+Checked against distributed 2026.8.0. Each function names what it relies on;
+``tests/test_internals.py`` pins each assumption against the installed
+distributed, so a release that changes one fails a named test instead of
+hanging somewhere. Only the adapters (runners, plugins) import this module:
+importing it imports distributed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Hashable, Iterator
+from time import time
+from typing import Any
+
+from .dask_private import Alias
+from distributed.core import Status, error_message
+from distributed.worker import _worker_cvar, thread_state
+from distributed.worker_state_machine import SecedeEvent
+
+Key = Hashable
+
+# -- worker ------------------------------------------------------------------
+
+
+def worker_task_state(worker: Any, key: Key) -> str | None:
+    """The state of ``key`` in the worker's state machine, or None if the
+    worker does not know it (``Worker.state.tasks``, a dict of TaskState)."""
+    ts = worker.state.tasks.get(key)
+    return None if ts is None else ts.state
+
+
+def worker_knows(worker: Any, key: Key) -> bool:
+    """Whether ``key`` is still in the worker's state machine (it is popped
+    when the key leaves the worker)."""
+    return key in worker.state.tasks
+
+
+def async_tasks_executing(worker: Any) -> list[Key]:
+    """Keys of the async tasks (``Task.is_coro``) executing on ``worker``:
+    ``Worker.active_keys`` and each task's ``run_spec``."""
+    out = []
+    for k in worker.active_keys:
+        ts = worker.state.tasks.get(k)
+        if ts is not None and ts.run_spec is not None and getattr(ts.run_spec, "is_coro", False):
+            out.append(k)
+    return out
+
+
+def thread_task_key() -> Key | None:
+    """The key distributed set for the task running in this thread
+    (``distributed.worker._run_task`` sets ``thread_state.key``), or None."""
+    return getattr(thread_state, "key", None)
+
+
+@contextlib.contextmanager
+def submitting_as(key: Key) -> Iterator[None]:
+    """Submit from the event loop as task ``key`` would from its thread:
+    ``Client._graph_to_futures`` reads ``thread_state.key`` to rank a running
+    task's children ahead of unrelated queued work."""
+    previous = getattr(thread_state, "key", None)
+    thread_state.key = key
+    try:
+        yield
+    finally:
+        thread_state.key = previous
+
+
+def secede_from_loop(worker: Any, key: Key, compute_duration: float) -> None:
+    """Turn executing task ``key`` into a long-running one, as
+    ``distributed.secede()`` does from a thread, but from the event loop: the
+    ``SecedeEvent`` frees its slot on worker and scheduler
+    (``WorkerState._handle_secede``); there is no thread to hand back."""
+    worker.handle_stimulus(
+        SecedeEvent(
+            key=key,
+            compute_duration=compute_duration,
+            stimulus_id=f"dask-coro-secede-{time()}",
+        )
+    )
+
+
+def worker_plugin(worker: Any, name: str) -> Any:
+    """The worker plugin registered as ``name``, or None (``Worker.plugins``)."""
+    return worker.plugins.get(name)
+
+
+def add_worker_plugin_now(worker: Any, name: str, factory: Callable[[], Any]) -> Any:
+    """The plugin ``name``, added synchronously if missing. ``Worker.plugins``
+    is the dict ``WorkerState._notify_plugins`` reads; ``Worker.plugin_add``
+    is a coroutine and would replace an existing plugin."""
+    plugin = worker.plugins.get(name)
+    if plugin is None:
+        plugin = worker.plugins[name] = factory()
+    return plugin
+
+
+def default_executor(worker: Any) -> Any:
+    """The thread pool the worker runs tasks on (``Worker.executors``)."""
+    return worker.executors["default"]
+
+
+@contextlib.contextmanager
+def as_worker(worker: Any) -> Iterator[None]:
+    """``get_worker()`` answers ``worker`` here, as inside a task
+    (``Worker.execute`` sets the ``_worker_cvar`` ContextVar)."""
+    token = _worker_cvar.set(worker)
+    try:
+        yield
+    finally:
+        _worker_cvar.reset(token)
+
+
+def worker_is_closing(worker: Any) -> bool:
+    return worker.status in (Status.closing, Status.closing_gracefully, Status.closed)
+
+
+def fast_memory_value(worker: Any, key: Key) -> Any:
+    """The value of ``key`` if it is in the worker's fast (in-memory) store,
+    without reading spilled data back (``Worker.data.fast`` of a SpillBuffer)."""
+    data = worker.data
+    return data.fast.get(key) if hasattr(data, "fast") else data.get(key)
+
+
+def send_on_worker_stream(worker: Any, msg: dict[str, Any]) -> None:
+    """Send ``msg`` on the worker's batched stream to the scheduler, ordered
+    with its task-finished messages (``Worker.batched_stream``)."""
+    worker.batched_stream.send(msg)
+
+
+# -- client ------------------------------------------------------------------
+
+
+def send_on_client_stream(client: Any, msg: dict[str, Any]) -> None:
+    """Send ``msg`` on the client's batched stream, ordered with its graph
+    submissions (``Client._send_to_scheduler``)."""
+    client._send_to_scheduler(msg)
+
+
+def set_batch_interval(client: Any, seconds: float) -> None:
+    """How long the client's batched stream gathers messages before it sends
+    (``Client.scheduler_comm``, a ``BatchedSend`` with ``interval``)."""
+    comm = getattr(client, "scheduler_comm", None)
+    if comm is not None:
+        comm.interval = seconds
+
+
+# -- scheduler ---------------------------------------------------------------
+
+
+def add_handlers(
+    server: Any,
+    rpc: dict[str, Callable[..., Any]] | None = None,
+    stream: dict[str, Callable[..., Any]] | None = None,
+) -> None:
+    """Answer RPCs (``Server.handlers``) and batched-stream messages
+    (``Server.stream_handlers``) of these names."""
+    server.handlers.update(rpc or {})
+    if stream:
+        server.stream_handlers.update(stream)
+
+
+def wrap_stream_handler(server: Any, op: str, wrap: Callable[[Any], Any], mark: str) -> None:
+    """Replace the stream handler of ``op`` by ``wrap(handler)``, once
+    (``mark`` names the attribute that says it is wrapped already)."""
+    handler = server.stream_handlers.get(op)
+    if handler is None or getattr(handler, mark, False):
+        return
+    wrapped = wrap(handler)
+    setattr(wrapped, mark, True)
+    server.stream_handlers[op] = wrapped
+
+
+def store_worker_plugin(scheduler: Any, name: str, pickled: bytes) -> None:
+    """Give every worker joining from now on this worker plugin
+    (``Scheduler.worker_plugins``, sent by ``Scheduler.add_worker``)."""
+    scheduler.worker_plugins[name] = pickled
+
+
+def idle_threads(scheduler: Any) -> int:
+    """Free threads on running workers, less the tasks already waiting for one.
+
+    A seceded (long-running) task holds no thread, as in distributed's own
+    ``_task_slots_available``. With queuing on (finite
+    ``Scheduler.WORKER_SATURATION``), ``Scheduler.idle_task_count`` holds
+    exactly the workers that have a free slot; else look at them all."""
+    if math.isinf(scheduler.WORKER_SATURATION):
+        workers = scheduler.workers.values()
+    else:
+        workers = scheduler.idle_task_count
+    free = 0
+    for ws in workers:
+        if ws.status == Status.running:
+            free += max(0, ws.nthreads - (len(ws.processing) - len(ws.long_running)))
+    return max(0, free - len(scheduler.queued) - len(scheduler.unrunnable))
+
+
+def fail_task(scheduler: Any, key: Key, error: BaseException, stimulus_id: str) -> None:
+    """Make ``key`` erred with ``error`` as if it had raised it
+    (``Scheduler.transition(key, "erred", ...)`` with ``error_message``)."""
+    msg = error_message(error)
+    recs = scheduler.transition(
+        key,
+        "erred",
+        stimulus_id,
+        cause=key,
+        exception=msg["exception"],
+        traceback=msg["traceback"],
+        exception_text=msg["exception_text"],
+        traceback_text=msg["traceback_text"],
+    )
+    scheduler.transitions(recs, stimulus_id)
+
+
+def forget_if_unused(scheduler: Any, key: Key, stimulus_id: str) -> bool:
+    """Forget a released task nothing depends on, waits for or wants;
+    answers whether it was."""
+    ts = scheduler.tasks.get(key)
+    if ts is None or ts.state != "released" or ts.dependents or ts.who_wants or ts.waiters:
+        return False
+    scheduler.transitions({key: "forgotten"}, stimulus_id)
+    return True
+
+
+def alias_task(s: Any, ts: Any, target: Any, stimulus_id: str) -> str | None:
+    """Make task ``ts`` (a parked promise, ``no-worker``, or one already
+    waiting on an earlier target) an alias of ``target``: its run_spec becomes
+    ``Alias(ts -> target)`` and ``target`` its only dependency. Returns an
+    error text, or None.
+
+    The only function that edits scheduler TaskState fields directly
+    (``run_spec``, ``resource_restrictions``, ``dependencies``/``dependents``,
+    ``waiting_on``/``waiters``); run it with ``distributed.scheduler.validate``
+    on in tests.
+    """
+    if ts.state not in ("no-worker", "waiting"):
+        return f"cannot re-point it in state {ts.state!r}"
+    if target.state == "erred" and ts.state == "waiting":
+        return f"its new target {target.key!r} has already failed"
+    ts.run_spec = Alias(ts.key, target.key)
+    ts.resource_restrictions = None
+    if ts.annotations:
+        ts.annotations.pop("resources", None)
+    if ts.state == "no-worker":
+        ts.add_dependency(target)
+        if target.state == "erred":
+            blame = target.exception_blame or target
+            recs = s.transition(
+                ts.key,
+                "erred",
+                stimulus_id,
+                cause=blame.key,
+                exception=blame.exception,
+                traceback=blame.traceback,
+                exception_text=blame.exception_text,
+                traceback_text=blame.traceback_text,
+            )
+        else:
+            # no-worker -> released -> waiting: Scheduler._propagate_released
+            # recommends "waiting" because the promise has waiters or is wanted,
+            # and _transition_released_waiting waits for the new dependency.
+            recs = s.transition(ts.key, "released", stimulus_id)
+            if recs.get(ts.key) != "waiting":
+                recs[ts.key] = "waiting"
+        s.transitions(recs, stimulus_id)
+        return None
+    # "waiting" on the previous target: move the one dependency edge. The old
+    # target is not released here; once done, it is released like any result
+    # nobody waits for (Scheduler._add_to_memory).
+    for dts in list(ts.dependencies):
+        ts.dependencies.discard(dts)
+        dts.dependents.discard(ts)
+        if dts.waiters:
+            dts.waiters.discard(ts)
+    ts.waiting_on = None
+    ts.add_dependency(target)
+    recs = {}
+    if target.who_has:
+        recs[ts.key] = "processing"
+    else:
+        ts.waiting_on = {target}
+        if target.waiters is None:
+            target.waiters = set()
+        target.waiters.add(ts)
+        if target.state == "released":
+            recs[target.key] = "waiting"
+    s.transitions(recs, stimulus_id)
+    return None

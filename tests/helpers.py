@@ -1,0 +1,71 @@
+"""Cluster-test helpers shared by the test modules: the ``cluster`` decorator
+and a scheduler plugin that records what the scheduler saw."""
+
+from __future__ import annotations
+
+from distributed import SchedulerPlugin
+from distributed.utils_test import gen_cluster
+
+
+def cluster(**kwargs):
+    """gen_cluster whose client is not the default client.
+
+    A worker's ``get_client()`` adopts the process's default client when it
+    talks to the same scheduler; gen_cluster's workers live in the test's
+    process, so with the test's client as default the coroutines would submit
+    their children through it. Here every worker makes its own client, as it
+    does in a real deployment, and closing or cancelling from the test's client
+    is something the runner has to notice.
+    """
+    return gen_cluster(client=True, client_kwargs={"set_as_default": False}, **kwargs)
+
+
+class Recorder(SchedulerPlugin):
+    """Records what the scheduler heard of.
+
+    seen
+        Every key the scheduler ever heard of (graphs and transitions).
+    memory
+        Keys that reached memory, in order (repeated if computed again).
+    graphs
+        The keys of each update-graph.
+    transitions
+        Every ``(key, start, finish)``.
+    max_tasks
+        The most tasks the scheduler held at once (once ``scheduler`` is set).
+    """
+
+    def __init__(self) -> None:
+        self.seen: set = set()
+        self.memory: list = []
+        self.graphs: list[set] = []
+        self.transitions: list[tuple] = []
+        self.max_tasks = 0
+        self.scheduler = None
+
+    async def start(self, scheduler):
+        self.scheduler = scheduler
+
+    def update_graph(self, scheduler, *, keys, **kwargs):
+        self.seen.update(keys)
+        self.graphs.append(set(keys))
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        self.seen.add(key)
+        self.transitions.append((key, start, finish))
+        if finish == "memory":
+            self.memory.append(key)
+        if self.scheduler is not None:
+            self.max_tasks = max(self.max_tasks, len(self.scheduler.tasks))
+
+    def ran(self, prefix: str) -> list:
+        """Keys with this prefix that finished computing (went to memory)."""
+        return [k for k in self.memory if str(k).startswith(prefix + "-")]
+
+
+def recorder(s) -> Recorder:
+    """A ``Recorder`` added to scheduler ``s`` (in this process)."""
+    r = Recorder()
+    r.scheduler = s
+    s.add_plugin(r)
+    return r

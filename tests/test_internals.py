@@ -1,0 +1,306 @@
+"""Each assumption the seam (``dask_coro/_internals``) makes about distributed's
+and dask's private API, pinned against the installed versions: a release that
+changes one fails the test named after it, not a hang somewhere else."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import dask
+import pytest
+from dask.delayed import Delayed
+from dask.local import get_sync
+from distributed import Event, get_worker
+from distributed.utils_test import gen_cluster
+
+from dask_coro._internals import dask_private as dp
+from dask_coro._internals import distributed_private as pv
+
+# -- dask ----------------------------------------------------------------------
+
+
+def test_annotations_in_effect_is_what_dask_annotate_sets():
+    assert not dp.annotations_in_effect.get()
+    with dask.annotate(retries=2):
+        assert dp.annotations_in_effect.get()["retries"] == 2
+    assert not dp.annotations_in_effect.get()
+
+
+def test_delayed_slots_are_member_descriptors_and_underscore_names_are_not_lazy():
+    d = dask.delayed(max)(1, 2)
+    for name in ("_key", "_dask", "_length"):
+        assert type(dp.delayed_slot(name)).__name__ == "member_descriptor", name
+    assert dp.delayed_slot("_key").__get__(d) == d.key
+    assert dp.delayed_slot("_dask").__get__(d) is d.dask
+    # CoroutineCall's own slots start with underscores: Delayed's lazy
+    # attribute access must never answer them.
+    with pytest.raises(AttributeError):
+        d._no_such_slot  # noqa: B018
+    assert isinstance(getattr(d, "anything"), Delayed)
+
+
+def test_task_spec_nodes_rename_and_report_dependencies():
+    t = dp.Task("b", max, dp.TaskRef("a"), 1)
+    assert t.dependencies == {"a"}
+    t2 = t.substitute({"a": "a2"}, key="b2")
+    assert t2.key == "b2" and t2.dependencies == {"a2"}
+    assert dp.Alias("c", "b").dependencies == {"b"}
+    assert get_sync({"a": dp.DataNode("a", 5), "b": t}, "b") == 5
+    legacy = dp.convert_legacy_task("x", (max, "a", 2), {"a"})
+    assert isinstance(legacy, dp.GraphNode) and legacy.dependencies == {"a"}
+
+
+def test_finalized_graph_computes_a_collection():
+    da = pytest.importorskip("dask.array")
+    x = da.ones((4, 4), chunks=2).sum()
+    key, graph = dp.finalized_graph(x, optimize=True)
+    assert get_sync(graph, key) == 16
+    key, graph = dp.finalized_graph(x, optimize=False)
+    assert get_sync(graph, key) == 16
+
+
+def test_task_is_coro_honours_the_tornado_flag():
+    # CoroutineTask marks itself with __tornado_coroutine__ so a worker runs it
+    # on its event loop (Task.is_coro -> distributed.utils.iscoroutinefunction).
+    from dask_coro.runtime.call import CoroutineTask
+
+    task = dp.Task("k", CoroutineTask(max, "k"), 1)
+    assert task.is_coro
+
+
+# -- distributed: worker -------------------------------------------------------
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_worker_task_state_and_thread_key(c, s, a):
+    def sync_task():
+        w = get_worker()
+        return pv.thread_task_key(), pv.worker_task_state(w, pv.thread_task_key())
+
+    key, state = await c.submit(sync_task, key="sync-task")
+    assert key == "sync-task" and state == "executing"
+    assert pv.worker_task_state(a, "no-such-key") is None
+    assert pv.worker_knows(a, "sync-task")
+    assert pv.thread_task_key() is None  # not inside a task here
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_async_tasks_executing_lists_the_async_task(c, s, a):
+    async def async_task():
+        return pv.async_tasks_executing(get_worker())
+
+    assert await c.submit(async_task, key="async-task") == ["async-task"]
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_secede_from_loop_frees_the_slot_on_worker_and_scheduler(c, s, a):
+    ev = Event()
+
+    async def waits():
+        pv.secede_from_loop(get_worker(), "waits", 0.0)
+        await ev.wait()
+        return 1
+
+    fut = c.submit(waits, key="waits")
+    while not s.tasks.get("waits") or s.tasks["waits"] not in s.workers[a.address].long_running:
+        await asyncio.sleep(0.01)
+    assert a.state.tasks["waits"].state == "long-running"
+    # The slot is free: another task runs while it waits.
+    assert await c.submit(lambda: 2, key="other") == 2
+    await ev.set()
+    assert await fut == 1
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_a_plugin_added_now_sees_every_transition(c, s, a):
+    seen = []
+
+    class Watch:
+        def transition(self, key, start, finish, **kwargs):
+            seen.append((key, finish))
+
+    plugin = pv.add_worker_plugin_now(a, "test-watch", Watch)
+    assert pv.add_worker_plugin_now(a, "test-watch", Watch) is plugin
+    assert pv.worker_plugin(a, "test-watch") is plugin
+    await c.submit(lambda: 1, key="watched")
+    assert ("watched", "memory") in seen
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_default_executor_runs_tasks_and_fast_memory_holds_results(c, s, a):
+    assert pv.default_executor(a) is a.executors["default"]
+
+    def where():
+        return threading.current_thread().name
+
+    name = await c.submit(where, key="where")
+    assert "Dask-Default-Threads" in name
+    assert pv.fast_memory_value(a, "where") == name
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_as_worker_makes_get_worker_answer(c, s, a):
+    with pytest.raises(ValueError):
+        get_worker()
+    with pv.as_worker(a):
+        assert get_worker() is a
+    with pytest.raises(ValueError):
+        get_worker()
+    assert not pv.worker_is_closing(a)
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_worker_stream_messages_reach_a_scheduler_stream_handler(c, s, a):
+    got = asyncio.Event()
+    messages = []
+
+    def handler(worker=None, **msg):
+        messages.append((worker, msg))
+        got.set()
+
+    pv.add_handlers(s, stream={"test-worker-op": handler})
+    pv.send_on_worker_stream(a, {"op": "test-worker-op", "x": 1})
+    await asyncio.wait_for(got.wait(), 10)
+    assert messages == [(a.address, {"x": 1})]
+
+
+# -- distributed: client -------------------------------------------------------
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_client_stream_is_ordered_with_graph_submissions(c, s, a):
+    order = []
+    got = asyncio.Event()
+
+    def handler(key=None, client=None):
+        order.append((key, key in s.tasks))
+        got.set()
+
+    pv.add_handlers(s, stream={"test-client-op": handler})
+    fut = c.submit(lambda: 1, key="ordered")
+    pv.send_on_client_stream(c, {"op": "test-client-op", "key": "ordered"})
+    await asyncio.wait_for(got.wait(), 10)
+    assert order == [("ordered", True)]  # the graph arrived first
+    await fut
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_batch_interval_is_the_client_streams(c, s, a):
+    pv.set_batch_interval(c, 0.002)
+    assert c.scheduler_comm.interval == 0.002
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_submitting_as_ranks_children_ahead_of_queued_work(c, s, a):
+    # Client._graph_to_futures reads thread_state.key to rank a task's
+    # children (distributed.client: "priority" from the running task).
+    ev = Event()
+
+    async def parent():
+        await ev.wait()
+
+    p = c.submit(parent, key="parent")
+    while "parent" not in s.tasks or s.tasks["parent"].state != "processing":
+        await asyncio.sleep(0.01)
+    with pv.submitting_as("parent"):
+        child = c.submit(lambda: 1, key="child")
+    plain = c.submit(lambda: 1, key="plain")
+    while "child" not in s.tasks or "plain" not in s.tasks:
+        await asyncio.sleep(0.01)
+    assert s.tasks["child"].priority < s.tasks["plain"].priority
+    await ev.set()
+    await asyncio.gather(p, child, plain)
+
+
+# -- distributed: scheduler ----------------------------------------------------
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 2)])
+async def test_idle_threads_counts_free_threads(c, s, a, b):
+    assert pv.idle_threads(s) == 3
+    ev = Event()
+
+    async def block():
+        await ev.wait()
+
+    futs = [c.submit(block, key=f"block-{i}") for i in range(2)]
+    while pv.idle_threads(s) > 1:
+        await asyncio.sleep(0.01)
+    assert pv.idle_threads(s) == 1
+    await ev.set()
+    await asyncio.gather(*futs)
+    with dask.config.set({"distributed.scheduler.worker-saturation": float("inf")}):
+        assert pv.idle_threads(s) >= 0  # the attribute is read either way
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_wrap_stream_handler_wraps_update_graph_once(c, s, a):
+    calls = []
+
+    def wrap(handler):
+        async def wrapped(**kwargs):
+            calls.append(1)
+            return await handler(**kwargs)
+
+        return wrapped
+
+    pv.wrap_stream_handler(s, "update-graph", wrap, "_test_wrapped")
+    pv.wrap_stream_handler(s, "update-graph", wrap, "_test_wrapped")
+    assert await c.submit(lambda: 3, key="wrapped") == 3
+    assert calls == [1]
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_stored_worker_plugin_is_given_to_joining_workers(c, s, a):
+    from distributed import Worker, WorkerPlugin
+    from distributed.protocol.pickle import dumps
+
+    class Mark(WorkerPlugin):
+        name = "test-mark"
+
+        def setup(self, worker):
+            worker.marked = True
+
+    pv.store_worker_plugin(s, "test-mark", dumps(Mark()))
+    async with Worker(s.address, nthreads=1) as w:
+        assert getattr(w, "marked", False)
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_fail_task_errs_a_parked_task_with_the_error(c, s, a):
+    fut = c.submit(lambda: 1, key="parked", resources={"nothing-has-this": 1})
+    while "parked" not in s.tasks or s.tasks["parked"].state != "no-worker":
+        await asyncio.sleep(0.01)
+    try:
+        raise KeyError("failed on purpose")
+    except KeyError as e:
+        pv.fail_task(s, "parked", e, "test-fail")
+    with pytest.raises(KeyError, match="failed on purpose"):
+        await fut
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_forget_if_unused_forgets_only_released_unused_tasks(c, s, a):
+    fut = c.submit(lambda: 1, key="used")
+    await fut
+    assert not pv.forget_if_unused(s, "used", "test")  # in memory, wanted
+    assert not pv.forget_if_unused(s, "no-such-key", "test")
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("127.0.0.1", 1)],
+    config={"distributed.scheduler.validate": True, "distributed.worker.validate": True},
+)
+async def test_alias_task_points_a_parked_task_at_a_target(c, s, a):
+    parked = c.submit(lambda: 0, key="alias", resources={"nothing-has-this": 1})
+    target = c.submit(lambda: 42, key="target")
+    await target
+    while "alias" not in s.tasks or s.tasks["alias"].state != "no-worker":
+        await asyncio.sleep(0.01)
+    assert pv.alias_task(s, s.tasks["alias"], s.tasks["target"], "test-alias") is None
+    assert await parked == 42
+    assert isinstance(s.tasks["alias"].run_spec, dp.Alias)
+    # A finished task cannot be re-pointed.
+    assert "cannot re-point" in pv.alias_task(s, s.tasks["alias"], s.tasks["target"], "t2")
