@@ -1,4 +1,9 @@
-"""Helpers shared by the benchmark scripts (not a benchmark): the embedded cluster, process samplers, tables and the JSON summary run_all.py reads.
+"""The harness every benchmark script uses (not a benchmark itself).
+
+Argument parsing (``--repeat``, ``--json``, ``--quick`` for tiny sizes), the
+embedded cluster, timed runs with their medians, process samplers, the
+alternatives compared side by side with their ratio rows, Markdown tables, the
+JSON summary run_all.py reads, and a section of RESULTS.md.
 
 Only client-side code lives here: functions that run on workers are defined in
 the scripts themselves (pickled by value from ``__main__``) or in dask_coro.
@@ -6,17 +11,23 @@ the scripts themselves (pickled by value from ``__main__``) or in dask_coro.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
 import statistics
+import sys
+import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psutil
 from distributed import Client, LocalCluster, SchedulerPlugin
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 N_WORKERS = 2
 THREADS_PER_WORKER = 1
@@ -87,19 +98,54 @@ def with_descendants(procs: list[psutil.Process]) -> list[psutil.Process]:
     return out
 
 
-class ProcSampler:
-    """Samples a set of processes every ``interval`` s in a background thread
-    (from /proc, so it never waits for a busy worker's event loop): the peak
-    number of processes, OS threads of the busiest one, OS threads of all of
-    them together, and the sum of their RSS. ``procs()`` is called at every
-    sample, so a set that grows (Ray's worker pool) is followed."""
+class Sampler:
+    """Samples something every ``interval`` s in a background thread and keeps
+    the peak of each quantity ``sample()`` returns (a dict of numbers); one
+    sample at the start (``first``) and one at the end count too."""
 
-    def __init__(self, procs: Callable[[], list[psutil.Process]], interval: float = 0.05):
-        self.procs = procs
+    first = True
+
+    def __init__(self, interval: float = 0.05):
         self.interval = interval
-        self.peak = {"procs": 0, "threads_max": 0, "threads_total": 0, "rss": 0}
+        self.peak: dict[str, int] = {}
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def _record(self) -> None:
+        for k, v in self.sample().items():
+            self.peak[k] = max(self.peak.get(k, 0), v)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._record()
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> Self:
+        if self.first:
+            self._record()
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+        self._record()
+
+
+class ProcSampler(Sampler):
+    """Samples a set of processes (from /proc, so it never waits for a busy
+    worker's event loop): the peak number of processes, OS threads of the
+    busiest one, OS threads of all of them together, and the sum of their RSS.
+    ``procs()`` is called at every sample, so a set that grows (Ray's worker
+    pool) is followed."""
+
+    def __init__(self, procs: Callable[[], list[psutil.Process]], interval: float = 0.05):
+        super().__init__(interval)
+        self.procs = procs
+        self.peak = {"procs": 0, "threads_max": 0, "threads_total": 0, "rss": 0}
 
     def sample(self) -> dict[str, int]:
         threads, rss = [], 0
@@ -112,25 +158,13 @@ class ProcSampler:
         return {"procs": len(threads), "threads_max": max(threads, default=0),
                 "threads_total": sum(threads), "rss": rss}
 
-    def _record(self) -> None:
-        s = self.sample()
-        for k, v in s.items():
-            self.peak[k] = max(self.peak[k], v)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._record()
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> ProcSampler:
-        self._record()
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join()
-        self._record()
+def worker_sampler(client: Client, interval: float = 0.05,
+                   descendants: bool = False) -> ProcSampler:
+    """A ProcSampler of the cluster's worker processes (and their children)."""
+    procs = list(worker_processes(client).values())
+    return ProcSampler((lambda: with_descendants(procs)) if descendants else (lambda: procs),
+                       interval)
 
 
 class CountDone(SchedulerPlugin):
@@ -167,14 +201,127 @@ def _has_counter(dask_scheduler: Any) -> bool:
     return "bench-count-done" in dask_scheduler.plugins
 
 
+# -- arguments --------------------------------------------------------------
+
+
+def parser(doc: str | None, repeat: int | None = 3, json: bool = True) -> argparse.ArgumentParser:
+    """The scripts' argument parser: ``--repeat`` (None: none), ``--json`` and,
+    added by ``parse``, ``--quick``. ``doc``: the script's docstring."""
+    p = argparse.ArgumentParser(description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    if repeat is not None:
+        p.add_argument("--repeat", type=int, default=repeat, help="timed runs (their median)")
+    if json:
+        p.add_argument("--json", help="also write the numbers to this JSON file")
+    return p
+
+
+def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None,
+          quick: dict[str, Any]) -> argparse.Namespace:
+    """Parses ``argv``; with ``--quick`` the defaults are ``quick``'s (tiny
+    sizes, one run: a smoke test of the script, not a measurement), and
+    arguments given still win."""
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes for a smoke run: " + ", ".join(
+                       f"--{k.replace('_', '-')} {_arg(v)}" for k, v in quick.items()))
+    args = p.parse_args(argv)
+    if args.quick:
+        p.set_defaults(**quick)
+        args = p.parse_args(argv)
+    return args
+
+
+def _arg(v: Any) -> str:
+    return " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+
+# -- timing -----------------------------------------------------------------
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     start = time.perf_counter()
     out = fn()
     return time.perf_counter() - start, out
 
 
-def median(xs: list[float]) -> float:
+def median(xs: Iterable[float]) -> float:
     return statistics.median(xs)
+
+
+def median_of(fn: Callable[[], Any], k: int, warm: bool = False) -> tuple[float, list[float]]:
+    """Median of ``k`` timed calls of ``fn`` (one untimed first with ``warm``)
+    and the individual times."""
+    if warm:
+        fn()
+    walls = [timed(fn)[0] for _ in range(k)]
+    return median(walls), walls
+
+
+def timed_runs(client: Client | None, run: Callable[[], Any], repeat: int, expect: Any,
+               label: str, before: Callable[[], Any] | None = None,
+               after: Callable[[], Any] | None = None,
+               ) -> tuple[list[float], list[int] | None]:
+    """``repeat`` timed calls of ``run``, each checked against ``expect``: the
+    wall times, and with a ``client`` the tasks that reached memory on the
+    scheduler during each (``before()`` and ``after()`` run around each time,
+    neither timed nor counted)."""
+    walls: list[float] = []
+    ran: list[int] | None = None if client is None else []
+    for _ in range(repeat):
+        if before is not None:
+            before()
+        if ran is not None:
+            tasks_done(client, reset=True)
+        wall, value = timed(run)
+        assert value == expect, value
+        walls.append(wall)
+        if ran is not None:
+            ran.append(tasks_done(client))
+        if after is not None:
+            after()
+        log(f"{label}: {wall:.3f} s" + ("" if ran is None else f", {ran[-1]} tasks"))
+    return walls, ran
+
+
+class Alt(NamedTuple):
+    """One alternative of a scenario: its label in the table, ``run(client,
+    n)`` (the measured work, returning the value checked), and the cluster it
+    runs on (``coro.inline.enabled``, None: the default; worker processes)."""
+
+    label: str
+    run: Callable[[Client, int], Any]
+    inline: bool | None = None
+    workers: int = N_WORKERS
+
+
+def measure(key: str, alt: Alt, n: int, repeat: int, expect: Callable[[int], Any],
+            warm_n: int) -> tuple[list[float], list[int]]:
+    """A fresh cluster for ``alt``, one untimed run of size ``warm_n`` (imports,
+    plugins, the workers' clients), then ``repeat`` timed runs of size ``n``:
+    their wall times and tasks run."""
+    with cluster(inline=alt.inline, n_workers=alt.workers) as client:
+        assert alt.run(client, warm_n) == expect(warm_n)
+        walls, ran = timed_runs(client, lambda: alt.run(client, n), repeat, expect(n),
+                                f"{key} (n = {n})")
+    assert ran is not None
+    return walls, ran
+
+
+# -- plain Python references --------------------------------------------------
+
+
+def seq_fib(i: int) -> int:
+    """Sequential Python fib, the reference the coroutine versions are checked
+    and compared against."""
+    return i if i < 2 else seq_fib(i - 1) + seq_fib(i - 2)
+
+
+def fib_calls(n: int) -> int:
+    """Calls of fib(n), every one a coroutine call (a task when inline is off)."""
+    return 2 * seq_fib(n + 1) - 1
+
+
+# -- report -----------------------------------------------------------------
 
 
 def ratio(a: float | None, b: float | None) -> str:
@@ -195,6 +342,20 @@ def runs(xs: list[float]) -> str:
     return ", ".join(fmt_s(x) for x in xs)
 
 
+def counts(xs: list[int] | None) -> str:
+    """Per-run counts (tasks run), "-" if not counted."""
+    return "-" if xs is None else "/".join(str(x) for x in xs)
+
+
+def wall_cells(walls: list[float]) -> list[str]:
+    """The median and the individual runs: the two wall-time columns."""
+    return [fmt_s(median(walls)), runs(walls)]
+
+
+def wall_header(repeat: int, what: str = "wall") -> list[str]:
+    return [f"{what} s, median of {repeat}", "runs s"]
+
+
 def mib(b: float) -> str:
     return f"{b / 2**20:.0f}"
 
@@ -205,6 +366,19 @@ def table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(out)
 
 
+def fill(text: str) -> str:
+    """A paragraph of notes, wrapped as in RESULTS.md."""
+    return textwrap.fill(text, 79, break_on_hyphens=False)
+
+
+def report(header: list[str], rows: list[list[Any]], *notes: str) -> None:
+    """The Markdown result on stdout: the table, then each paragraph of notes."""
+    print(table(header, rows))
+    for text in notes:
+        print()
+        print(text)
+
+
 def write_json(path: str | None, data: dict[str, Any]) -> None:
     """The numbers run_all.py builds its Targets table from."""
     if path:
@@ -212,8 +386,24 @@ def write_json(path: str | None, data: dict[str, Any]) -> None:
             json.dump(data, f, indent=1, default=str)
 
 
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
+
+
+def replace_section(heading: str, section: str, path: str = RESULTS) -> None:
+    """Puts ``section`` (starting with ``heading``, a ``## `` line) in
+    RESULTS.md in place of the section of that heading, or at its end."""
+    with open(path) as f:
+        text = f.read()
+    start = text.find(heading + "\n")
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = text.find("\n## ", start + len(heading))
+        text = text[:start] + section + ("" if end < 0 else text[end:])
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def log(*args: Any) -> None:
     """Progress goes to stderr; stdout is the Markdown result."""
-    import sys
-
     print(*args, file=sys.stderr, flush=True)

@@ -1,6 +1,9 @@
-"""One coroutine yielding 10,000 children at once (dask.delayed children; @coroutine children with inline on and with inline off) versus client.map of the same 10,000 from the client, wall time until the sum is on the client.
+"""One coroutine yielding 10,000 children at once (dask.delayed children; @coroutine children with
+inline on and with inline off) versus client.map of the same 10,000 from the client, wall time until
+the sum is on the client.
 
 Run: python benchmarks/bench_fanout.py [--n 10000] [--repeat 3] [--alt map delayed inline tasks]
+     [--quick]
 2 worker processes x 1 thread; a fresh cluster per alternative (with
 `coro.inline.enabled` set before it starts), warmed up with n = 100, then
 --repeat timed runs. Prints a Markdown table and notes.
@@ -8,7 +11,6 @@ Run: python benchmarks/bench_fanout.py [--n 10000] [--repeat 3] [--alt map delay
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import _bench as B
@@ -52,48 +54,41 @@ def run_coro(client, n):
     return client.compute(fan_coro(n)).result()
 
 
-# key: (label, function, coro.inline.enabled on the cluster; None: the default)
 ALTS = {
-    "map": ("client.map from the client, then client.gather", run_map, None),
-    "delayed": ("dask_coro: one yield of n dask.delayed children (tasks; inline on, the default)",
-                run_delayed, True),
-    "inline": ("dask_coro: one yield of n @coroutine children, inline on (default)", run_coro, True),
-    "tasks": ("dask_coro: one yield of n @coroutine children, inline off (tasks)", run_coro, False),
+    "map": B.Alt("client.map from the client, then client.gather", run_map),
+    "delayed": B.Alt("dask_coro: one yield of n dask.delayed children (tasks; inline on, the "
+                     "default)", run_delayed, True),
+    "inline": B.Alt("dask_coro: one yield of n @coroutine children, inline on (default)",
+                    run_coro, True),
+    "tasks": B.Alt("dask_coro: one yield of n @coroutine children, inline off (tasks)",
+                   run_coro, False),
 }
 
 
-def measure(alt: str, n: int, repeat: int) -> tuple[list[float], list[int]]:
-    _, fn, inline = ALTS[alt]
-    with B.cluster(inline=inline) as client:
-        assert fn(client, 100) == sum(range(1, 101))
-        walls, ran = [], []
-        B.tasks_done(client, reset=True)
-        for _ in range(repeat):
-            wall, total = B.timed(lambda: fn(client, n))
-            assert total == sum(range(1, n + 1)), total
-            walls.append(wall)
-            ran.append(B.tasks_done(client, reset=True))
-            B.log(f"fan-out {n} {alt}: {wall:.3f} s, {ran[-1]} tasks")
-    return walls, ran
+def total(n: int) -> int:
+    return sum(range(1, n + 1))
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
+    p = B.parser(__doc__)
     p.add_argument("--n", type=int, default=10_000)
-    p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--alt", nargs="+", default=list(ALTS), choices=list(ALTS))
-    p.add_argument("--json", help="also write the numbers to this JSON file")
-    args = p.parse_args(argv)
-    out = {alt: measure(alt, args.n, args.repeat) for alt in args.alt}
+    args = B.parse(p, argv, quick={"n": 200, "repeat": 1})
+    out = {alt: B.measure(f"fan-out {alt}", ALTS[alt], args.n, args.repeat, total, 100)
+           for alt in args.alt}
     res = {alt: w for alt, (w, _) in out.items()}
     med = {alt: B.median(w) for alt, w in res.items()}
-    rows = [[ALTS[alt][0], B.fmt_s(med[alt]), B.runs(res[alt]), f"{args.n / med[alt]:.0f}",
-             "/".join(str(x) for x in out[alt][1]), B.ratio(med[alt], med.get("map"))]
+    rows = [[ALTS[alt].label, *B.wall_cells(res[alt]), f"{args.n / med[alt]:.0f}",
+             B.counts(out[alt][1]), B.ratio(med[alt], med.get("map"))]
             for alt in args.alt]
-    print(B.table([f"n = {args.n}", f"wall s, median of {args.repeat}", "runs s",
-                   "children/s", "tasks run per run (counted)", "/ client.map"], rows))
-    print()
-    print("""\
+    B.report([f"n = {args.n}", *B.wall_header(args.repeat), "children/s",
+              "tasks run per run (counted)", "/ client.map"], rows, NOTES)
+    B.write_json(args.json, {"n": args.n, "walls": res, "median": med,
+                             "tasks_run": {a: t for a, (_, t) in out.items()}})
+    return 0
+
+
+NOTES = """\
 Wall time: from submitting to the sum of the n results (`inc(i)` for i < n) on
 the client. client.map sends n tasks from the client and gathers n results to
 it; the coroutine sends the same n tasks from a worker in one `update-graph`
@@ -105,10 +100,7 @@ when the scheduler reports an idle thread (the other worker); "tasks run"
 counts transitions to memory on the scheduler, the root included. Inline off,
 each is dask_coro's task wrapper (an async task whose body steps on the thread
 pool): the cost of writing children as coroutine functions, as the README's
-examples do, when every call is a task.""")
-    B.write_json(args.json, {"n": args.n, "walls": res, "median": med,
-                             "tasks_run": {a: t for a, (_, t) in out.items()}})
-    return 0
+examples do, when every call is a task."""
 
 
 if __name__ == "__main__":

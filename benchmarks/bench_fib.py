@@ -1,6 +1,9 @@
-"""fib(n) with every call a coroutine: dask_coro with calls run inline (the default) and with every call a task, versus worker_client() and Ray nested tasks (when Ray is installed): wall time, calls per second, tasks run, peak OS threads and processes on the workers.
+"""fib(n) with every call a coroutine: dask_coro with calls run inline (the default) and with every
+call a task, versus worker_client() and Ray nested tasks (when Ray is installed): wall time, calls
+per second, tasks run, peak OS threads and processes on the workers.
 
 Run: python benchmarks/bench_fib.py [--n 12 14 16] [--repeat 3] [--alt inline tasks wc ray]
+     [--quick]
 2 worker processes x 1 thread (Ray: ray.init(num_cpus=2)); a fresh cluster per
 (n, alternative), one untimed fib(5) to warm it up, then --repeat timed runs.
 dask_coro's two rows differ only by `coro.inline.enabled`, set before the
@@ -9,7 +12,6 @@ cluster starts. Prints a Markdown table and notes.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -53,18 +55,8 @@ def _import_ray() -> bool:
     return True
 
 
-def _fib(i: int) -> int:
-    return i if i < 2 else _fib(i - 1) + _fib(i - 2)
-
-
-def tasks_of(n: int) -> int:
-    """Calls of fib(n), every one a task."""
-    return 2 * _fib(n + 1) - 1
-
-
 def measure_dask(alt: str, n: int, repeat: int) -> dict:
     with B.cluster(inline={"inline": True, "tasks": False}.get(alt)) as client:
-        procs = list(B.worker_processes(client).values())
         if alt in ("inline", "tasks"):
             def run(k):
                 return client.compute(coro_fib(k)).result()
@@ -72,17 +64,12 @@ def measure_dask(alt: str, n: int, repeat: int) -> dict:
             def run(k):
                 return client.submit(wc_fib, k, pure=False).result()
         assert run(5) == 5  # warm-up: imports, plugins, the workers' clients
-        base = B.ProcSampler(lambda: B.with_descendants(procs)).sample()
-        walls, ran = [], []
-        B.tasks_done(client, reset=True)
-        with B.ProcSampler(lambda: B.with_descendants(procs)) as s:
-            for _ in range(repeat):
-                wall, value = B.timed(lambda: run(n))
-                assert value == _fib(n), value
-                walls.append(wall)
-                ran.append(B.tasks_done(client, reset=True))
-                B.log(f"fib({n}) {alt}: {wall:.3f} s, {ran[-1]} tasks")
-    return {**_result(n, walls, s.peak, base), "tasks_run": ran}
+        sampler = B.worker_sampler(client, descendants=True)
+        base = sampler.sample()
+        with sampler:
+            walls, ran = B.timed_runs(client, lambda: run(n), repeat, B.seq_fib(n),
+                                      f"fib({n}) {alt}")
+    return {**_result(n, walls, sampler.peak, base), "tasks_run": ran}
 
 
 def _ray_workers() -> list[psutil.Process]:
@@ -104,40 +91,38 @@ def measure_ray(n: int, repeat: int) -> dict:
              log_to_driver=False, logging_level="ERROR")
     try:
         assert ray.get(ray_fib.remote(5)) == 5
-        base = B.ProcSampler(_ray_workers).sample()
-        walls = []
-        with B.ProcSampler(_ray_workers) as s:
-            for _ in range(repeat):
-                wall, value = B.timed(lambda: ray.get(ray_fib.remote(n)))
-                assert value == _fib(n), value
-                walls.append(wall)
-                B.log(f"fib({n}) ray: {wall:.2f} s")
+        sampler = B.ProcSampler(_ray_workers)
+        base = sampler.sample()
+        with sampler:
+            walls, _ = B.timed_runs(None, lambda: ray.get(ray_fib.remote(n)), repeat,
+                                    B.seq_fib(n), f"fib({n}) ray")
     finally:
         ray.shutdown()
-    return _result(n, walls, s.peak, base)
+    return _result(n, walls, sampler.peak, base)
 
 
 def _result(n, walls, peak, base) -> dict:
     wall = B.median(walls)
-    return {"wall": wall, "walls": walls, "tasks": tasks_of(n), "tasks_per_s": tasks_of(n) / wall,
+    calls = B.fib_calls(n)
+    return {"wall": wall, "walls": walls, "tasks": calls, "tasks_per_s": calls / wall,
             "tasks_run": None,
             **{f"peak_{k}": v for k, v in peak.items()},
             **{f"base_{k}": v for k, v in base.items()}}
 
 
-LABEL = {"inline": "dask_coro, inline on (default)", "tasks": "dask_coro, inline off: every call a task",
+LABEL = {"inline": "dask_coro, inline on (default)",
+         "tasks": "dask_coro, inline off: every call a task",
          "wc": "worker_client", "ray": "Ray nested tasks"}
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
+    p = B.parser(__doc__, json=False)
     p.add_argument("--n", type=int, nargs="+", default=[12, 14, 16])
-    p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--alt", nargs="+", default=list(LABEL), choices=list(LABEL))
     p.add_argument("--json", help="also write the numbers to this JSON file (after every "
                                   "measurement, so a run stopped midway leaves what it had)")
     p.add_argument("--render", metavar="JSON", help="only print the table of such a file")
-    args = p.parse_args(argv)
+    args = B.parse(p, argv, quick={"n": [6, 8], "repeat": 1})
     if args.render:
         with open(args.render) as f:
             render(json.load(f))
@@ -175,15 +160,13 @@ def render(data: dict) -> None:
             if r is None:
                 missing.append(f"fib({n}) {LABEL[alt]}")
                 continue
-            ran = r["tasks_run"]
             rows.append([n, r["tasks"], LABEL[alt], B.fmt_s(r["wall"]), B.runs(r["walls"]),
-                         f"{r['tasks_per_s']:.0f}",
-                         "-" if ran is None else "/".join(str(x) for x in ran),
+                         f"{r['tasks_per_s']:.0f}", B.counts(r["tasks_run"]),
                          B.ratio(r["wall"], wc),
                          f"{r['peak_threads_max']} ({r['base_threads_max']})",
                          f"{r['peak_threads_total']} ({r['base_threads_total']})",
                          f"{r['peak_procs']} ({r['base_procs']})"])
-    print(B.table(["n", "calls", "alternative", f"wall s, median of {data['repeat']}", "runs s",
+    print(B.table(["n", "calls", "alternative", *B.wall_header(data["repeat"]),
                    "calls/s", "tasks run per run (counted)", "wall / worker_client",
                    "peak OS threads, busiest worker process (idle)",
                    "peak OS threads, all worker processes (idle)", "peak worker processes (idle)"],

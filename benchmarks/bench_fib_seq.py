@@ -1,6 +1,8 @@
-"""fib(25) with every call a dask_coro coroutine and no manual cutoff, inline on (the default; 2 workers and 1) and inline off (every call a task), versus plain sequential Python fib(25) in one process.
+"""fib(25) with every call a dask_coro coroutine and no manual cutoff, inline on (the default; 2
+workers and 1) and inline off (every call a task), versus plain sequential Python fib(25) in one
+process.
 
-Run: python benchmarks/bench_fib_seq.py [--n 25] [--repeat 3] [--small 14] [--timeout 0]
+Run: python benchmarks/bench_fib_seq.py [--n 25] [--repeat 3] [--small 14] [--timeout 0] [--quick]
 Sequential Python: median of --repeat x 5 runs in this process. Inline on:
 --repeat runs of fib(--n) on 2 worker processes x 1 thread, then on 1 worker.
 Inline off: fib(--n) is some 243,000 tasks (minutes on this machine), so its
@@ -10,55 +12,32 @@ also attempts fib(--n) itself, given up after that many seconds.
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import sys
-import textwrap
 import time
 
 import _bench as B
 
 from dask_coro.examples import fib as coro_fib
 
-
-def seq_fib(i: int) -> int:
-    return i if i < 2 else seq_fib(i - 1) + seq_fib(i - 2)
-
-
-def tasks_of(n: int) -> int:
-    return 2 * seq_fib(n + 1) - 1
+seq_fib = B.seq_fib
+tasks_of = B.fib_calls
 
 
-def timed_runs(n: int, repeat: int, inline: bool, n_workers: int = B.N_WORKERS) -> dict:
+def timed_runs(n: int, repeat: int, inline: bool, n_workers: int = B.N_WORKERS,
+               sampled: bool = True) -> dict:
     """--repeat runs of fib(n) on a fresh cluster: walls, tasks run, peaks."""
     with B.cluster(inline=inline, n_workers=n_workers) as client:
         assert client.compute(coro_fib(5)).result() == 5
-        procs = list(B.worker_processes(client).values())
-        base = B.ProcSampler(lambda: procs).sample()
-        walls, ran = [], []
-        B.tasks_done(client, reset=True)
-        with B.ProcSampler(lambda: procs) as s:
-            for _ in range(repeat):
-                wall, value = B.timed(lambda: client.compute(coro_fib(n)).result())
-                assert value == seq_fib(n), value
-                walls.append(wall)
-                ran.append(B.tasks_done(client, reset=True))
-                B.log(f"fib({n}) inline={inline} on {n_workers} worker(s): {wall:.3f} s, "
-                      f"{ran[-1]} tasks")
+        sampler = B.worker_sampler(client)
+        base = sampler.sample()
+        with sampler if sampled else contextlib.nullcontext():
+            walls, ran = B.timed_runs(
+                client, lambda: client.compute(coro_fib(n)).result(), repeat, seq_fib(n),
+                f"fib({n}) inline={inline} on {n_workers} worker(s)")
     return {"walls": walls, "wall": B.median(walls), "tasks_run": ran,
-            "peak_threads": s.peak["threads_max"], "peak_rss": s.peak["rss"],
+            "peak_threads": sampler.peak["threads_max"], "peak_rss": sampler.peak["rss"],
             "base_rss": base["rss"], "base_threads": base["threads_max"]}
-
-
-def small_rate(n: int, repeat: int) -> list[float]:
-    with B.cluster(inline=False) as client:
-        assert client.compute(coro_fib(5)).result() == 5
-        walls = []
-        for _ in range(repeat):
-            wall, value = B.timed(lambda: client.compute(coro_fib(n)).result())
-            assert value == seq_fib(n)
-            walls.append(wall)
-            B.log(f"fib({n}) coroutines: {wall:.2f} s")
-    return walls
 
 
 def attempt(n: int, timeout: float) -> dict:
@@ -67,9 +46,9 @@ def attempt(n: int, timeout: float) -> dict:
     with B.cluster(inline=False) as client:
         assert client.compute(coro_fib(5)).result() == 5
         B.tasks_done(client, reset=True)
-        procs = list(B.worker_processes(client).values())
-        base = B.ProcSampler(lambda: procs).sample()
-        with B.ProcSampler(lambda: procs, interval=0.5) as s:
+        s = B.worker_sampler(client, interval=0.5)
+        base = s.sample()
+        with s:
             start = time.perf_counter()
             fut = client.compute(coro_fib(n))
             marks = []  # (elapsed, tasks done): the rate as the run goes on
@@ -120,27 +99,21 @@ def _n_tasks(dask_scheduler) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
+    p = B.parser(__doc__)
     p.add_argument("--n", type=int, default=25)
-    p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--small", type=int, default=14,
                    help="fib(n) whose rate, inline off, is extrapolated to fib(--n)")
     p.add_argument("--timeout", type=float, default=0.0,
                    help="s given to one attempt at fib(--n) with inline off (0: no attempt)")
-    p.add_argument("--json", help="also write the numbers to this JSON file")
-    args = p.parse_args(argv)
+    args = B.parse(p, argv, quick={"n": 12, "small": 6, "repeat": 1})
     n, total = args.n, tasks_of(args.n)
 
-    seq = []
-    for _ in range(args.repeat * 5):
-        wall, _ = B.timed(lambda: seq_fib(n))
-        seq.append(wall)
-    seq_s = B.median(seq)
+    seq_s, seq = B.median_of(lambda: seq_fib(n), args.repeat * 5)
     B.log(f"sequential fib({n}): {seq_s * 1000:.1f} ms")
 
     on2 = timed_runs(n, args.repeat, inline=True)
     on1 = timed_runs(n, args.repeat, inline=True, n_workers=1)
-    small = small_rate(args.small, args.repeat)
+    small = timed_runs(args.small, args.repeat, inline=False, sampled=False)["walls"]
     small_s = B.median(small)
     rate = tasks_of(args.small) / small_s
     off_s = total / rate
@@ -149,17 +122,14 @@ def main(argv=None) -> int:
         assert run["value"] == seq_fib(n), run["value"]
         off_s = run["wall"]
 
-    def tasks(r):
-        return "/".join(str(x) for x in r["tasks_run"])
-
     rows = [
         [f"sequential Python fib({n}), one process", f"{seq_s * 1000:.1f} ms",
          f"median of {len(seq)}: {seq_s / total * 1e9:.0f} ns a call", "-", "1"],
         [f"dask_coro fib({n}), inline on (default), 2 workers", B.fmt_s(on2["wall"]) + " s",
-         f"median of {args.repeat}: {B.runs(on2['walls'])}", tasks(on2),
+         f"median of {args.repeat}: {B.runs(on2['walls'])}", B.counts(on2["tasks_run"]),
          f"**{on2['wall'] / seq_s:.0f}**"],
         [f"dask_coro fib({n}), inline on (default), 1 worker", B.fmt_s(on1["wall"]) + " s",
-         f"median of {args.repeat}: {B.runs(on1['walls'])}", tasks(on1),
+         f"median of {args.repeat}: {B.runs(on1['walls'])}", B.counts(on1["tasks_run"]),
          f"{on1['wall'] / seq_s:.0f}"],
         [f"dask_coro fib({args.small}), inline off: every call a task",
          B.fmt_s(small_s) + " s",
@@ -175,9 +145,6 @@ def main(argv=None) -> int:
         rows.append([f"dask_coro fib({n}), inline off: every call a task",
                      f"~{B.fmt_s(off_s)} s", f"extrapolated at the fib({args.small}) rate{what}",
                      f"{total} (all)", f"~{off_s / seq_s:,.0f}"])
-    print(B.table(["", "wall", "runs", "tasks run per run (counted)",
-                   f"/ sequential fib({n}) (the fib({args.small}) row: per call)"], rows))
-    print()
     text = (
         f"fib({n}) has {total:,} calls. Sequential Python does one in about "
         f"{seq_s / total * 1e9:.0f} ns. With inline on (the default) every call is still a "
@@ -194,10 +161,11 @@ def main(argv=None) -> int:
         f"{B.mib(on2['base_rss'])} MiB to at most {B.mib(on2['peak_rss'])} MiB. "
         "Wall time is from `client.compute` to the value on the client; tasks run are "
         "transitions to memory on the scheduler (the root included).")
-    print(textwrap.fill(text, 79, break_on_hyphens=False))
+    notes = [B.fill(text)]
     if run and not run["finished"]:
-        print()
-        print(textwrap.fill(_cancel_note(run), 79))
+        notes.append(B.fill(_cancel_note(run)))
+    B.report(["", "wall", "runs", "tasks run per run (counted)",
+              f"/ sequential fib({n}) (the fib({args.small}) row: per call)"], rows, *notes)
     B.write_json(args.json, {"n": n, "tasks": total, "seq_s": seq_s, "seqs": seq,
                              "inline2": on2, "inline1": on1,
                              "small": args.small, "small_s": small_s, "smalls": small,

@@ -1,6 +1,8 @@
-"""The seed's process_all over a list of 1,000 (two yields: its length, then every item incremented and summed) as a dask_coro coroutine, with inline on and off, versus the same steps written with worker_client(), wall time.
+"""The seed's process_all over a list of 1,000 (two yields: its length, then every item incremented
+and summed) as a dask_coro coroutine, with inline on and off, versus the same steps written with
+worker_client(), wall time.
 
-Run: python benchmarks/bench_process_all.py [--n 1000] [--repeat 3]
+Run: python benchmarks/bench_process_all.py [--n 1000] [--repeat 3] [--quick]
 2 worker processes x 1 thread; a fresh cluster per alternative (with
 `coro.inline.enabled` set before it starts), warmed up with n = 10, then
 --repeat timed runs. Prints a Markdown table and notes.
@@ -8,7 +10,6 @@ Run: python benchmarks/bench_process_all.py [--n 1000] [--repeat 3]
 
 from __future__ import annotations
 
-import argparse
 import operator
 import sys
 
@@ -78,47 +79,40 @@ def run_sum(c, n):
 
 SEED = "1 + 1 + n getitem + n inc + n add"
 ONE_SUM = "1 + 1 + n getitem + n inc + 1 sum"
-# key: (label, tasks, function, coro.inline.enabled on the cluster; None: the default)
 ALTS = {
-    "wc": ("worker_client: submit/result in one task", ONE_SUM, run_wc, None),
-    "coro": ("dask_coro: the seed's process_all, inline on (default)", SEED, run_seed, True),
-    "coro_off": ("dask_coro: the seed's process_all, inline off", SEED, run_seed, False),
-    "coro_sum": ("dask_coro: process_all with `dask.delayed(sum)`, inline on (default)", ONE_SUM,
-                 run_sum, True),
-    "coro_sum_off": ("dask_coro: process_all with `dask.delayed(sum)`, inline off", ONE_SUM,
-                     run_sum, False),
+    "wc": B.Alt("worker_client: submit/result in one task", run_wc),
+    "coro": B.Alt("dask_coro: the seed's process_all, inline on (default)", run_seed, True),
+    "coro_off": B.Alt("dask_coro: the seed's process_all, inline off", run_seed, False),
+    "coro_sum": B.Alt("dask_coro: process_all with `dask.delayed(sum)`, inline on (default)",
+                      run_sum, True),
+    "coro_sum_off": B.Alt("dask_coro: process_all with `dask.delayed(sum)`, inline off",
+                          run_sum, False),
 }
+SHAPE = {"wc": ONE_SUM, "coro": SEED, "coro_off": SEED, "coro_sum": ONE_SUM,
+         "coro_sum_off": ONE_SUM}
 
 
-def measure(alt: str, n: int, repeat: int) -> tuple[list[float], int]:
-    fn, inline = ALTS[alt][2], ALTS[alt][3]
-    with B.cluster(inline=inline) as client:
-        assert fn(client, 10) == sum(range(1, 11))
-        walls, tasks = [], []
-        for _ in range(repeat):
-            B.tasks_done(client, reset=True)
-            wall, total = B.timed(lambda: fn(client, n))
-            assert total == sum(range(1, n + 1)), total
-            walls.append(wall)
-            tasks.append(B.tasks_done(client))
-            B.log(f"process_all {n} {alt}: {wall:.2f} s, {tasks[-1]} tasks")
-    return walls, max(tasks)
+def total(n: int) -> int:
+    return sum(range(1, n + 1))
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
+    p = B.parser(__doc__)
     p.add_argument("--n", type=int, default=1000)
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--json", help="also write the numbers to this JSON file")
-    args = p.parse_args(argv)
-    res = {alt: measure(alt, args.n, args.repeat) for alt in ALTS}
+    args = B.parse(p, argv, quick={"n": 50, "repeat": 1})
+    res = {alt: B.measure(f"process_all {alt}", a, args.n, args.repeat, total, 10)
+           for alt, a in ALTS.items()}
     med = {alt: B.median(w) for alt, (w, _) in res.items()}
-    rows = [[label, shape, res[alt][1], B.fmt_s(med[alt]), B.runs(res[alt][0]),
-             B.ratio(med[alt], med["wc"])] for alt, (label, shape, _, _) in ALTS.items()]
-    print(B.table([f"process_all, list of {args.n}", "tasks", "tasks run (counted)",
-                   f"wall s, median of {args.repeat}", "runs s", "/ worker_client"], rows))
-    print()
-    print("""\
+    rows = [[a.label, SHAPE[alt], max(res[alt][1]), *B.wall_cells(res[alt][0]),
+             B.ratio(med[alt], med["wc"])] for alt, a in ALTS.items()]
+    B.report([f"process_all, list of {args.n}", "tasks", "tasks run (counted)",
+              *B.wall_header(args.repeat), "/ worker_client"], rows, NOTES)
+    B.write_json(args.json, {"n": args.n, "walls": {a: w for a, (w, _) in res.items()},
+                             "tasks": {a: max(t) for a, (_, t) in res.items()}, "median": med})
+    return 0
+
+
+NOTES = """\
 Wall time: from submitting the root to its total on the client. "Tasks run"
 counts transitions to memory on the scheduler during one run (the root
 included; the worker_client version's `len` and sum are tasks too). The seed's
@@ -130,10 +124,7 @@ messages); a coroutine's children of one yield go in one `update-graph`.
 Every child here has a lazy argument (`L`, `L[i]`, the running sum), so none
 can run inline: with `coro.inline.enabled` on or off they are the same tasks,
 and the two settings differ only by noise and the inline machinery's
-bookkeeping.""")
-    B.write_json(args.json, {"n": args.n, "walls": {a: w for a, (w, _) in res.items()},
-                             "tasks": {a: t for a, (_, t) in res.items()}, "median": med})
-    return 0
+bookkeeping."""
 
 
 if __name__ == "__main__":

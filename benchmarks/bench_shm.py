@@ -1,6 +1,7 @@
-"""One large float64 array made by one task and read by 8 tasks on 2 worker processes: dask_coro.shm shared memory versus plain Dask transfer, wall time and peak memory.
+"""One large float64 array made by one task and read by 8 tasks on 2 worker processes:
+dask_coro.shm shared memory versus plain Dask transfer, wall time and peak memory.
 
-Run: python benchmarks/bench_shm.py [--mb 200] [--readers 8] [--repeat 3] [--write]
+Run: python benchmarks/bench_shm.py [--mb 200] [--readers 8] [--repeat 3] [--write] [--quick]
 Linux only (it reads /proc and /dev/shm). A fresh cluster (2 worker processes x
 1 thread) per run and alternative; it prints a Markdown table, and with
 --write puts it in benchmarks/RESULTS.md (replacing this benchmark's section).
@@ -8,22 +9,20 @@ Linux only (it reads /proc and /dev/shm). A fresh cluster (2 worker processes x
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
-import statistics
 import sys
-import textwrap
-import threading
 import time
 
+import _bench as B
 import numpy as np
 import psutil
-from distributed import Client, LocalCluster
+from distributed import Client
 
 from dask_coro import shm
 
-HEADING = "## One large array read by tasks on two workers: shared memory versus plain Dask transfer"
+HEADING = ("## One large array read by tasks on two workers: shared memory versus plain Dask "
+           "transfer")
 CHUNK = 1 << 20  # elements filled at a time, so filling allocates no second full-size array
 
 
@@ -101,22 +100,21 @@ def smaps(pid: int) -> tuple[int, int, set[str]]:
     return uss, uss_shm, names
 
 
-class MemPeak:
+class MemPeak(B.Sampler):
     """Samples the worker processes' memory every ``interval`` seconds in the
     background; keeps the peak of each quantity and the dask_coro segments the
     workers mapped (other processes on this host may have their own)."""
 
     FIELDS = ("rss", "shm", "total")
+    first = False  # the baseline is sampled on its own, before submitting
 
     def __init__(self, pids: list[int], interval: float):
+        super().__init__(interval)
         self.procs = [psutil.Process(p) for p in pids]
-        self.interval = interval
         self.peak = dict.fromkeys(self.FIELDS, 0)
         self.names: set[str] = set()
         self.samples = 0
         self.sampling_s = 0.0
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
 
     def sample(self) -> dict[str, int]:
         rss = private = 0
@@ -132,25 +130,9 @@ class MemPeak:
 
     def _record(self) -> None:
         t = time.thread_time()  # CPU, kernel time reading /proc included
-        s = self.sample()
+        super()._record()
         self.sampling_s += time.thread_time() - t
         self.samples += 1
-        for k in self.FIELDS:
-            self.peak[k] = max(self.peak[k], s[k])
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._record()
-            self._stop.wait(self.interval)
-
-    def __enter__(self):
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
-        self._record()  # the state at the end counts too
 
 
 # -- one run ----------------------------------------------------------------
@@ -160,9 +142,7 @@ def run_once(kind: str, n: int, readers: int, interval: float) -> dict:
     """On a fresh cluster: the producer pinned to worker A, readers pinned
     alternately to A and B, all submitted at once."""
     make = make_shm if kind == "shm" else make_plain
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
-        client.wait_for_workers(2)
+    with B.cluster() as client:
         workers = sorted(client.scheduler_info()["workers"])
         pids = client.run(os.getpid)
         warm = {client.submit(_warm, kind, workers=[w], pure=False).result() for w in workers}
@@ -210,23 +190,15 @@ def _wait_released(client: Client, names, timeout: float = 10.0) -> int:
 # -- report -----------------------------------------------------------------
 
 
-def _mb(b: float) -> str:
-    return f"{b / 2**20:.0f}"
-
-
-def _ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}" if b else "-"
-
-
 def table(args, res: dict[str, list[dict]]) -> str:
     fields = [*MemPeak.FIELDS, "above"]
     for runs in res.values():
         for r in runs:
             r["peak"]["above"] = r["peak"]["total"] - r["base"]["total"]
             r["base"]["above"] = 0
-    med = {k: {"wall": statistics.median(r["wall"] for r in runs),
-               **{f: statistics.median(r["peak"][f] for r in runs) for f in fields},
-               "base": statistics.median(r["base"]["total"] for r in runs)}
+    med = {k: {"wall": B.median(r["wall"] for r in runs),
+               **{f: B.median(r["peak"][f] for r in runs) for f in fields},
+               "base": B.median(r["base"]["total"] for r in runs)}
            for k, runs in res.items()}
     s, p = med["shm"], med["plain"]
 
@@ -235,14 +207,14 @@ def table(args, res: dict[str, list[dict]]) -> str:
         return f"{each[0]} in every run" if len(set(each)) == 1 else ", ".join(each)
 
     def row(label, f, ratio=True):
-        r = _ratio(s[f], p[f]) if ratio else "-"
-        return f"| {label} | {_mb(s[f])} | {_mb(p[f])} | {r} |"
+        r = B.ratio(s[f], p[f]) if ratio else "-"
+        return f"| {label} | {B.mib(s[f])} | {B.mib(p[f])} | {r} |"
 
     return "\n".join([
         f"| {args.mb} MB, {args.readers} readers, median of {args.repeat} runs | shared memory "
         f"| plain Dask | shm / plain |",
         "|---|---|---|---|",
-        f"| wall time s | {s['wall']:.2f} | {p['wall']:.2f} | {_ratio(s['wall'], p['wall'])} |",
+        f"| wall time s | {s['wall']:.2f} | {p['wall']:.2f} | {B.ratio(s['wall'], p['wall'])} |",
         row("peak sum of worker RSS MB", "rss"),
         row("peak /dev/shm used MB", "shm", ratio=False),
         row("peak total: worker USS + /dev/shm MB", "total"),
@@ -255,7 +227,7 @@ def table(args, res: dict[str, list[dict]]) -> str:
 
 def notes(args, res: dict[str, list[dict]]) -> str:
     runs = [r for rs in res.values() for r in rs]
-    cost = statistics.median(r["sample_ms"] for r in runs)
+    cost = B.median(r["sample_ms"] for r in runs)
     left = sum(r["left"] for r in res["shm"])
     released = "Every reader result equalled n(n-1)/2 in both versions. " + (
         "After the futures were released, the run's segment was gone from /dev/shm "
@@ -289,18 +261,17 @@ alternatives); peaks are per row, not necessarily from one sample:
   counted once, the fair comparison. *Minus baseline* subtracts the same
   quantity sampled just before submitting (two idle workers).
 
-""" + textwrap.fill(released, 79, break_on_hyphens=False)
+""" + B.fill(released)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
+    p = B.parser(__doc__, json=False)
     p.add_argument("--mb", type=int, default=200, help="array size in MiB")
     p.add_argument("--readers", type=int, default=8)
-    p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--interval", type=float, default=0.05, help="memory sampling period, s")
     p.add_argument("--write", action="store_true",
                    help="put the table in benchmarks/RESULTS.md (this benchmark's section)")
-    args = p.parse_args(argv)
+    args = B.parse(p, argv, quick={"mb": 8, "readers": 2, "repeat": 1})
     argv = sys.argv[1:] if argv is None else argv
     n = args.mb * 2**20 // 8
     expected = float(n * (n - 1) // 2)  # exact: every partial sum is an integer below 2**53
@@ -314,37 +285,20 @@ def main(argv=None) -> int:
             assert out["sums"] == [expected] * args.readers, (kind, out["sums"])
             assert out["segments"] == (kind == "shm"), out["segments"]  # seen by the sampler
             res[kind].append(out)
-            print(f"run {r + 1} {kind}: {out['wall']:.2f} s, peak total "
-                  f"{_mb(out['peak']['total'])} MB, readers per worker {out['per_worker']}, "
+            B.log(f"run {r + 1} {kind}: {out['wall']:.2f} s, peak total "
+                  f"{B.mib(out['peak']['total'])} MB, readers per worker {out['per_worker']}, "
                   f"{out['samples']} samples of {out['sample_ms']:.0f} ms, "
-                  f"{out['segments']} segment(s), {out['left']} left after release",
-                  file=sys.stderr, flush=True)
+                  f"{out['segments']} segment(s), {out['left']} left after release")
     assert [r["sums"] for r in res["shm"]] == [r["sums"] for r in res["plain"]]
     body, text = table(args, res), notes(args, res)
     print(body)
     print()
     print(text)
-    print(f"({time.perf_counter() - t0:.0f} s in all)", file=sys.stderr)
+    B.log(f"({time.perf_counter() - t0:.0f} s in all)")
     if args.write:
         command = shlex.join(["python", "benchmarks/bench_shm.py", *argv])
-        section = f"{HEADING}\n\nCommand: `{command}`\n\n{body}\n\n{text}\n"
-        _write(section)
+        B.replace_section(HEADING, f"{HEADING}\n\nCommand: `{command}`\n\n{body}\n\n{text}\n")
     return 0
-
-
-def _write(section: str) -> None:
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
-    with open(path) as f:
-        text = f.read()
-    start = text.find(HEADING + "\n")
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(HEADING))
-        rest = "" if end < 0 else text[end:]
-        text = text[:start] + section + rest
-    with open(path, "w") as f:
-        f.write(text)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""A CPU-heavy binary tree of @coroutine calls (leaves spin a few ms of pure Python) with inline on, on 1 worker versus 2 workers (the speedup work stealing gives), versus inline off on 2 workers and sequential Python of the same tree.
+"""A CPU-heavy binary tree of @coroutine calls (leaves spin a few ms of pure Python) with inline on,
+on 1 worker versus 2 workers (the speedup work stealing gives), versus inline off on 2 workers and
+sequential Python of the same tree.
 
-Run: python benchmarks/bench_steal.py [--depth 9] [--leaf-ms 4] [--repeat 3]
+Run: python benchmarks/bench_steal.py [--depth 9] [--leaf-ms 4] [--repeat 3] [--quick]
 Worker processes x 1 thread each. The leaf's work is a fixed number of loop
 iterations, calibrated in this process to --leaf-ms (not a timed spin, which
 would finish on time even without a core of its own). Rounds interleave the
@@ -10,10 +12,7 @@ timed run each; medians of --repeat rounds. Prints a Markdown table and notes.
 
 from __future__ import annotations
 
-import argparse
 import sys
-import textwrap
-import time
 
 import _bench as B
 
@@ -48,26 +47,30 @@ def calibrate(leaf_ms: float) -> int:
     """Iterations of ``spin`` that take about ``leaf_ms`` here."""
     iters = 10_000
     for _ in range(3):
-        took = B.median([B.timed(lambda: spin(iters))[0] for _ in range(7)])
+        took, _ = B.median_of(lambda k=iters: spin(k), 7)
         iters = max(1000, int(iters * leaf_ms / 1000 / took))
     return iters
 
 
+def run_tree(client, depth, iters):
+    return client.compute(tree(depth, iters)).result()
+
+
 ALTS = {
-    "on2": ("dask_coro, inline on (default), 2 workers", True, 2),
-    "on1": ("dask_coro, inline on (default), 1 worker", True, 1),
-    "off2": ("dask_coro, inline off (every call a task), 2 workers", False, 2),
+    "on2": B.Alt("dask_coro, inline on (default), 2 workers", run_tree, True, 2),
+    "on1": B.Alt("dask_coro, inline on (default), 1 worker", run_tree, True, 1),
+    "off2": B.Alt("dask_coro, inline off (every call a task), 2 workers", run_tree, False, 2),
 }
 
 
 def one_run(alt: str, depth: int, iters: int, expect: int) -> dict:
-    _, inline, workers = ALTS[alt]
-    with B.cluster(inline=inline, n_workers=workers) as client:
-        assert client.compute(tree(2, 10)).result() == seq_tree(2, 10)
+    a = ALTS[alt]
+    with B.cluster(inline=a.inline, n_workers=a.workers) as client:
+        assert a.run(client, 2, 10) == seq_tree(2, 10)
         procs = list(B.worker_processes(client).values())
         cpu0 = [sum(p.cpu_times()[:2]) for p in procs]
         B.tasks_done(client, reset=True)
-        wall, value = B.timed(lambda: client.compute(tree(depth, iters)).result())
+        wall, value = B.timed(lambda: a.run(client, depth, iters))
         cpu = [sum(p.cpu_times()[:2]) - c for p, c in zip(procs, cpu0)]
         assert value == expect, value
         tasks = B.tasks_done(client)
@@ -76,44 +79,37 @@ def one_run(alt: str, depth: int, iters: int, expect: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
+    p = B.parser(__doc__)
     p.add_argument("--depth", type=int, default=9, help="2**depth leaves")
     p.add_argument("--leaf-ms", type=float, default=4.0, help="work of one leaf, ms")
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--json", help="also write the numbers to this JSON file")
-    args = p.parse_args(argv)
+    args = B.parse(p, argv, quick={"depth": 4, "leaf_ms": 1.0, "repeat": 1})
     depth, leaves = args.depth, 2 ** args.depth
     iters = calibrate(args.leaf_ms)
-    seqs = []
-    for _ in range(args.repeat):
-        wall, expect = B.timed(lambda: seq_tree(depth, iters))
-        seqs.append(wall)
+    expect = seq_tree(depth, iters)
+    _, seqs = B.median_of(lambda: seq_tree(depth, iters), args.repeat)
     B.log(f"sequential: {B.median(seqs):.2f} s ({iters} iterations a leaf)")
     res: dict[str, list[dict]] = {a: [] for a in ALTS}
     for r in range(args.repeat):
         for alt in (ALTS if r % 2 == 0 else reversed(list(ALTS))):
             res[alt].append(one_run(alt, depth, iters, expect))
     # sequential again at the end: the machine's speed may have changed meanwhile
-    for _ in range(args.repeat):
-        seqs.append(B.timed(lambda: seq_tree(depth, iters))[0])
+    seqs += B.median_of(lambda: seq_tree(depth, iters), args.repeat)[1]
     seq_s = B.median(seqs)
     med = {a: B.median([x["wall"] for x in runs]) for a, runs in res.items()}
-    rows = [["sequential Python, one process", B.fmt_s(seq_s), B.runs(seqs), "-", "-",
+    rows = [["sequential Python, one process", *B.wall_cells(seqs), "-", "-",
              "1.00", B.ratio(med["on1"], seq_s)]]
-    for alt, (label, _, _) in ALTS.items():
+    for alt, a in ALTS.items():
         runs = res[alt]
         cpu = [B.median([x["cpu"][i] for x in runs]) for i in range(len(runs[0]["cpu"]))]
-        rows.append([label, B.fmt_s(med[alt]), B.runs([x["wall"] for x in runs]),
-                     "/".join(str(x["tasks"]) for x in runs),
+        rows.append([a.label, *B.wall_cells([x["wall"] for x in runs]),
+                     B.counts([x["tasks"] for x in runs]),
                      " + ".join(f"{c:.2f}" for c in cpu),
                      B.ratio(med[alt], seq_s), B.ratio(med["on1"], med[alt])])
-    print(B.table([f"tree of depth {depth}: {leaves} leaves x {args.leaf_ms:g} ms, "
-                   f"{2 * leaves - 1} calls", f"wall s, median of {args.repeat}", "runs s",
-                   "tasks run per run (counted)", "CPU s of each worker process (median)",
-                   "/ sequential", "speedup over inline on, 1 worker"], rows))
-    print()
     speedup = med["on1"] / med["on2"]
-    print(textwrap.fill(
+    B.report([f"tree of depth {depth}: {leaves} leaves x {args.leaf_ms:g} ms, "
+              f"{2 * leaves - 1} calls", *B.wall_header(args.repeat),
+              "tasks run per run (counted)", "CPU s of each worker process (median)",
+              "/ sequential", "speedup over inline on, 1 worker"], rows, B.fill(
         f"Every call of the tree is a `@coroutine` call (a node yields its two children as "
         f"one list, a leaf runs `spin({iters})`, {seq_s / leaves * 1000:.1f} ms of pure "
         f"Python in this process). With inline on, the root's worker runs the calls inline "
@@ -122,8 +118,7 @@ def main(argv=None) -> int:
         f"as 1 here. Inline off, each of the {2 * leaves - 1} calls is a task. Wall time: from "
         "`client.compute` to the value on the client. CPU: user + system time of each worker "
         "process during the run (psutil). The 2 cores are shared with the scheduler (in the "
-        "client process) and the rest of the machine, so 2.0 x is out of reach.",
-        79, break_on_hyphens=False))
+        "client process) and the rest of the machine, so 2.0 x is out of reach."))
     B.write_json(args.json, {"depth": depth, "leaf_ms": args.leaf_ms, "iters": iters,
                              "seq_s": seq_s, "seqs": seqs, "runs": res, "median": med,
                              "speedup": speedup})

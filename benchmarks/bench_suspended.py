@@ -1,6 +1,9 @@
-"""10,000 coroutines suspended at once, each waiting on one child held back by a gate (dask_coro with inline off and with inline on): do they complete, peak OS threads, worker memory per suspended coroutine; versus worker_client tasks waiting the same way.
+"""10,000 coroutines suspended at once, each waiting on one child held back by a gate (dask_coro
+with inline off and with inline on): do they complete, peak OS threads, worker memory per
+suspended coroutine; versus worker_client tasks waiting the same way.
 
-Run: python benchmarks/bench_suspended.py [--n 10000] [--wc-n 2000] [--repeat 3] [--alt coro coro_inline wc]
+Run: python benchmarks/bench_suspended.py [--n 10000] [--wc-n 2000] [--repeat 3] [--quick]
+                                          [--alt coro coro_inline wc]
      python benchmarks/bench_suspended.py --tracemalloc 2000   (where the memory goes)
 2 worker processes x 1 thread; a fresh cluster per run and alternative. The
 gate is a task restricted to a resource no worker has (it stays in no-worker
@@ -14,9 +17,7 @@ in its own step and never suspend.
 
 from __future__ import annotations
 
-import argparse
 import sys
-import textwrap
 import time
 import uuid
 
@@ -96,20 +97,22 @@ def gate_value():
 
 
 INLINE = {"coro": False, "coro_inline": True, "wc": None}
+LABEL = {"coro": "dask_coro coroutines, inline off",
+         "coro_inline": "dask_coro coroutines, inline on (default)", "wc": "worker_client tasks"}
 
 
 def run_once(alt: str, n: int, settle: float, timeout: float, trace: bool = False) -> dict:
     with B.cluster(inline=INLINE[alt]) as client:
-        workers = B.worker_processes(client)
-        procs = list(workers.values())
+        procs = list(B.worker_processes(client).values())
         # Warm-up: imports, dask_coro's plugins and the workers' own clients.
         _one_round(client, alt, 50, timeout, warm=True)
         if trace:
             client.run(_tm_start)
-        base = B.ProcSampler(lambda: procs).sample()
-        with B.ProcSampler(lambda: procs, interval=0.2) as s:
+        sampler = B.ProcSampler(lambda: procs, interval=0.2)
+        base = sampler.sample()
+        with sampler:
             out = _one_round(client, alt, n, timeout, settle=settle, procs=procs, trace=trace)
-        out.update(base=base, peak=s.peak)
+        out.update(base=base, peak=sampler.peak)
     return out
 
 
@@ -164,11 +167,10 @@ def _state(dask_scheduler, key) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
+    p = B.parser(__doc__)
     p.add_argument("--n", type=int, default=10_000)
     p.add_argument("--wc-n", type=int, default=2000,
                    help="waiters for worker_client (0: skip); 10,000 take minutes to suspend")
-    p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--settle", type=float, default=1.0, help="s to wait before the memory sample")
     p.add_argument("--timeout", type=float, default=120.0, help="s to get all waiters suspended")
     p.add_argument("--top", type=int, default=15, help="lines listed with --tracemalloc")
@@ -176,8 +178,8 @@ def main(argv=None) -> int:
                    help="instead: one run of N coroutines under tracemalloc, and where their "
                         "memory was allocated")
     p.add_argument("--alt", nargs="+", default=list(INLINE), choices=list(INLINE))
-    p.add_argument("--json", help="also write the numbers to this JSON file")
-    args = p.parse_args(argv)
+    args = B.parse(p, argv, quick={"n": 100, "wc_n": 50, "repeat": 1, "settle": 0.2,
+                                   "timeout": 30.0})
     if args.tracemalloc:
         return breakdown(args)
     alts = {a: (args.wc_n if a == "wc" else args.n) for a in args.alt}
@@ -192,13 +194,11 @@ def main(argv=None) -> int:
             except Exception as e:  # reported, not hidden: "completes?" is the question
                 errors[alt] = f"{type(e).__name__}: {e}"
                 B.log(f"{alt}: {errors[alt]}")
-    label = {"coro": "dask_coro coroutines, inline off", "coro_inline":
-             "dask_coro coroutines, inline on (default)", "wc": "worker_client tasks"}
     rows, summary = [], {}
     for alt, runs in res.items():
         n = alts[alt]
         if not runs:
-            rows.append([label[alt], n, "no: " + errors[alt]] + ["-"] * 6)
+            rows.append([LABEL[alt], n, "no: " + errors[alt]] + ["-"] * 6)
             continue
         per = [(r["at"]["rss"] - r["base"]["rss"]) / n for r in runs]
         m = {
@@ -216,20 +216,18 @@ def main(argv=None) -> int:
             "gate_state": runs[0]["gate_state"],
         }
         summary[alt] = m
-        rows.append([label[alt], n, f"yes, {len(runs)} of {args.repeat} runs"
+        rows.append([LABEL[alt], n, f"yes, {len(runs)} of {args.repeat} runs"
                      + (f" ({errors[alt]})" if alt in errors else ""),
                      B.fmt_s(m["suspend_s"]), B.fmt_s(m["release_s"]),
                      f"{m['threads_base']} / {m['threads_at']} / {m['threads_peak']}",
                      f"{B.mib(m['rss_base'])} / {B.mib(m['rss_at'])}",
                      f"{m['bytes_each'] / 1024:.1f}",
                      ", ".join(f"{x / 1024:.1f}" for x in per)])
-    print(B.table(["waiters", "n", "completed?", "all suspended after s", "done after release s",
-                   "OS threads, busiest worker: idle / all suspended / peak",
-                   "RSS of both workers MiB: idle / all suspended",
-                   "KiB per suspended waiter (median)", "runs KiB"], rows))
-    print()
     gate_state = summary.get("coro", summary.get("wc", {})).get("gate_state", "?")
-    print(textwrap.fill(
+    B.report(["waiters", "n", "completed?", "all suspended after s", "done after release s",
+              "OS threads, busiest worker: idle / all suspended / peak",
+              "RSS of both workers MiB: idle / all suspended",
+              "KiB per suspended waiter (median)", "runs KiB"], rows, B.fill(
         f"Medians of {args.repeat} runs, a fresh cluster per run and alternative (alternatives "
         "interleaved). A waiter is a root task; dask_coro's `yield`s a `Future` of the gate "
         "by key, which becomes one child task (`identity` of the gate) per waiter, with "
@@ -243,7 +241,7 @@ def main(argv=None) -> int:
         "clients), divided by the number of waiters: what a suspended waiter costs a worker, "
         "its task state, its child's future and, for worker_client, its thread's stack (the "
         "part of it that is touched). Threads: OS threads of the busiest worker process "
-        "(`psutil` `num_threads`), sampled every 200 ms.", 79, break_on_hyphens=False))
+        "(`psutil` `num_threads`), sampled every 200 ms."))
     B.write_json(args.json, {"summary": summary, "errors": errors})
     return 0
 
@@ -262,10 +260,8 @@ def breakdown(args) -> int:
     rows = [[f"`{f}:{line}`", f"`{src[:70]}`", f"{size / n:.0f}", f"{count / n:.1f}",
              f"{size / total:.0%}"] for (f, line, src), (size, count) in top]
     rss = (r["at"]["rss"] - r["base"]["rss"]) / n
-    print(B.table(["allocated under (file:line)", "source", "bytes per suspended coroutine",
-                   "blocks per coroutine", "share of traced"], rows))
-    print()
-    print(f"""\
+    B.report(["allocated under (file:line)", "source", "bytes per suspended coroutine",
+              "blocks per coroutine", "share of traced"], rows, f"""\
 {n} coroutines suspended at once, each on one child, one run under
 `tracemalloc` (12 frames per allocation) started on both workers after the
 warm-up: Python memory allocated since and still alive when all were

@@ -1,6 +1,8 @@
-"""A coroutine looping over N sequential yields of one trivial child (a @coroutine call with inline on and off, a dask.delayed call): per-yield latency and the most keys alive on the scheduler, versus a worker_client loop of submit().result().
+"""A coroutine looping over N sequential yields of one trivial child (a @coroutine call with inline
+on and off, a dask.delayed call): per-yield latency and the most keys alive on the scheduler, versus
+a worker_client loop of submit().result().
 
-Run: python benchmarks/bench_yield_loop.py [--n 1000] [--inline-n 30000] [--repeat 3]
+Run: python benchmarks/bench_yield_loop.py [--n 1000] [--inline-n 30000] [--repeat 3] [--quick]
 2 worker processes x 1 thread; a fresh cluster per alternative (with
 `coro.inline.enabled` set before it starts), warmed up with N = 10, then
 --repeat timed loops. Prints a Markdown table and notes.
@@ -8,7 +10,6 @@ Run: python benchmarks/bench_yield_loop.py [--n 1000] [--inline-n 30000] [--repe
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import _bench as B
@@ -68,12 +69,9 @@ def _max(dask_scheduler):
 
 
 def _local_loop(n: int) -> None:
-    from dask_coro.runtime.call import CoroutineCall, mark_done
-    from dask_coro.core.classify import classifier
-    from dask_coro.core.trampoline import Trampoline
+    from dask_coro.runtime.call import trampoline
 
-    out = Trampoline("loop", call_type=CoroutineCall, classify=classifier,
-                     mark_done=mark_done).start(loop.__wrapped__, (n,), {})
+    out = trampoline("loop", inline=True).start(loop.__wrapped__, (n,), {})
     assert out.step.value == sum(range(1, n + 1))
 
 
@@ -81,14 +79,14 @@ def run_coro(c, n):
     return c.compute(loop(n)).result()
 
 
-# key: (label, function, coro.inline.enabled on the cluster; None: the default)
 ALTS = {
-    "coro": ("dask_coro: `yield coroutine(inc)(i)`, inline on (default)", run_coro, True),
-    "coro_off": ("dask_coro: `yield coroutine(inc)(i)`, inline off (a task each)", run_coro, False),
-    "delayed": ("dask_coro: `yield dask.delayed(inc)(i)` (a task each)",
-                lambda c, n: c.compute(loop_delayed(n)).result(), True),
-    "wc": ("worker_client: `submit(inc, i).result()`",
-           lambda c, n: c.submit(wc_loop, n, pure=False).result(), None),
+    "coro": B.Alt("dask_coro: `yield coroutine(inc)(i)`, inline on (default)", run_coro, True),
+    "coro_off": B.Alt("dask_coro: `yield coroutine(inc)(i)`, inline off (a task each)", run_coro,
+                      False),
+    "delayed": B.Alt("dask_coro: `yield dask.delayed(inc)(i)` (a task each)",
+                     lambda c, n: c.compute(loop_delayed(n)).result(), True),
+    "wc": B.Alt("worker_client: `submit(inc, i).result()`",
+                lambda c, n: c.submit(wc_loop, n, pure=False).result()),
 }
 
 
@@ -96,54 +94,55 @@ def measure(alt: str, n: int, repeat: int) -> tuple[list[float], int, list[float
     """Walls of N yields, the most keys on the scheduler, walls of the same
     root with no yield (its own submit and result, subtracted per yield), and
     the tasks run per loop."""
-    _, fn, inline = ALTS[alt]
-    with B.cluster(inline=inline) as client:
+    a = ALTS[alt]
+    with B.cluster(inline=a.inline) as client:
         client.register_plugin(MaxTasks())
-        assert fn(client, 10) == sum(range(1, 11))
-        walls, most, empty, ran = [], 0, [], []
-        for _ in range(repeat):
-            empty.append(B.timed(lambda: fn(client, 0))[0])
+        assert a.run(client, 10) == sum(range(1, 11))
+        empty, most = [], []
+
+        def before():
+            empty.append(B.timed(lambda: a.run(client, 0))[0])
             client.run_on_scheduler(_reset)
-            B.tasks_done(client, reset=True)
-            wall, total = B.timed(lambda: fn(client, n))
-            assert total == sum(range(1, n + 1)), total
-            walls.append(wall)
-            ran.append(B.tasks_done(client))
-            most = max(most, client.run_on_scheduler(_max))
-            B.log(f"yield loop {n} {alt}: {wall:.3f} s (no yield: {empty[-1]:.3f} s), "
-                  f"{ran[-1]} tasks")
-    return walls, most, empty, ran
+
+        walls, ran = B.timed_runs(client, lambda: a.run(client, n), repeat,
+                                  sum(range(1, n + 1)), f"yield loop {n} {alt}", before=before,
+                                  after=lambda: most.append(client.run_on_scheduler(_max)))
+    return walls, max(most), empty, ran
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
+    p = B.parser(__doc__)
     p.add_argument("--n", type=int, default=1000)
-    p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--inline-n", type=int, default=30_000,
                    help="N for the inline row (a yield is microseconds there)")
-    p.add_argument("--json", help="also write the numbers to this JSON file")
-    args = p.parse_args(argv)
+    args = B.parse(p, argv, quick={"n": 30, "inline_n": 1000, "repeat": 1})
     ns = {alt: args.inline_n if alt == "coro" else args.n for alt in ALTS}
     res = {alt: measure(alt, ns[alt], args.repeat) for alt in ALTS}
     med = {alt: B.median(r[0]) for alt, r in res.items()}
     empty = {alt: B.median(r[2]) for alt, r in res.items()}
     per = {alt: max(0.0, med[alt] - empty[alt]) / ns[alt] for alt in ALTS}
-    local = [B.timed(lambda: _local_loop(args.inline_n))[0] for _ in range(args.repeat)]
-    per["local"] = B.median(local) / args.inline_n
-    rows = [[label, ns[alt], B.fmt_s(med[alt]), B.runs(res[alt][0]), B.fmt_s(empty[alt]),
-             f"{per[alt] * 1000:.4f}", B.ratio(per[alt], per["wc"]),
-             "/".join(str(x) for x in res[alt][3]), res[alt][1]]
-            for alt, (label, _, _) in ALTS.items()]
-    rows.append(["the inline row's loop run by `dask_coro.core.trampoline.Trampoline` in this process "
-                 "(no cluster, nothing handed out)", args.inline_n, B.fmt_s(B.median(local)),
-                 B.runs(local), "-", f"{per['local'] * 1000:.4f}",
+    local_s, local = B.median_of(lambda: _local_loop(args.inline_n), args.repeat)
+    per["local"] = local_s / args.inline_n
+    rows = [[a.label, ns[alt], *B.wall_cells(res[alt][0]), B.fmt_s(empty[alt]),
+             f"{per[alt] * 1000:.4f}", B.ratio(per[alt], per["wc"]), B.counts(res[alt][3]),
+             res[alt][1]] for alt, a in ALTS.items()]
+    rows.append([("the inline row's loop run by `dask_coro.core.engine.Trampoline` in this "
+                  "process (no cluster, nothing handed out)"), args.inline_n,
+                 *B.wall_cells(local), "-", f"{per['local'] * 1000:.4f}",
                  B.ratio(per["local"], per["wc"]), "-", "-"])
-    print(B.table(["sequential yields of one child", "N", f"total s, median of {args.repeat}",
-                   "runs s", "the root with N = 0, s (median)",
-                   "per yield ms: (total - N = 0) / N", "/ worker_client",
-                   "tasks run per loop (counted)", "most keys on the scheduler"], rows))
-    print()
-    print("""\
+    B.report(["sequential yields of one child", "N", *B.wall_header(args.repeat, "total"),
+              "the root with N = 0, s (median)", "per yield ms: (total - N = 0) / N",
+              "/ worker_client", "tasks run per loop (counted)", "most keys on the scheduler"],
+             rows, NOTES)
+    B.write_json(args.json, {"n": args.n, "ns": ns, "walls": {a: r[0] for a, r in res.items()},
+                             "empty": {a: r[2] for a, r in res.items()},
+                             "tasks_run": {a: r[3] for a, r in res.items()},
+                             "most_keys": {a: r[1] for a, r in res.items()}, "median": med,
+                             "per_yield": per})
+    return 0
+
+
+NOTES = """\
 With inline on (the default) a `@coroutine` child with plain arguments is a
 plain call in the body's own thread-pool step: no task, no message. A task
 child (inline off, or a `dask.delayed` call): the body (on the worker's
@@ -164,13 +163,7 @@ handed out as a task when a poll finds the other worker idle (every
 round trip (milliseconds) instead of running the call (microseconds), which
 is most of the inline row's time per yield here (compare the last row: the
 same loop through the trampoline in one process, where nothing is handed
-out).""")
-    B.write_json(args.json, {"n": args.n, "ns": ns, "walls": {a: r[0] for a, r in res.items()},
-                             "empty": {a: r[2] for a, r in res.items()},
-                             "tasks_run": {a: r[3] for a, r in res.items()},
-                             "most_keys": {a: r[1] for a, r in res.items()}, "median": med,
-                             "per_yield": per})
-    return 0
+out)."""
 
 
 if __name__ == "__main__":

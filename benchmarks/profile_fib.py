@@ -1,6 +1,11 @@
-"""Where the time goes per child of dask_coro's fib(n): per child task (inline off) from py-spy samples of both worker processes and of the client process (which runs the LocalCluster scheduler), in driver, plan, submission, scheduler, transfer and event-loop buckets; per inline call from timings and py-spy samples of dask_coro.core.trampoline.Trampoline running fib(--inline-n) in one process, against sequential Python.
+"""Where the time goes per child of dask_coro's fib(n): per child task (inline off) from py-spy
+samples of both worker processes and of the client process (which runs the LocalCluster
+scheduler), in driver, plan, submission, scheduler, transfer and event-loop buckets; per inline
+call from timings and py-spy samples of dask_coro.core.engine.Trampoline running fib(--inline-n)
+in one process, against sequential Python.
 
 Run: python benchmarks/profile_fib.py [--n 14] [--repeat 3] [--rate 250] [--top 12] [--inline-n 22]
+                                      [--quick]
 Needs py-spy (`pip install py-spy`) and the right to attach to a process
 (root, or ptrace_scope 0). Tasks: 2 worker processes x 1 thread with
 `coro.inline.enabled` off; --repeat runs of fib(n) after a warm-up, in one
@@ -35,16 +40,17 @@ from dask_coro.examples import fib
 # claim a sample when any frame of its stack matches (checked in this order);
 # otherwise the innermost frame that matches a "leaf" bucket decides.
 WORKER_CONTAINING = [
-    ("plan: Structure, classify, plan_yield, result cache", r"\(dask_coro/_(structure|classify|plan|cache)\.py"),
+    ("plan: Structure, classify, plan_yield, result cache",
+     r"\(dask_coro/core/(structure|classify|plan|cache)\.py"),
     ("driver: body steps on the thread pool, through the trampoline (incl. Delayed construction)",
-     r"\(dask_coro/_(driver|inline)\.py"),
+     r"\(dask_coro/core/engine\.py"),
     ("submission: client.get, graph to futures, pickling the graph",
      r"^(Client\.get|Client\._graph_to_futures|Client\._send_to_scheduler) \("),
     ("runner: handing each step to the thread pool (run_in_executor)", r"^_Run\._in_pool \("),
     ("results back: scheduler reports to the worker's client, client.gather, get_data",
      (r"^(Client\._handle_report|Client\._gather|Client\.gather|gather_from_workers|"
      r"get_data_from_worker|Worker\.get_data|Worker\.gather_dep|_get_data) \(")),
-    ("dask_coro lifetimes (hold_segments)", r"\(dask_coro/_lifetimes"),
+    ("dask_coro lifetimes (hold_segments)", r"\(dask_coro/lifetimes/"),
     ("runner: the rest of the per-yield loop (waiting on gather and on cancellation, releases)",
      r"\(dask_coro/"),
 ]
@@ -66,7 +72,8 @@ SCHED_CONTAINING = [
     ("the benchmark's own client (compute, result)", r"^Client\."),
 ]
 SCHED_LEAF = [
-    ("scheduler: other (worker stream handling, heartbeats, bookkeeping)", r"\(distributed/scheduler\.py"),
+    ("scheduler: other (worker stream handling, heartbeats, bookkeeping)",
+     r"\(distributed/scheduler\.py"),
     ("comm: TCP, batched sends, (de)serialization",
      (r"\(distributed/(comm|protocol)/|\(distributed/batched\.py|\(msgpack|\(pickle|\(cloudpickle|"
      r"\(tornado/iostream\.py")),
@@ -129,7 +136,7 @@ def own_time(stacks, top: int) -> list[tuple[str, int]]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
+    p = B.parser(__doc__, repeat=None)
     p.add_argument("--n", type=int, default=14)
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--repeat", type=int, default=3, help="runs of fib(n) in the one recording")
@@ -138,8 +145,8 @@ def main(argv=None) -> int:
     p.add_argument("--inline-n", type=int, default=22, help="fib(n) run by the trampoline alone")
     p.add_argument("--inline-seconds", type=float, default=4.0, help="s of py-spy sampling of it")
     p.add_argument("--inline-child", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--json", help="also write the numbers to this JSON file")
-    args = p.parse_args(argv)
+    args = B.parse(p, argv, quick={"n": 8, "repeat": 1, "inline_n": 12, "inline_seconds": 1.0,
+                                   "top": 5})
     if args.inline_child is not None:
         return inline_child(args.inline_child, args.inline_seconds, args.json)
     spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
@@ -150,18 +157,19 @@ def main(argv=None) -> int:
         print(text)
         B.write_json(args.json, {"skipped": "py-spy not installed", "inline": inline})
         return 0
-    tasks = 2 * _fib(args.n + 1) - 1
+    tasks = B.fib_calls(args.n)
     children = (tasks - 1) * args.repeat
     with tempfile.TemporaryDirectory() as tmp, B.cluster(inline=False) as client:
         assert client.compute(fib(8)).result() == 21  # warm-up
-        targets = {f"worker {i}": pid for i, pid in enumerate(sorted(client.run(os.getpid).values()))}
+        pids = sorted(client.run(os.getpid).values())
+        targets = {f"worker {i}": pid for i, pid in enumerate(pids)}
         targets["client + scheduler"] = os.getpid()
         spies = {}
         for name, pid in targets.items():
             out = os.path.join(tmp, f"{pid}.txt")
             spies[name] = (out, subprocess.Popen(
-                [spy, "record", "--pid", str(pid), "--format", "raw", "--threads", "--gil", "--idle",
-                 "--nonblocking",
+                [spy, "record", "--pid", str(pid), "--format", "raw", "--threads", "--gil",
+                 "--idle", "--nonblocking",
                  "--rate", str(args.rate), "-o", out],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         time.sleep(2)  # py-spy attaches
@@ -245,7 +253,8 @@ def main(argv=None) -> int:
     lines.append("")
     for kind, (cpu_s, per_thread, fn) in tops.items():
         lines.append(f"CPU by thread, {kind}: " + ", ".join(
-            f"{t} {v / cpu_s:.0%}" for t, v in per_thread.most_common() if v / cpu_s >= 0.005) + ".")
+            f"{t} {v / cpu_s:.0%}" for t, v in per_thread.most_common() if v / cpu_s >= 0.005)
+            + ".")
         lines.append("")
         lines.append(f"Innermost Python function of the busy samples, {kind} (top {args.top}, "
                      "share of the CPU):")
@@ -268,12 +277,10 @@ def main(argv=None) -> int:
 def _tramp_fib(n: int) -> int:
     """fib(n) through the trampoline, as a worker runs it inline (no cluster:
     nothing is ever handed out)."""
-    from dask_coro.runtime.call import CoroutineCall, mark_done
-    from dask_coro.core.classify import classifier
-    from dask_coro.core.trampoline import Done, Trampoline
+    from dask_coro.core.engine import Done
+    from dask_coro.runtime.call import trampoline
 
-    out = Trampoline("fib", call_type=CoroutineCall, classify=classifier,
-                     mark_done=mark_done).start(fib.__wrapped__, (n,), {})
+    out = trampoline("fib", inline=True).start(fib.__wrapped__, (n,), {})
     assert type(out) is Done
     return out.step.value
 
@@ -348,23 +355,25 @@ def inline_child(n: int, seconds: float, path: str) -> int:
 
 def _best(fn, k: int = 7) -> float:
     """Median of k timed calls (one untimed first)."""
-    fn()
-    return B.median([B.timed(fn)[0] for _ in range(k)])
+    return B.median_of(fn, k, warm=True)[0]
 
+
+ENGINE = "dask_coro/core/engine.py"  # the trampoline: Trampoline._loop steps every body
 
 # Innermost frame -> bucket. Lines of Trampoline._loop are told apart by their
-# source text: the generator sends, the StopIteration of a body that returns,
+# source text: the generator sends (``method(arg)``, the one place a body is
+# stepped), the StopIteration of a body that returns,
 # the call of the body function (which creates the generator), the rest.
 INLINE_BUCKETS = [
-    ("making each call: `fib(i - 1)` is `CoroutineFunction.__call__` (a `CoroutineCall`, its "
-     "slots, the plain-arguments check)", "call"),
-    ("the body's own code: fib's generator between yields (the test, building the yielded "
-     "list, `a + b`)", "body"),
+    (("making each call: `fib(i - 1)` is `CoroutineFunction.__call__` (a `CoroutineCall`, its "
+      "slots, the plain-arguments check)"), "call"),
+    (("the body's own code: fib's generator between yields (the test, building the yielded "
+      "list, `a + b`)"), "body"),
     ("starting a body: `func(*args)` in the trampoline creates the generator", "start"),
     ("generator send: the trampoline resuming a body (`send`)", "send"),
     ("a body's return: its `StopIteration` raised, caught and its value taken", "return"),
-    ("trampoline bookkeeping: the stack, a `Frame` per body that yields, results, "
-     "`mark_done`", "tramp"),
+    (("trampoline bookkeeping: the stack, a `Frame` per body that yields, results (the "
+      "engine records an inline call's result itself)"), "tramp"),
     ("the benchmark's own loop, other", "other"),
 ]
 
@@ -376,23 +385,21 @@ def _inline_bucket(frame: str) -> str:
     if not m:
         return "other"
     func, path, line = m.group(1), m.group(2), int(m.group(3))
-    if path.endswith("dask_coro/_api.py"):
+    if path.endswith("dask_coro/runtime/call.py"):
         return "call"
     if path.endswith("dask_coro/examples.py") and func == "fib":
         return "body"
-    if path.endswith("dask_coro/_inline.py"):
-        if func == "Trampoline._loop" or func == "_loop":
-            import dask_coro.core.trampoline as inl
+    if path.endswith(ENGINE):
+        if func in ("Trampoline._loop", "_loop"):
+            import dask_coro.core.engine as engine
 
-            src = linecache.getline(inl.__file__, line)
-            if ".send(" in src:
+            src = linecache.getline(engine.__file__, line)
+            if ".send(" in src or "method(arg)" in src:  # a body's send (or throw)
                 return "send"
             if "StopIteration" in src or "stop.value" in src:
                 return "return"
             if "func(*args" in src:
                 return "start"
-        return "tramp"
-    if path.endswith("dask_coro/_driver.py"):
         return "tramp"
     return "other"
 
@@ -413,18 +420,18 @@ def profile_inline(spy: str | None, args) -> tuple[str, dict]:
     lines = [
         f"### Where the time goes per inline call: fib({n}) run by `Trampoline` in one process",
         "",
-        B.table(["fib(%d): %d calls, %d of them yield" % (n, calls, frames), "wall ms (median)",
+        B.table([f"fib({n}): {calls} calls, {frames} of them yield", "wall ms (median)",
                  "per call ns", "/ sequential"], [
             ["sequential Python (`def fib`, plain recursion)", f"{seq * 1000:.1f}",
              f"{seq / calls * 1e9:.0f}", "1"],
-            ["dask_coro: `Trampoline(...).start(fib.__wrapped__, (%d,), {})`, every call a "
-             "`@coroutine` call run inline" % n, f"{tramp * 1000:.1f}", f"{per * 1e9:.0f}",
+            [f"dask_coro: `trampoline(...).start(fib.__wrapped__, ({n},), {{}})`, every call "
+             "a `@coroutine` call run inline", f"{tramp * 1000:.1f}", f"{per * 1e9:.0f}",
              f"**{tramp / seq:.1f}**"],
             ["floor: a 30-line generator trampoline, calls as `(func, args)` tuples, no "
              "dask_coro object", f"{floor * 1000:.1f}", f"{floor / calls * 1e9:.0f}",
              f"{floor / seq:.1f}"],
-            ["of which: making the %d `CoroutineCall` objects alone (`fib(3)` in a loop, "
-             "less the empty loop)" % calls, f"{make * 1000:.1f}",
+            [f"of which: making the {calls} `CoroutineCall` objects alone (`fib(3)` in a loop, "
+             "less the empty loop)", f"{make * 1000:.1f}",
              f"{make / calls * 1e9:.0f}", f"{make / seq:.1f}"],
         ]),
         "",
@@ -439,7 +446,8 @@ def profile_inline(spy: str | None, args) -> tuple[str, dict]:
             [spy, "record", "--format", "raw", "--rate", str(max(args.rate, 500)), "-o", out,
              "--", sys.executable, os.path.abspath(__file__), "--inline-child", str(n),
              "--inline-seconds", str(args.inline_seconds), "--json", result],
-            capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+            capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)),
+            check=False)
         if proc.returncode != 0 or not os.path.exists(out) or not os.path.exists(result):
             lines.append(f"py-spy failed on the inline run: {proc.stderr[-300:]}")
             return "\n".join(lines), data
@@ -469,9 +477,9 @@ def profile_inline(spy: str | None, args) -> tuple[str, dict]:
     data["spy_runs"] = child["runs"]
     import linecache
 
-    import dask_coro.core.trampoline as inl
+    import dask_coro.core.engine as engine
 
-    top = [[f"`_inline.py:{ln}`", f"`{linecache.getline(inl.__file__, ln).strip()[:80]}`",
+    top = [[f"`engine.py:{ln}`", f"`{linecache.getline(engine.__file__, ln).strip()[:80]}`",
             f"{k / total:.1%}", f"{k / total * per * 1e9:.0f}"]
            for ln, k in lines_.most_common(10)]
     data["loop_lines"] = {str(ln): k / total for ln, k in lines_.most_common(20)}
@@ -479,7 +487,8 @@ def profile_inline(spy: str | None, args) -> tuple[str, dict]:
         B.table(["where (innermost Python frame of each py-spy sample)", "share of samples",
                  "ns per call"], rows),
         "",
-        f"The 10 busiest lines of `Trampoline._loop` (of all samples: {sum(lines_.values()) / total:.0%}):",
+        "The 10 busiest lines of `Trampoline._loop` (of all samples: "
+        f"{sum(lines_.values()) / total:.0%}):",
         "",
         B.table(["line", "source", "share of samples", "ns per call"], top),
         "",
@@ -523,8 +532,7 @@ def _thread_cpu(p: psutil.Process) -> dict[int, float]:
     return {t.id: t.user_time + t.system_time for t in p.threads()}
 
 
-def _fib(i: int) -> int:
-    return i if i < 2 else _fib(i - 1) + _fib(i - 2)
+_fib = B.seq_fib
 
 
 if __name__ == "__main__":

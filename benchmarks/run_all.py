@@ -1,6 +1,11 @@
-"""Runs every benchmark scenario with its defaults, each in its own process with a time budget, and writes benchmarks/RESULTS.md: one section per scenario and a table of the targets, measured against the alternatives of the same run.
+"""Runs every benchmark scenario with its defaults, each in its own process with a time budget,
+and writes benchmarks/RESULTS.md: one section per scenario and a table of the targets, measured
+against the alternatives of the same run.
 
-Run: python benchmarks/run_all.py [--only fib fanout ...] [--total-budget 1200] [--output benchmarks/RESULTS.md]
+Run: python benchmarks/run_all.py [--only fib fanout ...] [--total-budget 1200]
+                                  [--output benchmarks/RESULTS.md] [--quick]
+With --quick every script runs with its own --quick (tiny sizes, one run): a smoke
+test of the suite, not a measurement; write it elsewhere than RESULTS.md.
 Each scenario runs `python benchmarks/<script> <args>` (the command shown in
 its section), with a per-scenario budget and a total one: a scenario past its
 budget is killed, with its process tree, and reported as such; one that would
@@ -27,6 +32,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import _bench as B
 import psutil
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,12 +49,13 @@ class Scenario:
     notes: str = ""
     json: bool = True
     render: bool = False  # the script can print its table from a partial JSON (--render)
+    quick: list[str] = field(default_factory=list)  # args kept with --quick (which alternatives)
     result: dict = field(default_factory=dict)
 
 
 SCENARIOS = [
-    Scenario("fib", "fib(n), every call a coroutine: dask_coro inline on and off versus worker_client() "
-             "versus Ray nested tasks",
+    Scenario("fib", "fib(n), every call a coroutine: dask_coro inline on and off versus "
+             "worker_client() versus Ray nested tasks",
              "bench_fib.py", ["--n", "12", "14", "16", "--repeat", "3"], 480, render=True),
     Scenario("fib_seq", "fib(25), every call a coroutine, versus sequential Python",
              "bench_fib_seq.py", ["--n", "25", "--repeat", "3", "--small", "14"], 120,
@@ -58,19 +65,24 @@ SCENARIOS = [
                    "17% of the tasks after 180 s, the rate falling as the tree of suspended "
                    "coroutines grew (~1,100 s at that rate)."),
     Scenario("steal", "A CPU-heavy tree of coroutines: 2 workers versus 1 (inline on), inline off, "
-             "sequential", "bench_steal.py", ["--depth", "9", "--leaf-ms", "4", "--repeat", "3"], 150),
-    Scenario("profile", "Where the time goes per child: fib(14) as tasks under py-spy, fib(22) inline",
+             "sequential", "bench_steal.py", ["--depth", "9", "--leaf-ms", "4", "--repeat", "3"],
+             150),
+    Scenario("profile",
+             "Where the time goes per child: fib(14) as tasks under py-spy, fib(22) inline",
              "profile_fib.py", ["--n", "14", "--repeat", "3", "--inline-n", "22"], 120),
     Scenario("fanout", "One yield of 10,000 children versus client.map of the same 10,000",
-             "bench_fanout.py", ["--n", "10000", "--repeat", "3", "--alt", "map", "inline", "tasks"],
-             300, notes="`dask.delayed` children (`--alt delayed`, tasks with inline on or off) "
-                        "are left out of the suite to keep it within 15 minutes; earlier suites "
-                        "measured them at 1.05-1.08 x client.map."),
+             "bench_fanout.py",
+             ["--n", "10000", "--repeat", "3", "--alt", "map", "inline", "tasks"], 300,
+             quick=["--alt", "map", "inline", "tasks"],
+             notes="`dask.delayed` children (`--alt delayed`, tasks with inline on or off) "
+                   "are left out of the suite to keep it within 15 minutes; earlier suites "
+                   "measured them at 1.05-1.08 x client.map."),
     Scenario("process_all", "The seed's process_all over a list of 1,000 versus worker_client",
              "bench_process_all.py", ["--n", "1000", "--repeat", "3"], 180),
     Scenario("suspended", "10,000 coroutines suspended at once",
              "bench_suspended.py", ["--n", "10000", "--wc-n", "1000", "--repeat", "3",
                                     "--timeout", "90", "--alt", "coro", "wc"], 330,
+             quick=["--alt", "coro", "wc"],
              notes="Inline off only, as the issue's measurement of suspended coroutines: "
                    "with inline on (the default) a waiter whose child were a `@coroutine` "
                    "call with plain arguments would run it inline and never suspend; this "
@@ -82,8 +94,10 @@ SCENARIOS = [
                    "reason: with 10,000 (`--wc-n 10000`, one thread each) getting them "
                    "all suspended takes minutes on this machine (a trial had about 9,400 "
                    "suspended after 200 s, and one run of 2,000 timed out at 180 s)."),
-    Scenario("suspended_memory", "Where the memory of a suspended coroutine goes (tracemalloc, inline off)",
-             "bench_suspended.py", ["--tracemalloc", "1000", "--top", "15"], 60),
+    Scenario("suspended_memory",
+             "Where the memory of a suspended coroutine goes (tracemalloc, inline off)",
+             "bench_suspended.py", ["--tracemalloc", "1000", "--top", "15"], 60,
+             quick=["--tracemalloc", "100", "--top", "5"]),
     Scenario("yield_loop", "Per-yield latency: a loop of sequential yields of one trivial child",
              "bench_yield_loop.py", ["--n", "300", "--repeat", "3"], 120),
     Scenario("promises", "2,000 pending promises on a 1-thread worker",
@@ -93,7 +107,8 @@ SCENARIOS = [
                    "round trip plus two messages on the client's batched stream. (2,000 rather "
                    "than the 10,000 of earlier suites, to keep this suite within 15 minutes; "
                    "the time per resolve does not depend on the number.)"),
-    Scenario("shm", "One large array read by tasks on two workers: shared memory versus plain Dask transfer",
+    Scenario("shm", "One large array read by tasks on two workers: shared memory versus plain "
+             "Dask transfer",
              "bench_shm.py", [], 60, json=False),
 ]
 
@@ -180,7 +195,7 @@ def _run(s: Scenario, cmd: list[str], json_path: str, log_f, timeout: float) -> 
         with contextlib.suppress(Exception):
             out = subprocess.run([sys.executable, os.path.join(HERE, s.script), "--render",
                                   json_path], cwd=ROOT, capture_output=True, text=True,
-                                 timeout=60).stdout
+                                 timeout=60, check=False).stdout
     os.unlink(json_path)
     s.result = {"status": status, "stdout": out, "stderr_tail": _tail(err), "elapsed": elapsed,
                 "other_cpu": other, "load0": load0, "data": data, "timeout": timeout}
@@ -221,7 +236,7 @@ def section(s: Scenario) -> str:
     r = s.result
     head = [f"## {s.heading}", "", f"Command: `{_cmd(s)}`", ""]
     if not r:
-        return "\n".join(head + ["Not run (the suite's total budget was used up).", ""])
+        return "\n".join([*head, "Not run (the suite's total budget was used up).", ""])
     load = (f"dask_coro at commit {r.get('code', '?')}. "
             f"Took {r['elapsed']:.0f} s (budget {r['timeout']:.0f} s). Load from other "
             f"processes on the machine meanwhile: {r['other_cpu']:.0f} CPU-s "
@@ -264,7 +279,7 @@ def targets(by: dict[str, Scenario]) -> str:
     rows = []
 
     def row(target, measured, met):
-        rows.append(f"| {target} | {measured} | {met} |")
+        rows.append([target, measured, met])
 
     def missing(target):
         row(target, "not measured in this run", "-")
@@ -277,7 +292,8 @@ def targets(by: dict[str, Scenario]) -> str:
         off = r16.get("tasks")
         row("fib(16) <= 0.2 x worker_client's wall time",
             f"**{r:.4f} x** with inline on, the default ({c['wall'] * 1000:.0f} ms vs "
-            f"{w['wall']:.2f} s)" + (f"; inline off (every call a task): {off['wall'] / w['wall']:.2f} x "
+            f"{w['wall']:.2f} s)"
+            + (f"; inline off (every call a task): {off['wall'] / w['wall']:.2f} x "
                                      f"({off['wall']:.2f} s)" if off else ""),
             _yes(r <= 0.2))
         limit = 1 + 10
@@ -327,7 +343,8 @@ def targets(by: dict[str, Scenario]) -> str:
     else:
         err = errs.get("coro")
         row("10,000 suspended coroutines complete, <= 10 KiB each",
-            f"did not complete: {err}" if err else "not measured in this run", "**no**" if err else "-")
+            f"did not complete: {err}" if err else "not measured in this run",
+            "**no**" if err else "-")
 
     d = _data(by, "process_all")
     if d and {"coro", "wc"} <= d["median"].keys():
@@ -378,7 +395,8 @@ def targets(by: dict[str, Scenario]) -> str:
         row("fib(16) against Ray nested tasks (no target)",
             f"dask_coro {c['wall'] / y['wall']:.4f} x Ray's wall time inline on"
             + (f", {off['wall'] / y['wall']:.2f} x inline off" if off else "")
-            + f"; Ray peaked at {y['peak_procs']} worker processes, {y['peak_threads_total']} threads",
+            + f"; Ray peaked at {y['peak_procs']} worker processes, "
+            f"{y['peak_threads_total']} threads",
             "-")
     d = _data(by, "yield_loop")
     if d and "per_yield" in d:
@@ -393,7 +411,7 @@ def targets(by: dict[str, Scenario]) -> str:
             f"`@coroutine` child: {ms('coro')} inline on, {ms('coro_off')} inline off; "
             f"`dask.delayed` child: {ms('delayed')}; worker_client submit().result(): {ms('wc')}",
             "-")
-    return "\n".join(["| target | measured | met? |", "|---|---|---|", *rows])
+    return B.table(["target", "measured", "met?"], rows)
 
 
 def profile_summary(by: dict[str, Scenario]) -> str:
@@ -419,10 +437,11 @@ def _task_summary(d: dict) -> str:
         return sum(v for k, v in b["by"].items() if k.startswith(prefixes))
 
     groups = [
-        ("dask_coro driver: the body's steps on the thread pool (through the trampoline, "
-         "`_inline.py`), incl. building the children's Delayed",
+        (("dask_coro driver: the body's steps on the thread pool (through the trampoline, "
+          "`core/engine.py`), incl. building the children's Delayed"),
          "workers", pick(w, "driver")),
-        ("dask_coro plan: Structure, classify, plan_yield, result cache", "workers", pick(w, "plan")),
+        ("dask_coro plan: Structure, classify, plan_yield, result cache", "workers",
+         pick(w, "plan")),
         ("dask_coro runner: handing each step to the thread pool (`run_in_executor`)", "workers",
          pick(w, "runner: handing")),
         ("dask_coro runner: the rest (waiting, cancellation watch, releases)", "workers",
@@ -440,7 +459,8 @@ def _task_summary(d: dict) -> str:
          pick(c, "scheduler: update_graph")),
         ("scheduler: transitions, worker messages, other bookkeeping, dask_coro plugins",
          "client + scheduler", pick(c, "scheduler: transitions", "scheduler: other", "dask_coro")),
-        ("comm in the scheduler process: TCP, batched sends, (de)serialization", "client + scheduler",
+        ("comm in the scheduler process: TCP, batched sends, (de)serialization",
+         "client + scheduler",
          pick(c, "comm")),
         ("event loop in the scheduler process, other", "client + scheduler",
          pick(c, "event loop", "other", "unattributed", "the benchmark")),
@@ -464,7 +484,7 @@ def _inline_summary(inl: dict, tasks: dict | None) -> str:
     seq = inl["seq_s"] / inl["calls"] * 1e9
     floor = inl["floor_s"] / inl["calls"] * 1e9
     lines = ["### Per inline call (inline on, the default)", ""]
-    text = (f"fib({inl['n']}) run by `dask_coro.core.trampoline.Trampoline` in one process, as a "
+    text = (f"fib({inl['n']}) run by `dask_coro.core.engine.Trampoline` in one process, as a "
             f"worker runs it inline: {per:.0f} ns per call, {inl['tramp_s'] / inl['seq_s']:.0f} x "
             f"sequential Python's {seq:.0f} ns; the least a generator trampoline does in "
             f"CPython takes {floor:.0f} ns ({inl['floor_s'] / inl['seq_s']:.0f} x).")
@@ -485,7 +505,7 @@ def _inline_summary(inl: dict, tasks: dict | None) -> str:
             "send": "generator send: the trampoline resuming a body",
             "return": "a body's return: `StopIteration` raised, caught, its value taken",
             "tramp": "trampoline bookkeeping: the stack, a `Frame` per body that yields, "
-                     "results, `mark_done`",
+                     "results (recorded by the engine itself)",
             "other": "other",
         }
         rows = [f"| {names[k]} | {v * per:.0f} | {v:.0%} |" for k, v in b.items()]
@@ -515,10 +535,13 @@ def _tree_hash() -> str:
 
     h = hashlib.sha1()
     pkg = os.path.join(ROOT, "dask_coro")
-    for name in sorted(os.listdir(pkg)):
-        if name.endswith((".py", ".yaml")):
-            with open(os.path.join(pkg, name), "rb") as f:
-                h.update(name.encode() + b"\0" + f.read())
+    for top, dirs, files in os.walk(pkg):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith((".py", ".yaml")):
+                rel = os.path.relpath(os.path.join(top, name), pkg)
+                with open(os.path.join(top, name), "rb") as f:
+                    h.update(rel.encode() + b"\0" + f.read())
     return h.hexdigest()[:10]
 
 
@@ -543,7 +566,8 @@ def _versions() -> str:
     return ", ".join(out)
 
 
-def document(scenarios: list[Scenario], elapsed: float, argv: list[str], code: tuple[str, str]) -> str:
+def document(scenarios: list[Scenario], elapsed: float, argv: list[str],
+             code: tuple[str, str]) -> str:
     by = {s.key: s for s in scenarios}
     mem = psutil.virtual_memory().total / 2**30
     ran = [s for s in scenarios if s.result]
@@ -586,10 +610,15 @@ def main(argv=None) -> int:
                    help="run only these scenarios (the others are listed as not run)")
     p.add_argument("--total-budget", type=float, default=1200.0,
                    help="seconds for the whole suite (it takes about 15 minutes on 2 cores)")
-    p.add_argument("--output", default=os.path.join(HERE, "RESULTS.md"))
+    p.add_argument("--output", default=B.RESULTS)
+    p.add_argument("--quick", action="store_true",
+                   help="every script with its --quick (tiny sizes): a smoke test of the suite")
     args = p.parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     chosen = [s for s in SCENARIOS if not args.only or s.key in args.only]
+    if args.quick:
+        for s in chosen:
+            s.args = [*s.quick, "--quick"]
     code_start = _code_version()
     start = time.monotonic()
     deadline = start + args.total_budget
