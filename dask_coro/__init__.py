@@ -9,10 +9,6 @@ if _TYPE_CHECKING:
     from typing import Any
 
 from . import _config  # noqa: F401  (loads coro.yaml into dask.config)
-from .runtime.call import CoroutineCall as CoroutineCall
-from .runtime.call import CoroutineFunction as CoroutineFunction
-from .runtime.call import coroutine as coroutine
-from .runtime.call import gather as gather
 from ._context import current_key as current_key
 from ._exceptions import BadYieldError as BadYieldError
 from ._exceptions import CoroutineCancelledError as CoroutineCancelledError
@@ -20,6 +16,10 @@ from ._exceptions import DaskCoroError as DaskCoroError
 from ._exceptions import NotInTaskError as NotInTaskError
 from ._exceptions import PromiseError as PromiseError
 from .promise.client import Promise as Promise
+from .runtime.call import CoroutineCall as CoroutineCall
+from .runtime.call import CoroutineFunction as CoroutineFunction
+from .runtime.call import coroutine as coroutine
+from .runtime.call import gather as gather
 
 __version__ = "0.1.0"
 
@@ -53,10 +53,10 @@ async def dask_setup(server: Any) -> None:
     from distributed import Scheduler
     from distributed.protocol.pickle import dumps
 
-    from .runtime.scheduler import InlinePlugin
+    from .diagnostics.scheduler import TreePlugin
     from .lifetimes.scheduler import LifetimesPlugin
     from .promise.scheduler import PromisePlugin
-    from .diagnostics.scheduler import TreePlugin
+    from .runtime.scheduler import InlinePlugin
 
     for plugin in (PromisePlugin(), LifetimesPlugin(), TreePlugin(), InlinePlugin()):
         if isinstance(server, Scheduler):

@@ -10,7 +10,7 @@ take precedence. Settings are read where they are used, when they are used.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, overload
 
 import dask.config
 import yaml
@@ -40,6 +40,10 @@ def get(key: str) -> Any:
     return dask.config.get(key, default=default)
 
 
+@overload
+def get_timedelta(key: str) -> float: ...
+@overload
+def get_timedelta(key: str, *, allow_none: bool) -> float | None: ...
 def get_timedelta(key: str, *, allow_none: bool = False) -> float | None:
     """The setting ``key`` (``"coro.lifetimes.retry-delay"``) in seconds.
 

@@ -4,16 +4,17 @@ distributed's own task context, when distributed is loaded)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Hashable
 from contextvars import ContextVar
+
+from dask.typing import Key
 
 from ._exceptions import NotInTaskError
 
 #: Set inside the context every coroutine step runs in (worker and local driver).
-running_key: ContextVar[Hashable] = ContextVar("dask_coro.running_key")
+running_key: ContextVar[Key] = ContextVar("dask_coro.running_key")
 
 
-def current_key() -> Hashable:
+def current_key() -> Key:
     """The key of the task running this code.
 
     Works in ``@coroutine`` bodies (generator and ``async def``, on a worker or

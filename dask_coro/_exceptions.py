@@ -2,12 +2,22 @@
 
 Hierarchy::
 
-    DaskCoroError                      base of everything below
+    DaskCoroError (Exception)          base of the errors below
     ├── BadYieldError (TypeError)      a coroutine yielded or awaited something it may not
     ├── NotInTaskError (RuntimeError)  a task-context accessor was called outside a task
-    ├── PromiseError (RuntimeError)    a Promise was misused, or can never get a value
-    └── CoroutineCancelledError        the scheduler cancelled the task running a
-        (asyncio.CancelledError)       coroutine; the body sees GeneratorExit
+    └── PromiseError (RuntimeError)    a Promise was misused, or can never get a value
+
+    CoroutineCancelledError            the scheduler cancelled the task running a
+    (asyncio.CancelledError,           coroutine; the body sees GeneratorExit
+     a BaseException)
+
+Cancellation is not an error: like ``asyncio.CancelledError`` and trio's
+``Cancelled`` it derives from ``BaseException`` only, so an ``except
+Exception`` (in user code, in a plugin, in a retry loop) cannot swallow it.
+
+Two more are internal and never reach a user: ``Rejected`` (the classifier
+refuses a yielded object; the runner turns it into a ``BadYieldError``) and
+``Released`` (the worker runner learnt that the scheduler released its key).
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ class NotInTaskError(DaskCoroError, RuntimeError):
     """A function that needs a running task was called outside of one."""
 
 
-class CoroutineCancelledError(DaskCoroError, asyncio.CancelledError):
+class CoroutineCancelledError(asyncio.CancelledError):
     """The scheduler cancelled the task running this coroutine.
 
     The body itself sees ``GeneratorExit`` at its current ``yield``/``await``
@@ -38,3 +48,20 @@ class CoroutineCancelledError(DaskCoroError, asyncio.CancelledError):
 
 class PromiseError(DaskCoroError, RuntimeError):
     """A ``Promise`` was misused, or can never get a value."""
+
+
+# -- internal ------------------------------------------------------------------
+
+
+class Rejected(Exception):
+    """Internal: ``is_lazy`` refuses an object; carries a hint for the user.
+
+    A function registered with ``dask_coro.core.classify.is_lazy`` may raise it
+    to refuse a type with a better message than the default."""
+
+    def __init__(self, hint: str = ""):
+        self.hint = hint
+
+
+class Released(Exception):
+    """Internal: the scheduler released the key of the running coroutine."""

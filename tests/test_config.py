@@ -219,7 +219,7 @@ def test_client_batch_interval_off_leaves_distributed_default(value):
 
 @gen_cluster(nthreads=[("", 1)], config={"coro.client-batch-interval": "soon"})
 async def test_client_batch_interval_bad_value_fails_the_coroutine(s, a):
-    with pytest.raises(ValueError, match="coro.client-batch-interval: 'soon' is not a time"):
+    with pytest.raises(ValueError, match=r"coro\.client-batch-interval: 'soon' is not a time"):
         await compute(s, two_children(1))
 
 

@@ -16,8 +16,8 @@ from distributed.utils_test import async_poll_for, gen_cluster
 
 import dask_coro
 from dask_coro import coroutine
-from dask_coro.diagnostics.client import _html, _TextBar
 from dask_coro.diagnostics.book import TreeBook
+from dask_coro.diagnostics.client import _html, _TextBar
 from dask_coro.diagnostics.scheduler import NAME
 from dask_coro.examples import fib
 

@@ -1,8 +1,8 @@
 """dask_coro's public namespace."""
 
 from __future__ import annotations
-
 import __future__
+
 import importlib
 import importlib.metadata
 import types

@@ -34,7 +34,7 @@ from helpers import cluster, recorder
 from workloads import boom, does_not_catch, inc
 
 import dask_coro
-from dask_coro import BadYieldError, coroutine
+from dask_coro import BadYieldError, CoroutineCancelledError, DaskCoroError, coroutine
 from dask_coro.core.plan import derive_key
 
 # --------------------------------------------------------------------------
@@ -139,7 +139,7 @@ async def test_error_crosses_two_levels_with_its_type_and_args(c, s, a):
 @cluster(nthreads=[("", 1)])
 async def test_unhandled_child_error_fails_the_task_with_original_type(c, s, a):
     fut = c.compute(does_not_catch())
-    with pytest.raises(ValueError, match="^boom 8$") as info:
+    with pytest.raises(ValueError, match=r"^boom 8$") as info:
         await fut.result()
     assert type(info.value) is ValueError
     assert fut.status == "error"
@@ -428,6 +428,50 @@ async def test_cancel_root_waiting_on_a_child_that_never_finishes(c, s, a, tmp_p
         await Event(never, client=c).set()
     await async_poll_for(lambda: not a.state.tasks, timeout=20)
     assert not a.data
+
+
+@coroutine
+def swallows_exceptions(folder: str):
+    """Catches ``Exception`` at every yield and goes on, as a retry loop would."""
+    i = 0
+    try:
+        while True:
+            try:
+                yield tick(folder, i)
+            except Exception as e:
+                _append(folder, "swallowed", type(e).__name__)
+            i += 1
+    except BaseException as e:
+        _touch(folder, "seen", type(e).__name__)
+        raise
+
+
+def test_cancellation_is_not_an_exception():
+    """The decision, as asyncio and trio take it: cancellation derives from
+    BaseException only, so ``except Exception`` does not catch it."""
+    assert issubclass(CoroutineCancelledError, asyncio.CancelledError)
+    assert not issubclass(CoroutineCancelledError, Exception)
+    assert not issubclass(CoroutineCancelledError, DaskCoroError)
+    with pytest.raises(CoroutineCancelledError):
+        try:
+            raise CoroutineCancelledError("k")
+        except Exception:  # pragma: no cover - the test fails on this
+            pytest.fail("except Exception caught a cancellation")
+
+
+@cluster(nthreads=[("", 1)])
+async def test_cancel_is_not_swallowed_by_except_exception(c, s, a, tmp_path):
+    """A body that catches ``Exception`` around its yield still stops when its
+    task is cancelled: it sees GeneratorExit at the yield, the runner ends the
+    task with CoroutineCancelledError, and no child starts after."""
+    fut = c.compute(swallows_exceptions(str(tmp_path)))
+    await async_poll_for(lambda: len(_lines(tmp_path, "ticks")) >= 3, timeout=20)
+    await c.cancel(fut)
+    seen = tmp_path / "seen"
+    await async_poll_for(lambda: seen.exists() and seen.read_text(), timeout=20)
+    await ticks_after_cancel(s, [a], tmp_path)
+    assert (tmp_path / "seen").read_text() == "GeneratorExit"
+    assert not (tmp_path / "swallowed").exists()
 
 
 @coroutine
@@ -754,6 +798,7 @@ async def test_child_traceback_points_at_its_source_file(c, s, a):
     shipped with every task, and each task had its own copy of module state.
     """
     (etype, msg, tb), after = await c.compute(catches_and_continues())
+    assert (etype, msg, after) == (ValueError, "boom 7", [11, 21])
     line = _line_of(boom.__wrapped__, "BOOM-LINE")
     filename = boom.__wrapped__.__code__.co_filename
     assert f'File "{filename}", line {line}, in boom' in tb, tb

@@ -334,7 +334,7 @@ async def test_child_error_raised_at_the_yield_and_recovered(c, s, a, tmp_path, 
 @cluster(nthreads=[("", 1)])
 async def test_unhandled_child_error_fails_the_root(c, s, a):
     fut = c.compute(does_not_catch())
-    with pytest.raises(ValueError, match="^boom 8$") as info:
+    with pytest.raises(ValueError, match=r"^boom 8$") as info:
         await fut
     assert type(info.value) is ValueError
     assert "in boom" in "".join(traceback.format_exception(info.value))

@@ -16,11 +16,11 @@ import pytest
 from dask.delayed import Delayed
 
 import dask_coro
-from dask_coro.examples import afib, fib
 from dask_coro import BadYieldError, coroutine, current_key
 from dask_coro.core.engine import Done, Idle, Raised, Returned, Stopped, Submit
-from dask_coro.runtime.call import CoroutineCall, trampoline
 from dask_coro.core.plan import derive_key
+from dask_coro.examples import afib, fib
+from dask_coro.runtime.call import trampoline
 
 # --------------------------------------------------------------------------
 # helpers
@@ -293,7 +293,7 @@ def test_idle_capacity_never_takes_the_call_about_to_run():
     # A sequential loop has one unstarted call at a time: handing it out
     # would only make the loop wait for a task. Idle capacity stays unused.
     idle = Idle(1)
-    t, out = start(loop_of_one, 300, tramp=make(idle=idle))
+    _, out = start(loop_of_one, 300, tramp=make(idle=idle))
     assert returned(out) == sum(range(300))
     assert LOG == list(range(300))
     assert idle.n == 1
@@ -609,7 +609,7 @@ def drive(t, out, value_of):
     while type(out) is Submit:
         for frame, ps in out.batches:
             for p in ps:
-                frame.leaves[p].key  # noqa: B018 - planning asks for keys
+                frame.leaves[p].key
         if out.wait:
             out = t.resume([value_of(out.frame.leaves[p]) for p in out.frame.remote])
         else:
@@ -842,7 +842,7 @@ def test_local_mode_results_errors_and_compute_once():
     assert afib(10).compute(scheduler="sync") == 55
     assert catches_two_levels_up().compute(scheduler="sync") == "deep"
     assert "later" not in LOG
-    with pytest.raises(ValueError, match="^x$"):
+    with pytest.raises(ValueError, match=r"^x$"):
         uncaught().compute(scheduler="sync")
     LOG.clear()
     a, b, again, more, _c = same_call_twice().compute(scheduler="sync")

@@ -55,7 +55,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                found.append(stack[stack.index(nxt) :] + [nxt])
+                found.append([*stack[stack.index(nxt) :], nxt])
             elif nxt not in state:
                 visit(nxt, stack)
         stack.pop()

@@ -340,7 +340,9 @@ async def test_worker_missing_its_plugin_adds_it_on_first_tie(c, s, a, b):
 
 
 def _record_for(token: str, address: str, rid: str) -> str:
-    from dask_coro.lifetimes.registry import file_name as _file_name, write_record as _write_record, registry_dir
+    from dask_coro.lifetimes.registry import file_name as _file_name
+    from dask_coro.lifetimes.registry import registry_dir
+    from dask_coro.lifetimes.registry import write_record as _write_record
 
     path = os.path.join(registry_dir(token), _file_name(rid))
     _write_record(path, address, rid, record_anywhere)

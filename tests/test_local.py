@@ -17,9 +17,9 @@ from collections import namedtuple
 import dask
 import dask.array as da
 import dask.bag as db
-from dask.delayed import Delayed
 import numpy as np
 import pytest
+from dask.delayed import Delayed
 
 import dask_coro
 from dask_coro import BadYieldError, CoroutineCall, NotInTaskError, coroutine, current_key
@@ -800,7 +800,7 @@ def test_nout_unpacking():
 
 def test_no_nout_not_iterable():
     with pytest.raises(TypeError, match="unspecified length"):
-        a, b = ident((1, 2))
+        a, b = ident((1, 2))  # noqa: RUF059 - the unpacking is what raises
 
 
 def test_pure_keys():

@@ -19,8 +19,8 @@ from dask.local import get_sync
 from dask.utils import key_split
 
 from dask_coro import coroutine
-from dask_coro.runtime.call import CoroutineTask
 from dask_coro.core.plan import derive_key, plan_yield
+from dask_coro.runtime.call import CoroutineTask
 
 KEY_RE = re.compile(r"^[A-Za-z_][\w-]*-[0-9a-f]{32}$")
 

@@ -152,7 +152,7 @@ async def test_only_the_target_may_repoint(c, s, a, b):
     keep = c.compute(p)
 
     # The client is not the target:
-    with pytest.raises(PromiseError, match="may not resolve promise .* only that task"):
+    with pytest.raises(PromiseError, match=r"may not resolve promise .* only that task"):
         await asyncio_to(p.resolve_with, 3)
 
     # Nor is another task:
@@ -223,7 +223,7 @@ async def test_promise_nobody_will_resolve_is_an_error(c, s, a, b):
 
     handle = await c.compute(forgets())
     p = handle[0]
-    with pytest.raises(PromiseError, match="never resolved: the task .*forgets"):
+    with pytest.raises(PromiseError, match=r"never resolved: the task .*forgets"):
         await c.compute(p)
 
 
@@ -235,7 +235,7 @@ async def test_resolving_with_itself(c, s, a, b):
 
 
 def test_promise_needs_a_cluster():
-    with pytest.raises(PromiseError, match="needs a distributed Client|distributed scheduler"):
+    with pytest.raises(PromiseError, match=r"needs a distributed Client|distributed scheduler"):
         Promise()
 
 

@@ -288,7 +288,8 @@ async def test_resolver_worker_dies_after_resolving(c, s, a, b, tmp_path, how, h
         assert len(_lines(folder, "resolved")) >= 2
     else:
         # Nothing wants it any more: it is not kept around.
-        await async_poll_for(lambda: resolver.key not in s.tasks, timeout=30)
+        resolver_key = resolver.key
+        await async_poll_for(lambda: resolver_key not in s.tasks, timeout=30)
     assert s.plugins[PLUGIN].history[p.key] == history
     assert s.plugins[PLUGIN].targets[p.key] == history[-1]
     del p, resolver, out
@@ -386,8 +387,8 @@ async def test_thousands_of_pending_promises(c, s, a):
     promises = await asyncio.to_thread(lambda: [Promise() for _ in range(N_PENDING)])
     everything = c.compute(dask.delayed(sum)(promises))
     firsts = c.compute(add(promises[0], promises[-1]))
-    await async_poll_for(lambda: everything.key in s.tasks, timeout=30)
-    await async_poll_for(lambda: firsts.key in s.tasks, timeout=30)
+    both = (everything.key, firsts.key)
+    await async_poll_for(lambda: all(k in s.tasks for k in both), timeout=30)
 
     # Nothing finished or ran: the promises are parked, their dependents wait.
     assert not everything.done() and not firsts.done()
@@ -396,11 +397,11 @@ async def test_thousands_of_pending_promises(c, s, a):
     assert not any(ts.state == "memory" for ts in s.tasks.values())
     assert not a.state.tasks
 
-    def resolve_all():
-        for i, p in enumerate(promises):
+    def resolve_all(ps):
+        for i, p in enumerate(ps):
             p.resolve_with(i)
 
-    await asyncio.to_thread(resolve_all)
+    await asyncio.to_thread(resolve_all, promises)
     assert await value(everything) == N_PENDING * (N_PENDING - 1) // 2
     assert await value(firsts) == N_PENDING - 1
     history = s.plugins[PLUGIN].history

@@ -191,16 +191,39 @@ def test_local_driver_does_not_import_distributed():
 
 
 def _imported_modules(path: pathlib.Path) -> set[str]:
-    """Every module a file imports, anywhere in it: absolute ones by their
-    full name, relative ones with their leading dots."""
+    """Every module a file imports when it runs, anywhere in it: absolute ones
+    by their full name, relative ones with their leading dots. Imports under
+    ``if TYPE_CHECKING:`` are for the type checker and never run: not counted."""
     tree = ast.parse(path.read_text())
     out = set()
-    for node in ast.walk(tree):
+    stack: list[ast.AST] = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)
+            continue
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             out.add("." * node.level + (node.module or ""))
+        stack.extend(ast.iter_child_nodes(node))
     return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def test_type_checking_imports_are_not_counted(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import distributed\nelse:\n    import json\n"
+        "def g():\n    import dask\n"
+    )
+    assert _imported_modules(f) == {"typing", "json", "dask"}
 
 
 def _top(mods: set[str]) -> set[str]:

@@ -31,10 +31,10 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client, Event, LocalCluster, get_worker
-
-import dask_coro
 from filelog import append as _append
 from filelog import lines as _lines
+
+import dask_coro
 from dask_coro import DaskCoroError, coroutine, shm
 from dask_coro.lifetimes import shm as _shm_impl
 from dask_coro.lifetimes.registry import registry_dir

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Iterator
 from time import time
 from typing import Any
 
-from .dask_private import Alias
+from dask.typing import Key
 from distributed.core import Status, error_message
 from distributed.worker import _worker_cvar, thread_state
 from distributed.worker_state_machine import SecedeEvent
 
-Key = Hashable
+from .dask_private import Alias
 
 # -- worker ------------------------------------------------------------------
 

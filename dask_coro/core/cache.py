@@ -12,10 +12,11 @@ list that ``sweep`` hands back for release.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Hashable, Iterable
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-Key = Hashable
+if TYPE_CHECKING:  # for the type checker only: this module does not import dask
+    from dask.typing import Key
 
 
 class ResultCache:

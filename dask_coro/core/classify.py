@@ -20,6 +20,7 @@ import dask
 from dask.delayed import Delayed
 
 from .._exceptions import BadYieldError
+from .._exceptions import Rejected as Rejected  # for functions registered with is_lazy
 from .._internals.dask_private import TaskRef
 from .structure import Path, format_path
 
@@ -27,13 +28,6 @@ ACCEPTED = (
     "a coroutine may yield Delayed objects, coroutine calls, Futures, dask "
     "collections, plain values, or lists/tuples/dicts of them"
 )
-
-
-class Rejected(Exception):
-    """Internal: ``is_lazy`` refuses an object; carries a hint for the user."""
-
-    def __init__(self, hint: str = ""):
-        self.hint = hint
 
 
 @singledispatch

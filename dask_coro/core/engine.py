@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import hashlib
 import types
-from collections.abc import Callable, Generator, Hashable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, Protocol
+
+from dask.typing import Key
 
 from .._exceptions import BadYieldError
 from .scope import Scope
@@ -168,7 +170,7 @@ class Frame:
             return shape.paths[pos]
         return () if shape is None else (pos,)
 
-    def ident(self, root: Hashable) -> Any:
+    def ident(self, root: Key) -> Any:
         """A stable name for this frame, for deriving its children's keys: the
         root's key, then (yield index, path) of each call down to this one."""
         chain = []
@@ -292,7 +294,7 @@ class Trampoline:
         when the caller first starts remote leaves of them)."""
         try:
             body = func(*args, **kwargs)
-        except BaseException as e:  # noqa: B036 - a body may raise anything
+        except BaseException as e:  # a body may raise anything
             return Done(Raised(e))
         typ = type(body)
         if typ is not _GENERATOR and typ is not _COROUTINE:
@@ -335,7 +337,7 @@ class Trampoline:
                 frame.done = True
                 try:
                     body.close()
-                except BaseException as e:  # noqa: B036
+                except BaseException as e:
                     errors.append(e)
             if frame.scope is not None:
                 self._ended(frame)
@@ -369,7 +371,7 @@ class Trampoline:
                 except StopIteration as stop:
                     out = stop.value
                     ended = _RETURNED
-                except BaseException as e:  # noqa: B036 - a body may raise anything
+                except BaseException as e:  # a body may raise anything
                     if (
                         type(e) is RuntimeError
                         and isinstance(arg, StopIteration)
@@ -398,7 +400,7 @@ class Trampoline:
                         fresh = -1
                         body = None
                     # -- set up the yield ``out`` ----------------------------
-                    vt = type(out)
+                    vt: type[Any] | None = type(out)
                     if vt is list or vt is tuple:
                         # The common yield, set up here: inline calls only.
                         for x in out:
@@ -478,7 +480,7 @@ class Trampoline:
                 func, args, kwargs = spec
                 try:
                     out = func(*args, **kwargs) if kwargs else func(*args)
-                except BaseException as e:  # noqa: B036
+                except BaseException as e:
                     self._abandon(top)
                     method, arg = top.body.throw, e
                     break
@@ -496,6 +498,7 @@ class Trampoline:
                     return Submit([], True, top)
                 shape = top.shape
                 results = top.results
+                value: Any
                 if shape is list:
                     value = results
                 elif shape is tuple:

@@ -19,9 +19,13 @@ still use its keys: ``layers`` lists them for the caller's liveness tracking.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from dask.delayed import Delayed
+from dask.typing import Key
+from dask.utils import key_split
 
 from .._internals.dask_private import (
     Alias,
@@ -32,10 +36,6 @@ from .._internals.dask_private import (
     convert_legacy_task,
     finalized_graph,
 )
-from dask.delayed import Delayed
-from dask.utils import key_split
-
-Key = Hashable
 
 
 @dataclass(slots=True)
@@ -72,7 +72,7 @@ def derive_key(prefix: str, *parts: Any) -> str:
 
 def plan_yield(
     leaves: Sequence[Any],
-    paths: Sequence[tuple],
+    paths: Sequence[tuple[Any, ...]],
     known: Mapping[Key, Key],
     parent: Key,
     index: int,
@@ -105,6 +105,7 @@ def plan_yield(
             plan.graph[k] = Task(k, _identity, TaskRef(leaf.key))
             plan.outputs.append(k)
             continue
+        out: Key
         if isinstance(leaf, Delayed):
             # Results are reused across yields while their layer lives; a
             # plain dict graph has no layers to follow.
@@ -117,9 +118,9 @@ def plan_yield(
         if layer_of:
             plan.keep.extend(rename[k] for k in added)
             by_layer: dict[int, tuple[Any, dict[Key, Key]]] = {}
-            for k in added:
-                layer = nodes[k][1]
-                by_layer.setdefault(id(layer), (layer, {}))[1][k] = rename[k]
+            for old in added:
+                layer = nodes[old][1]
+                by_layer.setdefault(id(layer), (layer, {}))[1][old] = rename[old]
             plan.layers.extend(by_layer.values())
     return plan
 
@@ -164,12 +165,12 @@ def _rename_below(
     graph: dict[Key, GraphNode],
     parent: Key,
     index: int,
-    path: tuple,
+    path: tuple[Any, ...],
 ) -> list[Key]:
     """Rename ``out`` and every task below it that is not renamed yet; add the
     renamed tasks to ``graph``. Returns the original keys added."""
     added: list[Key] = []
-    tasks: list[GraphNode] = []
+    tasks: list[tuple[Key, GraphNode]] = []
     stack = [out]
     while stack:
         k = stack.pop()
@@ -203,9 +204,11 @@ def _rename_below(
 
 def _renamed(k: Key, task: GraphNode, rename: Mapping[Key, Key]) -> GraphNode:
     new_key = rename[k]
-    subs = {d: rename[d] for d in task.dependencies if rename.get(d, d) != d}
+    subs: dict[Key, Key | GraphNode] = {
+        d: rename[d] for d in task.dependencies if rename.get(d, d) != d
+    }
     node = task.substitute(subs, key=new_key)
-    rekey = getattr(task, "func", None)
+    rekey: Any = getattr(task, "func", None)
     if isinstance(node, Task) and hasattr(rekey, "with_key"):
         # A coroutine call carries its own key (an async task cannot learn it
         # from distributed); keep it in step with the rename.

@@ -11,12 +11,13 @@ or the body ends.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .cache import ResultCache
 
-Key = Hashable
+if TYPE_CHECKING:  # for the type checker only: this module does not import dask
+    from dask.typing import Key
 H = TypeVar("H")
 
 

@@ -11,10 +11,11 @@ that its own children are counted too).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-Key = Hashable
+if TYPE_CHECKING:  # for the type checker only: this module does not import dask
+    from dask.typing import Key
 
 DONE = "memory"
 FAILED = "erred"

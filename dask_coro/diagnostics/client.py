@@ -6,13 +6,13 @@ from __future__ import annotations
 import html
 import sys
 import time
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from .._exceptions import DaskCoroError
+from dask.typing import Key
 
-Key = Hashable
+from .._exceptions import DaskCoroError
 
 _STATE_COLORS = {
     "memory": "#a6dba0",
@@ -128,7 +128,7 @@ class Tree:
         g = self.to_graphviz(max_nodes=max_nodes)
         if filename is None:
             return g
-        stem, dot, ext = filename.rpartition(".")
+        _, dot, ext = filename.rpartition(".")
         fmt = format or (ext if dot else "png")
         return g.render(outfile=filename if dot else f"{filename}.{fmt}", format=fmt, cleanup=True)
 
@@ -214,7 +214,7 @@ class _TextBar:
 
     def update(self, t: dict[str, int], elapsed: float, finished: bool) -> None:
         text, frac = _line(t, elapsed)
-        filled = int(round(frac * self.width))
+        filled = round(frac * self.width)
         bar = "#" * filled + "." * (self.width - filled)
         self.file.write(f"\r[{bar}] {text}")
         if finished:

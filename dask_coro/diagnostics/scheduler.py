@@ -11,17 +11,16 @@ from ``transition``.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Hashable
 from time import time
 from typing import Any
 
+from dask.typing import Key
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _config
 from .._internals.distributed_private import add_handlers
 from .book import TreeBook
 
-Key = Hashable
 NAME = "dask-coro-tree"
 ANNOTATION = "dask_coro_parent"
 
@@ -48,7 +47,7 @@ class TreePlugin(SchedulerPlugin):
 
     # -- hooks ---------------------------------------------------------------
 
-    def update_graph(  # type: ignore[override]
+    def update_graph(
         self, scheduler: Any, *, annotations: dict[str, dict[Key, Any]] | None = None, **kwargs: Any
     ) -> None:
         parents = (annotations or {}).get(ANNOTATION)

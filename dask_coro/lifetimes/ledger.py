@@ -18,10 +18,12 @@ events; it keeps only ids, keys, hosts and worker addresses.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-Key = Hashable
+if TYPE_CHECKING:  # for the type checker only: this module does not import dask
+    from dask.typing import Key
 
 
 @dataclass(frozen=True)

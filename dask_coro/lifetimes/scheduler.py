@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Hashable
 from typing import Any
 
+from dask.typing import Key
 from distributed.comm import get_address_host
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
@@ -38,7 +38,6 @@ from .worker import LifetimesWorkerPlugin
 
 logger = logging.getLogger("dask_coro")
 
-Key = Hashable
 NAME = "dask-coro-lifetimes"
 
 

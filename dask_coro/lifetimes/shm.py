@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from .handles import shm_as_handles
 from .._exceptions import DaskCoroError
+from .handles import shm_as_handles
 
 __all__ = ["PREFIX", "ShmArray", "empty", "from_array", "segments", "zeros"]
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import sys
 import warnings
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any
 
 from dask.core import validate_key
+from dask.typing import Key
 from distributed import get_worker
 from distributed.protocol.pickle import dumps
 from distributed.utils import sync
@@ -24,8 +25,6 @@ from .._exceptions import DaskCoroError, NotInTaskError
 from .._internals import distributed_private as private
 from .scheduler import LifetimesPlugin
 from .worker import NAME, LifetimesWorkerPlugin
-
-Key = Hashable
 
 
 def tie(

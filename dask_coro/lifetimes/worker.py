@@ -11,9 +11,10 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any
 
+from dask.typing import Key
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.utils import offload
 
@@ -23,7 +24,6 @@ from .registry import file_name, registry_dir, remove_record, run_record, write_
 
 logger = logging.getLogger("dask_coro")
 
-Key = Hashable
 NAME = "dask-coro-lifetimes"
 
 

@@ -11,16 +11,16 @@ from __future__ import annotations
 import asyncio
 import inspect
 import uuid
-from collections.abc import Hashable
 from typing import Any
 
 import dask
-from .._internals.dask_private import DataNode, GraphNode, Task, TaskRef, convert_legacy_task
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+from dask.typing import Key
 
 from .._context import current_key
 from .._exceptions import NotInTaskError, PromiseError
+from .._internals.dask_private import DataNode, GraphNode, Task, TaskRef, convert_legacy_task
 from ..core.plan import collection_graph
 from .parked import PARK_RESOURCE, unresolved
 
@@ -60,7 +60,7 @@ def _install(client: Any) -> None:
         client._dask_coro_promises = True
 
 
-def _running_key() -> Hashable | None:
+def _running_key() -> Key | None:
     try:
         return current_key()
     except NotInTaskError:
@@ -101,13 +101,13 @@ class Promise(Delayed):
 
     __slots__ = ("_future",)
 
-    def __init__(self, name: str = "promise", *, _key: Hashable | None = None):
+    def __init__(self, name: str = "promise", *, _key: Key | None = None):
         if _key is not None:
             # Rebuilt from a pickle inside a task: bind to the key, no new node.
             from distributed import Future
 
-            key = _key
-            future = Future(key)
+            key: Any = _key  # any dask key (from_collections is annotated for str)
+            future: Any = Future(key)
         else:
             client = _client()
             _install(client)
@@ -184,14 +184,14 @@ class Promise(Delayed):
         for f in futures:
             f.release()
 
-    def _target_graph(self, x: Any) -> tuple[Hashable, dict[Hashable, Any]]:
+    def _target_graph(self, x: Any) -> tuple[Key, dict[Key, Any]]:
         """The key ``x`` lives under and the graph to submit for it, with this
         promise standing for itself (see the class docstring)."""
         if isinstance(x, TaskRef):  # a Future: already on the cluster
             return x.key, {}
         if isinstance(x, Delayed):
             target = x.key
-            dsk: dict[Hashable, Any] = dict(x.__dask_graph__())
+            dsk: dict[Key, Any] = dict(x.__dask_graph__())
         elif dask.is_dask_collection(x):
             target, nodes = collection_graph(x)
             dsk = {k: v for k, (v, _) in nodes.items()}
@@ -215,7 +215,7 @@ class Promise(Delayed):
         return target, dsk
 
 
-def _promise_from_key(key: Hashable) -> Promise:
+def _promise_from_key(key: Key) -> Promise:
     return Promise(_key=key)
 
 
@@ -227,7 +227,7 @@ class _Resolving:
 
     __slots__ = ("promise", "func")
 
-    def __init__(self, promise: Hashable, func: Any):
+    def __init__(self, promise: Key, func: Any):
         self.promise = promise
         self.func = func
 
@@ -237,7 +237,7 @@ class _Resolving:
 
         return iscoroutinefunction(self.func)
 
-    def with_key(self, key: Hashable) -> _Resolving:
+    def with_key(self, key: Key) -> _Resolving:
         rekey = getattr(self.func, "with_key", None)
         return _Resolving(self.promise, rekey(key) if rekey else self.func)
 

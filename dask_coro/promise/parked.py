@@ -3,12 +3,11 @@ has (pure; the client makes it, the scheduler plugin recognises it)."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import Any
 
-from .._exceptions import PromiseError
+from dask.typing import Key
 
-Key = Hashable
+from .._exceptions import PromiseError
 
 #: The resource that parks an unresolved promise; no worker has it.
 PARK_RESOURCE = "dask-coro-unresolved-promise"

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Hashable
 from time import time
 from typing import Any
 
+from dask.typing import Key
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .._exceptions import PromiseError
@@ -32,7 +32,6 @@ from .parked import unresolved
 
 logger = logging.getLogger("dask_coro")
 
-Key = Hashable
 
 def is_placeholder(run_spec: Any) -> bool:
     return isinstance(run_spec, Task) and run_spec.func is unresolved

@@ -7,17 +7,19 @@ import importlib
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Generator, Hashable
+from collections.abc import Callable, Generator
 from typing import Any, ClassVar, Protocol
 
 import dask
 from dask.base import tokenize
 from dask.delayed import Delayed, unpack_collections
 from dask.highlevelgraph import HighLevelGraph
+from dask.typing import Key
 from dask.utils import funcname
 
+from .._exceptions import Rejected
 from .._internals.dask_private import DataNode, Task, annotations_in_effect, delayed_slot
-from ..core.classify import Rejected, classifier, is_lazy
+from ..core.classify import classifier, is_lazy
 from ..core.engine import Frame, Idle, Request, Trampoline
 
 
@@ -56,15 +58,22 @@ class CoroutineCall(Delayed):
     """
 
     __slots__ = ("_fn", "_args", "_kwargs", "_name", "__dask_coro_inline__", "__dask_coro_done__", "_ann")
+    _fn: CoroutineFunction
+    _args: tuple[Any, ...]
+    _kwargs: dict[str, Any]
+    _name: Key | None
+    __dask_coro_inline__: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None
+    __dask_coro_done__: tuple[Any] | None
+    _ann: dict[str, Any] | None
 
-    @property  # type: ignore[override]
+    @property
     def _key(self) -> Any:
         try:
             return _KEY.__get__(self)
         except AttributeError:
             return self._build()
 
-    @property  # type: ignore[override]
+    @property
     def _dask(self) -> Any:
         try:
             return _DASK.__get__(self)
@@ -72,7 +81,7 @@ class CoroutineCall(Delayed):
             self._build()
             return _DASK.__get__(self)
 
-    @property  # type: ignore[override]
+    @property
     def _layer(self) -> Any:
         return self._key
 
@@ -84,7 +93,9 @@ class CoroutineCall(Delayed):
                 pass
             fn: CoroutineFunction = self._fn
             args, kwargs = self._args, self._kwargs
-            key = self._name
+            # Any dask key; HighLevelGraph.from_collections is annotated for str
+            # names only, but takes any key as Delayed's own graphs do.
+            key: Any = self._name
             if key is None:
                 if fn.pure:
                     key = f"{fn.prefix}-{tokenize(fn.__wrapped__, args, kwargs)}"
@@ -133,7 +144,7 @@ def _built_call(key: Any, graph: Any, length: int | None) -> CoroutineCall:
 _new_call = object.__new__
 
 
-def _graph(fn: CoroutineFunction, key: Any, args: tuple, kwargs: dict) -> HighLevelGraph:
+def _graph(fn: CoroutineFunction, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> HighLevelGraph:
     args2 = []
     deps: list[Any] = []
     for a in args:
@@ -182,11 +193,11 @@ class CoroutineTask:
     __tornado_coroutine__ = True
     runners: ClassVar[tuple[Runner, Runner]]
 
-    def __init__(self, func: Callable[..., Any], key: Hashable):
+    def __init__(self, func: Callable[..., Any], key: Key):
         self.func = func
         self.key = key
 
-    def with_key(self, key: Hashable) -> CoroutineTask:
+    def with_key(self, key: Key) -> CoroutineTask:
         return CoroutineTask(self.func, key)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -210,14 +221,14 @@ class CoroutineTask:
                 return _task_by_name, (module, qualname, self.key)
         return CoroutineTask, (self.func, self.key)
 
-    def __dask_tokenize__(self) -> tuple[str, Hashable]:
+    def __dask_tokenize__(self) -> tuple[str, Key]:
         return ("dask_coro.CoroutineTask", self.key)
 
     def __repr__(self) -> str:
         return f"<coroutine {funcname(self.func)} {self.key!r}>"
 
 
-def _task_by_name(module: str, qualname: str, key: Hashable) -> CoroutineTask:
+def _task_by_name(module: str, qualname: str, key: Key) -> CoroutineTask:
     wrapper: Any = importlib.import_module(module)
     for part in qualname.split("."):
         wrapper = getattr(wrapper, part)
@@ -229,13 +240,15 @@ _SPAN_ONLY = {"span": None}.keys()
 _PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})
 
 
-def _plain_values(kwargs: dict) -> bool:
+def _plain_values(kwargs: dict[str, Any]) -> bool:
     return all(type(v) in _PLAIN for v in kwargs.values())
 
 
 class CoroutineFunction:
     """A function decorated with ``@coroutine``; calling it returns a
     ``CoroutineCall`` and runs nothing."""
+
+    __wrapped__: Callable[..., Any]  # set by functools.update_wrapper
 
     def __init__(
         self,

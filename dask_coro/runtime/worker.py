@@ -28,11 +28,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Hashable
 from time import time
 from typing import TYPE_CHECKING, Any
 
 import dask
+from dask.typing import Key
 from dask.utils import funcname
 from distributed import Future, Reschedule, get_client
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -41,7 +41,7 @@ from distributed.worker import get_worker
 
 from .. import _config
 from .._context import running_key
-from .._exceptions import CoroutineCancelledError, DaskCoroError
+from .._exceptions import CoroutineCancelledError, DaskCoroError, Released
 from .._internals import distributed_private as private
 from ..core.engine import Done, Frame, Idle, Outcome, Raised, Returned, Stopped, Submit, Trampoline
 from ..core.plan import plan_yield
@@ -91,7 +91,7 @@ class _KeyWatcher(WorkerPlugin):
     idempotent = True
 
     def __init__(self) -> None:
-        self.runs: dict[Hashable, _Run] = {}
+        self.runs: dict[Key, _Run] = {}
         self.client: Client | None = None
         self.tree: asyncio.Future[None] | None = None  # TreePlugin installed
         # Inline runs: the scheduler's count of idle threads, polled while any
@@ -144,7 +144,7 @@ class _KeyWatcher(WorkerPlugin):
             await asyncio.sleep(interval)
         self.idle.n = 0
 
-    def transition(self, key: Hashable, start: str, finish: str, **kwargs: Any) -> None:
+    def transition(self, key: Key, start: str, finish: str, **kwargs: Any) -> None:
         run = self.runs.get(key)
         if run is not None:
             run.changed.set()
@@ -154,10 +154,6 @@ def _watcher(worker: Worker) -> _KeyWatcher:
     # Added synchronously: replacing it would drop the runs it watches.
     w: _KeyWatcher = private.add_worker_plugin_now(worker, _KeyWatcher.name, _KeyWatcher)
     return w
-
-
-class _Cancelled(Exception):
-    """Internal: the scheduler released our key while we were running."""
 
 
 class _Run:
@@ -256,7 +252,7 @@ class _Run:
                     step = out.step
                     break
                 if type(out) is Stopped or not self._alive():
-                    raise _Cancelled
+                    raise Released
                 assert type(out) is Submit
                 if out.batches:
                     await self._submit(out.batches)
@@ -271,7 +267,7 @@ class _Run:
             if type(step) is Returned:
                 return step.value
             raise step.error  # type: ignore[union-attr]
-        except _Cancelled:
+        except Released:
             logger.debug("coroutine %r cancelled; closing it", self.key)
             step = None
             for error in await self._in_pool(tramp.close):
@@ -327,8 +323,8 @@ class _Run:
         """Plan the remote leaves of each frame (keys derived from the frame's
         place under our key) and submit them all in one message."""
         client = await self._client()
-        graph: dict[Hashable, Any] = {}
-        wanted: dict[Hashable, None] = {}
+        graph: dict[Key, Any] = {}
+        wanted: dict[Key, None] = {}
         plans = []
         for frame, positions in batches:
             scope = frame.scope
@@ -349,7 +345,7 @@ class _Run:
             graph.update(plan.graph)
             wanted.update(dict.fromkeys(Scope.wanted(plan.outputs, plan.keep, plan.graph)))
             plans.append((scope, positions, plan))
-        new: dict[Hashable, Future] = {}
+        new: dict[Key, Future] = {}
         if wanted:
             # Children get priority over unrelated queued work: the scheduler
             # ranks a graph by its submitting task.
@@ -374,14 +370,14 @@ class _Run:
             results = await self._wait(client, scope.handles(frame.remote))
             # Before the children go: segments in their results are ours now.
             await hold_segments(self.worker, self.key, results)
-        except _Cancelled:
+        except Released:
             raise
         except Exception as e:
             return await self._in_pool(tramp.throw, e)
         return await self._in_pool(tramp.resume, results)
 
     async def _wait(self, client: Client, futures: list[Future]) -> list[Any]:
-        """The results of ``futures``; raises the first error, or ``_Cancelled``."""
+        """The results of ``futures``; raises the first error, or ``Released``."""
         if not futures:
             return []
         gathering = asyncio.ensure_future(client.gather(futures, asynchronous=True))
@@ -389,7 +385,7 @@ class _Run:
             while True:
                 self.changed.clear()
                 if not self._alive():
-                    raise _Cancelled
+                    raise Released
                 changed = asyncio.ensure_future(self.changed.wait())
                 done, _ = await asyncio.wait(
                     (gathering, changed), return_when=asyncio.FIRST_COMPLETED
