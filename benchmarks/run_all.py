@@ -100,6 +100,9 @@ SCENARIOS = [
              quick=["--tracemalloc", "100", "--top", "5"]),
     Scenario("yield_loop", "Per-yield latency: a loop of sequential yields of one trivial child",
              "bench_yield_loop.py", ["--n", "300", "--repeat", "3"], 120),
+    Scenario("result", "Waiting from plain code: `result()` in a helper versus `yield`, versus "
+             "sequential Python",
+             "bench_result.py", ["--n", "22", "--waits", "300", "--repeat", "3"], 120),
     Scenario("promises", "2,000 pending promises on a 1-thread worker",
              "bench_promises.py", ["--n", "2000"], 60, json=False,
              notes="All were parked on the scheduler (no worker thread, slot or coroutine) while "
@@ -411,6 +414,20 @@ def targets(by: dict[str, Scenario]) -> str:
             f"`@coroutine` child: {ms('coro')} inline on, {ms('coro_off')} inline off; "
             f"`dask.delayed` child: {ms('delayed')}; worker_client submit().result(): {ms('wc')}",
             "-")
+    d = _data(by, "result")
+    if d and "median" in d:
+        m, w = d["median"], d["wait_median"]
+        r = m["result"] / m["gen"]
+        row(f"fib({d['n']}) with `result()` in a plain helper <= 2 x the generator version "
+            "(inline on)",
+            f"**{r:.2f} x** ({m['result'] * 1000:.0f} ms vs {m['gen'] * 1000:.0f} ms, 2 workers)",
+            _yes(r <= 2))
+        rw = w["result"] / w["yield"]
+        row("one wait on a task child: `result()` <= 1.1 x `yield`",
+            f"**{rw:.2f} x** ({w['result'] / d['waits'] * 1000:.1f} ms vs "
+            f"{w['yield'] / d['waits'] * 1000:.1f} ms a wait)", _yes(rw <= 1.1))
+    else:
+        missing("fib(22) with `result()` in a plain helper <= 2 x the generator version")
     return B.table(["target", "measured", "met?"], rows)
 
 

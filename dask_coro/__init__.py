@@ -20,6 +20,7 @@ from .runtime.call import CoroutineCall as CoroutineCall
 from .runtime.call import CoroutineFunction as CoroutineFunction
 from .runtime.call import coroutine as coroutine
 from .runtime.call import gather as gather
+from .runtime.result import result as result
 
 __version__ = "0.1.0"
 
@@ -85,6 +86,7 @@ __all__ = [
     "gather",
     "progress",
     "release_abandoned",
+    "result",
     "tie",
     "tree",
 ]

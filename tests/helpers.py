@@ -3,6 +3,12 @@ and a scheduler plugin that records what the scheduler saw."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
+import time
+
 from distributed import SchedulerPlugin
 from distributed.utils_test import gen_cluster
 
@@ -69,3 +75,44 @@ def recorder(s) -> Recorder:
     r.scheduler = s
     s.add_plugin(r)
     return r
+
+
+def dask_cli(*args: str, log) -> subprocess.Popen:
+    """``dask <args>`` (scheduler, worker) as a process of this interpreter's
+    environment, its stderr to the file ``log``."""
+    bindir = os.path.dirname(sys.executable)
+    return subprocess.Popen(
+        [os.path.join(bindir, "dask"), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "w"),
+    )
+
+
+def start_worker(address: str, tmp_path, *extra: str) -> subprocess.Popen:
+    """A ``dask worker`` process with one thread on 127.0.0.1."""
+    n = len(list(tmp_path.glob("w*.log")))
+    return dask_cli(
+        "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
+        "--dashboard-address", ":0", "--local-directory", str(tmp_path / f"w{n}"),
+        *extra, log=tmp_path / f"w{n}.log",
+    )
+
+
+def _worker_threads(dask_worker):
+    return threading.active_count(), dask_worker.state.nthreads, sum(
+        ts.state == "long-running" for ts in dask_worker.state.tasks.values()
+    )
+
+
+def peak_threads_until_waiting(client, worker: str, n: int, timeout: float = 90) -> tuple[int, int]:
+    """Poll ``worker`` (a process) until ``n`` of its tasks are long-running:
+    the most OS threads it had meanwhile, and its nthreads."""
+    peak = 0
+    deadline = time.monotonic() + timeout
+    while True:
+        ((threads, nthreads, waiting),) = client.run(_worker_threads, workers=[worker]).values()
+        peak = max(peak, threads)
+        if waiting >= n:
+            return peak, nthreads
+        assert time.monotonic() < deadline, f"only {waiting} of {n} tasks waiting"
+        time.sleep(0.2)

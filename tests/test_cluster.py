@@ -4,18 +4,13 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
-import subprocess
-import sys
-import threading
-import time
 
 import dask
 import pytest
 from distributed import Client, LocalCluster, SchedulerPlugin
 from distributed.utils_test import async_poll_for, gen_cluster
-from helpers import recorder
+from helpers import dask_cli, peak_threads_until_waiting, recorder, start_worker
 from workloads import afib, fib, inc, process_all, process_all_checked, sequential_fib
 
 import dask_coro
@@ -182,11 +177,6 @@ async def test_current_key_everywhere(c, s, a):
     assert await c.submit(plain_async, key="async-key") == "async-key"
 
 
-def _worker_threads(dask_worker):
-    return threading.active_count(), dask_worker.state.nthreads, sum(
-        ts.state == "long-running" for ts in dask_worker.state.tasks.values()
-    )
-
 
 @coroutine
 def waiter(gate_key):
@@ -213,20 +203,10 @@ def test_2000_suspended_coroutines_hold_no_threads(tmp_path):
         # coroutines wait on it, and runs once a worker that has it joins.
         gate = client.submit(lambda: 1, resources={"GATE": 1}, pure=False)
         root = client.compute(hold(2000, gate.key))
-        peak = 0
-        deadline = time.monotonic() + 90
-        while True:
-            ((threads, nthreads, waiting),) = client.run(
-                _worker_threads, workers=[worker]
-            ).values()
-            peak = max(peak, threads)
-            if waiting >= 2001:
-                break
-            assert time.monotonic() < deadline, f"only {waiting} coroutines waiting"
-            time.sleep(0.2)
+        peak, nthreads = peak_threads_until_waiting(client, worker, 2001)
         assert not root.done()
         assert peak <= nthreads + 10, (peak, nthreads)
-        gate_worker = _start_worker(cluster.scheduler_address, tmp_path, "--resources", "GATE=1")
+        gate_worker = start_worker(cluster.scheduler_address, tmp_path, "--resources", "GATE=1")
         try:
             assert root.result(timeout=90) == 2000
         finally:
@@ -254,24 +234,6 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _dask(*args: str, log) -> subprocess.Popen:
-    bindir = os.path.dirname(sys.executable)
-    return subprocess.Popen(
-        [os.path.join(bindir, "dask"), *args],
-        stdout=subprocess.DEVNULL,
-        stderr=open(log, "w"),
-    )
-
-
-def _start_worker(address: str, tmp_path, *extra: str) -> subprocess.Popen:
-    n = len(list(tmp_path.glob("w*.log")))
-    return _dask(
-        "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
-        "--dashboard-address", ":0", "--local-directory", str(tmp_path / f"w{n}"),
-        *extra, log=tmp_path / f"w{n}.log",
-    )
-
-
 @contextlib.contextmanager
 def cli_cluster(tmp_path, n_workers: int, scheduler_args=(), worker_args=()):
     """A ``dask scheduler`` and ``n_workers`` ``dask worker`` processes on
@@ -279,11 +241,11 @@ def cli_cluster(tmp_path, n_workers: int, scheduler_args=(), worker_args=()):
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     procs = [
-        _dask("scheduler", "--host", "127.0.0.1", "--port", str(port),
+        dask_cli("scheduler", "--host", "127.0.0.1", "--port", str(port),
               "--dashboard-address", ":0", *scheduler_args, log=tmp_path / "s.log")
     ]
     try:
-        procs += [_start_worker(address, tmp_path, *worker_args) for _ in range(n_workers)]
+        procs += [start_worker(address, tmp_path, *worker_args) for _ in range(n_workers)]
         with Client(address, timeout=60) as client:
             client.wait_for_workers(n_workers, timeout=60)
             yield client

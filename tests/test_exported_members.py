@@ -56,6 +56,7 @@ def test_all_exact():
         "gather",
         "progress",
         "release_abandoned",
+        "result",
         "tie",
         "tree",
     }

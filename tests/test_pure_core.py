@@ -45,7 +45,9 @@ def test_every_core_module_imports_with_distributed_blocked_and_starts_nothing()
         assert asyncio.get_event_loop_policy()._local._loop is None, "an event loop was made"
         assert sys.modules["distributed"] is None
         assert not [m for m in sys.modules if m.startswith("distributed.")]
-        assert not [m for m in sys.modules if m.startswith(("tornado", "greenlet"))]
+        # greenlet is the engine's own switching primitive (core/engine.py
+        # parks a body that waits in dask_coro.result); tornado is the runtime's.
+        assert not [m for m in sys.modules if m.startswith("tornado")]
         print("ok")
         """
     )

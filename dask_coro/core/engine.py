@@ -28,16 +28,30 @@ creation).
 Semantics kept: results come back in the yielded shape; a child's exception
 is raised at its parent's yield (siblings not started then never start);
 closing the trampoline closes every open body, innermost first.
+
+Waiting from plain code (``dask_coro.result``): the loop always runs on a
+greenlet of its own (``_serve``), taken from a per-thread pool, so any body,
+at any call depth, can call ``Trampoline.wait(x)``. That is a yield of the
+body that called it: the body's stack stays *parked* in the loop's greenlet,
+and the loop goes on in another greenlet of the pool. When the parked yield's
+results are in, the loop hands back to the parked greenlet (``_Transfer``),
+whose old loop, still on its stack, carries on as if the body had returned
+from a plain call. A parked greenlet can only be resumed on the thread that
+made it: while ``parked`` is non-zero, every call into the trampoline must
+come from that thread. Code that never calls ``wait`` parks nothing and
+costs one greenlet switch per call into the trampoline.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 import types
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Protocol
 
 from dask.typing import Key
+from greenlet import GreenletExit, getcurrent, greenlet
 
 from .._exceptions import BadYieldError
 from .scope import Scope
@@ -219,6 +233,7 @@ class Stopped:
 
 
 Outcome = Done | Submit | Stopped
+_OUTCOMES = (Done, Submit, Stopped)
 
 
 class Idle:
@@ -279,6 +294,11 @@ class Trampoline:
         #: whose body ended, since the caller last cleared the list.
         self.ended: list[Frame] = []
         self._ended = on_ended or self.ended.append
+        #: How many bodies wait in ``wait`` (parked greenlets): while non-zero,
+        #: call the trampoline from one thread only, the one that parked them.
+        self.parked = 0
+        self._closing = False
+        self._root_scope: Scope[Any] | None = None
 
     # -- the caller's side ---------------------------------------------------
 
@@ -292,21 +312,12 @@ class Trampoline:
         """Call the root ``func``; step into the body if it made one. ``scope``
         is the caller's state for the root frame (frames without one get it
         when the caller first starts remote leaves of them)."""
-        try:
-            body = func(*args, **kwargs)
-        except BaseException as e:  # a body may raise anything
-            return Done(Raised(e))
-        typ = type(body)
-        if typ is not _GENERATOR and typ is not _COROUTINE:
-            return Done(Returned(body))  # a plain function
-        root = Frame(self.name, None, 0, body)
-        root.scope = scope
-        self.stack = [root]
-        return self._loop(body.send, None)
+        self._root_scope = scope
+        return self._enter(self._begin, (func, args, kwargs))
 
     def run(self) -> Outcome:
         """Go on after a ``Submit`` that does not wait."""
-        return self._loop(None, None)
+        return self._enter(self._loop, (None, None))
 
     def resume(self, values: list[Any]) -> Outcome:
         """The remote leaves of the top frame computed ``values`` (in the order
@@ -317,31 +328,161 @@ class Trampoline:
             results[pos] = v
         top.remote = []
         top.sent = 0
-        return self._loop(None, None)
+        return self._enter(self._loop, (None, None))
 
     def throw(self, error: BaseException) -> Outcome:
         """A remote leaf of the top frame failed (or could not be started):
         raise ``error`` at its yield."""
         top = self.stack[-1]
         self._abandon(top)
-        return self._loop(top.body.throw, error)
+        return self._enter(self._loop, (top.body.throw, error))
 
     def close(self) -> list[BaseException]:
         """Close every open body, innermost first (``GeneratorExit`` at its
-        yield, ``finally`` blocks run); what they raised closing."""
-        errors = []
-        while self.stack:
-            frame = self.stack.pop()
-            body, frame.body = frame.body, None
-            if body is not None and not frame.done:
-                frame.done = True
-                try:
-                    body.close()
-                except BaseException as e:
-                    errors.append(e)
-            if frame.scope is not None:
-                self._ended(frame)
+        yield, ``GreenletExit`` at its ``wait``; ``finally`` blocks run);
+        what they raised closing."""
+        self._closing = True
+        errors: list[BaseException] = []
+        # A body closing may call wait() in a finally block: it raises GreenletExit.
+        hub = getcurrent()
+        before = getattr(hub, _ATTR, None)
+        setattr(hub, _ATTR, self)
+        try:
+            while self.stack:
+                frame = self.stack.pop()
+                body, frame.body = frame.body, None
+                if type(body) is _Parked:
+                    self.parked -= 1
+                    error = _kill(body, frame.label)
+                    if error is not None:
+                        errors.append(error)
+                    body = body.body  # finished by the unwinding, unless it ignored it
+                if body is not None and not frame.done:
+                    frame.done = True
+                    try:
+                        body.close()
+                    except BaseException as e:
+                        errors.append(e)
+                if frame.scope is not None:
+                    self._ended(frame)
+        finally:
+            setattr(hub, _ATTR, before)
         return errors
+
+    def wait(self, value: Any) -> Any:
+        """``dask_coro.result(value)`` inside a body, at any call depth: a
+        yield of the body that is running, whose stack stays parked in this
+        greenlet until the yield's results are in. Returns them in the shape
+        of ``value``, or raises a child's error here."""
+        if self._closing:
+            raise GreenletExit
+        me = getcurrent()
+        stack = self.stack
+        made = False
+        if not stack:
+            # The root is a plain function, waiting before it returned.
+            frame = Frame(self.name, None, 0, None)
+            frame.scope = self._root_scope
+            made = True
+        else:
+            top = stack[-1]
+            body = top.body
+            if body is None or _is_running(body):
+                frame = top  # top's own body (or a call of it that got its frame here before)
+            else:
+                # A call of top's current yield is running (the one started
+                # last): it gets its frame now, as it would at its first yield.
+                pos = top.todo[top.next - 1]
+                spec = top.leaves[pos].__dask_coro_inline__
+                frame = Frame(spec[0] if spec is not None else None, top, pos, None)
+                made = True
+        if made:
+            stack.append(frame)
+        if type(value) is Request:
+            value = value.value
+        vt = type(value)
+        call_type = self.call_type
+        if (vt is list or vt is tuple) and all(
+            type(x) is call_type
+            and (x.__dask_coro_inline__ is not None or x.__dask_coro_done__ is not None)
+            for x in value
+        ):
+            # The common wait, set up as the loop sets up the common yield.
+            frame.index += 1
+            frame.shape = vt
+            frame.leaves = value
+            frame.results = [_PENDING] * len(value)
+            frame.todo = range(len(value))
+            frame.next = 0
+            frame.remote = _EMPTY
+            frame.sent = 0
+        else:
+            error = self._yielded(frame, value)
+            if error is not None:
+                if made:
+                    stack.pop()
+                raise error
+        frame.body = _Parked(me, frame.body)
+        self.parked += 1
+        if frame.remote and frame.todo:
+            # Start the remote leaves now; they run while the inline ones do:
+            # back to the caller with them, then the loop goes on.
+            frame.sent = len(frame.remote)
+            return me.parent.switch(Submit([(frame, list(frame.remote))], False, frame))
+        # The loop goes on in another greenlet: an idle one of the pool
+        # straight away (its outcome goes to our caller, the same parent);
+        # else the caller makes one. Only the caller makes greenlets: a new
+        # greenlet starts at the recursion depth of the code that starts it,
+        # and this code may be deep in a body.
+        if _pool():
+            return _dispatch(me.parent, self, self._loop, (None, None))
+        return me.parent.switch(_CONTINUE)
+
+    # -- greenlets -----------------------------------------------------------
+
+    def _enter(self, fn: Callable[..., Outcome], args: tuple[Any, ...]) -> Outcome:
+        """Run ``fn(*args)`` (the loop, or the root's first call) on a loop
+        greenlet and return the ``Outcome`` it comes to. Parking and handing
+        back happen between loop greenlets (``wait``, ``_serve``); we only
+        make a loop greenlet when a body parked and none was idle."""
+        hub = getcurrent()
+        out = _dispatch(hub, self, fn, args)
+        while out is _CONTINUE:  # a body parked with no idle loop greenlet here
+            out = _dispatch(hub, self, self._loop, (None, None))
+        assert type(out) in _OUTCOMES, out
+        return out  # type: ignore[no-any-return]
+
+    def _begin(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Outcome:
+        stack = self.stack
+        try:
+            body = func(*args, **kwargs)
+        except BaseException as e:  # a body may raise anything
+            if self._closing:
+                raise
+            if stack:
+                self._call_ended()
+            return Done(Raised(e))
+        typ = type(body)
+        if typ is not _GENERATOR and typ is not _COROUTINE:
+            if stack:
+                self._call_ended()
+            return Done(Returned(body))  # a plain function
+        if stack:
+            stack[0].body = body  # it waited, then returned a body to run
+        else:
+            root = Frame(self.name, None, 0, body)
+            root.scope = self._root_scope
+            stack.append(root)
+        return self._loop(body.send, None)
+
+    def _call_ended(self) -> None:
+        """A call that waited in ``wait`` (and got its frame there) returned
+        or raised without a yield since: its frame goes."""
+        frame = self.stack.pop()
+        frame.done = True
+        frame.body = None
+        if frame.scope is not None:
+            self._ended(frame)
 
     # -- the loop ------------------------------------------------------------
 
@@ -372,6 +513,13 @@ class Trampoline:
                     out = stop.value
                     ended = _RETURNED
                 except BaseException as e:  # a body may raise anything
+                    if type(e) is _Transfer:
+                        # ``top`` is parked: hand back to its greenlet.
+                        top.body = e.parked.body
+                        self.parked -= 1
+                        return e  # type: ignore[return-value]
+                    if self._closing:
+                        raise  # unwinding a parked body (close)
                     if (
                         type(e) is RuntimeError
                         and isinstance(arg, StopIteration)
@@ -395,8 +543,12 @@ class Trampoline:
                 method = None
                 if not ended:
                     if fresh >= 0:
-                        top = Frame(func, top, fresh, body)
-                        push(top)
+                        if stack[-1] is top:
+                            top = Frame(func, top, fresh, body)
+                            push(top)
+                        else:  # it waited in wait() before this yield: it has a frame
+                            top = stack[-1]
+                            top.body = body
                         fresh = -1
                         body = None
                     # -- set up the yield ``out`` ----------------------------
@@ -431,6 +583,8 @@ class Trampoline:
                     # -- a body ended: ``out`` is its value or error ----------
                     if fresh >= 0:
                         at, fresh, body = fresh, -1, None
+                        if stack[-1] is not top:
+                            self._call_ended()
                     else:
                         stack.pop()
                         top.done = True
@@ -481,14 +635,30 @@ class Trampoline:
                 try:
                     out = func(*args, **kwargs) if kwargs else func(*args)
                 except BaseException as e:
+                    if self._closing:
+                        raise  # unwinding a parked body (close)
+                    if stack[-1] is not top:
+                        self._call_ended()
                     self._abandon(top)
                     method, arg = top.body.throw, e
                     break
                 typ = type(out)
                 if typ is _GENERATOR or typ is _COROUTINE:
+                    if stack[-1] is not top:
+                        # It waited, then returned a body: run that in its frame.
+                        fresh, body = -1, None
+                        top = stack[-1]
+                        top.body = out
+                        method, arg = out.send, None
+                        break
                     fresh, body = pos, out
                     method, arg = out.send, None
                     break
+                if stack[-1] is not top:
+                    # It waited in wait(), then returned; meanwhile other
+                    # loops may have promoted top's later leaves.
+                    self._call_ended()
+                    todo = top.todo
                 top.results[pos] = out
                 leaf.__dask_coro_done__ = (out,)
             else:
@@ -645,6 +815,117 @@ def _foreign_await(func: Any, obj: Any) -> BadYieldError:
         "can wait for; a dask_coro coroutine may await dask_coro.gather(...) or "
         "a coroutine call. Run asyncio code in a separate task."
     )
+
+
+# -- greenlets ----------------------------------------------------------------
+
+_ATTR = "dask_coro_trampoline"  # on a loop greenlet: the trampoline it runs
+_POOL_SIZE = 16  # idle loop greenlets kept per thread
+_LOCAL = threading.local()
+_CONTINUE: Any = object()  # from wait(): make a loop greenlet, go on there
+
+
+def current_trampoline() -> Trampoline | None:
+    """The trampoline whose loop runs here, or None outside any body."""
+    return getattr(getcurrent(), _ATTR, None)
+
+
+class _Parked:
+    """A frame's body while it waits in ``wait``: its stack is in ``glet``.
+
+    Stepping it (``send``/``throw``, as the loop steps any body) raises
+    ``_Transfer``: the loop returns it, and ``_enter`` switches to ``glet``."""
+
+    __slots__ = ("glet", "body")
+
+    def __init__(self, glet: greenlet, body: Any):
+        self.glet = glet
+        self.body = body  # the frame's generator or coroutine; None for a call
+
+    def send(self, value: Any) -> Any:
+        raise _Transfer(self, value, None)
+
+    def throw(self, error: BaseException) -> Any:
+        raise _Transfer(self, None, error)
+
+
+class _Transfer(BaseException):
+    """Internal, never raised out of the engine: resume a parked body."""
+
+    def __init__(self, parked: _Parked, value: Any, error: BaseException | None):
+        self.parked = parked
+        self.value = value
+        self.error = error
+
+
+def _is_running(body: Any) -> bool:
+    typ = type(body)
+    if typ is _GENERATOR:
+        return bool(body.gi_running)
+    if typ is _COROUTINE:
+        return bool(body.cr_running)
+    return False
+
+
+def _pool() -> list[greenlet]:
+    try:
+        return _LOCAL.pool  # type: ignore[no-any-return]
+    except AttributeError:
+        _LOCAL.pool = []
+        return _LOCAL.pool  # type: ignore[no-any-return]
+
+
+def _dispatch(hub: greenlet, tramp: Trampoline, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """Run ``fn(*args)`` on an idle loop greenlet of this thread (or a new
+    one), in the caller's context (context variables: ``current_key``)."""
+    pool = _pool()
+    glet = pool.pop() if pool else greenlet(_serve)
+    glet.parent = hub
+    glet.gr_context = hub.gr_context
+    return glet.switch((tramp, fn, args))
+
+
+def _serve(job: tuple[Trampoline, Callable[..., Any], tuple[Any, ...]]) -> Any:
+    """A loop greenlet: runs one job after another, idle in the pool between."""
+    me = getcurrent()
+    pool = _pool()
+    while True:
+        tramp, fn, args = job
+        setattr(me, _ATTR, tramp)
+        try:
+            out = fn(*args)
+        finally:
+            setattr(me, _ATTR, None)
+        if type(out) is _Transfer:
+            # Hand back to the parked body straight away (its outcomes go to
+            # our caller); idle in the pool meanwhile.
+            glet = out.parked.glet
+            glet.parent = me.parent
+            glet.gr_context = me.gr_context
+            pool.append(me)
+            error = out.error
+            if error is None:
+                job = glet.switch(out.value)
+            else:  # with its traceback: the child's frames stay in it
+                job = glet.throw(type(error), error, error.__traceback__)
+            continue
+        if len(pool) >= _POOL_SIZE:
+            return out
+        pool.append(me)
+        job = me.parent.switch(out)
+
+
+def _kill(parked: _Parked, label: str) -> BaseException | None:
+    """Unwind a parked body: ``GreenletExit`` at its ``wait``."""
+    glet = parked.glet
+    try:
+        glet.parent = getcurrent()
+        glet.throw(GreenletExit)
+    except BaseException as e:  # it raised something else unwinding, or another thread's
+        return e
+    if not glet.dead:
+        return RuntimeError(f"coroutine {label!r} ignored GreenletExit at dask_coro.result()")
+    return None
 
 
 _EMPTY: Any = ()

@@ -325,7 +325,8 @@ def coroutine(
       resumes with results of the same shape;
     - an ``async def``: ``a, b = await dask_coro.gather([f(1), f(2)])``, or
       ``await f(1)`` for one call;
-    - a plain function: it simply runs as a task.
+    - a plain function: it runs as a task, and may wait at any call depth
+      with ``dask_coro.result(x)`` (a yield, from plain code).
 
     What may be yielded: ``Delayed`` objects and coroutine calls, ``Future``
     objects, any dask collection (its computed result comes back), plain

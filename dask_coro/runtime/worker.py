@@ -4,8 +4,10 @@ distributed awaits ``CoroutineTask.__call__`` on the worker's event loop
 (``Worker.execute`` -> ``_run_task_async``). The runner:
 
 1. steps the body, and the coroutine calls it runs inline, through a
-   ``Trampoline`` on the worker's thread pool (CPU work never blocks the loop),
-   inside one ``contextvars.Context`` per run, where ``current_key()`` is set;
+   ``Trampoline`` on one of the worker's lanes while holding a thread of its
+   pool (``lanes.py``: CPU work never blocks the loop, and a body parked in
+   ``result()`` resumes on its own thread), inside one ``contextvars.Context``
+   per run, where ``current_key()`` is set;
 2. submits what the trampoline hands out (the remote leaves of a frame's
    yield, calls promoted to tasks) in one ``update-graph`` message per step
    (``Client.get(..., sync=False)``), with keys derived from the frame's place
@@ -49,6 +51,7 @@ from ..core.scope import Scope
 from ..diagnostics.scheduler import ANNOTATION, TreePlugin
 from ..lifetimes.tie import hold_segments
 from .call import trampoline
+from .lanes import Lanes
 from .scheduler import InlinePlugin
 
 if TYPE_CHECKING:
@@ -100,6 +103,16 @@ class _KeyWatcher(WorkerPlugin):
         self.inline_runs = 0
         self.poller: asyncio.Task[None] | None = None
         self.handed_out = 0.0  # when a run last handed work out
+        self.lanes: Lanes | None = None  # made on first use, nthreads of them
+
+    def lanes_of(self, worker: Worker) -> Lanes:
+        if self.lanes is None:
+            self.lanes = Lanes(worker.state.nthreads, private.default_executor(worker))
+        return self.lanes
+
+    def teardown(self, worker: Worker) -> None:
+        if self.lanes is not None:
+            self.lanes.close()
 
     def inline_started(self, worker: Worker) -> None:
         # The last count was taken before this task took its thread: only a
@@ -163,7 +176,7 @@ class _Run:
         self.func = task.func
         self.name = funcname(task.func)
         self.loop = asyncio.get_running_loop()
-        self.executor = private.default_executor(worker)
+        self.lane = -1  # the lane of our steps while a body is parked
         self.ctx = contextvars.copy_context()
         self.ctx.run(running_key.set, self.key)
         self.changed = asyncio.Event()
@@ -174,8 +187,20 @@ class _Run:
 
     # -- helpers -------------------------------------------------------------
 
-    def _in_pool(self, fn: Any, *args: Any) -> asyncio.Future[Any]:
-        return self.loop.run_in_executor(self.executor, self.ctx.run, fn, *args)
+    async def _step(self, tramp: Trampoline, fn: Any, *args: Any) -> Any:
+        """Call into the trampoline on a lane, in our context. While bodies
+        are parked in ``result()``, always the lane that parked them."""
+        lanes = self.watcher.lanes_of(self.worker)
+        if self.lane < 0 or not tramp.parked:
+            self.lane = lanes.pick()
+        lane = self.lane
+        pinned = tramp.parked > 0
+        try:
+            return await lanes.run(lane, self.ctx.run, fn, *args)
+        finally:
+            now = tramp.parked > 0
+            if now != pinned:
+                lanes.pinned[lane] += 1 if now else -1
 
     def _alive(self) -> bool:
         return private.worker_task_state(self.worker, self.key) in _RUNNING_STATES
@@ -246,7 +271,7 @@ class _Run:
         )
         step: Returned | Raised | None = None
         try:
-            out = await self._in_pool(tramp.start, self.func, args, kwargs, self.root)
+            out = await self._step(tramp, tramp.start, self.func, args, kwargs, self.root)
             while True:
                 if type(out) is Done:
                     step = out.step
@@ -259,7 +284,7 @@ class _Run:
                     if not out.wait:
                         watcher.handed(sum(len(p) for _, p in out.batches))
                 if not out.wait:
-                    out = await self._in_pool(tramp.run)
+                    out = await self._step(tramp, tramp.run)
                     continue
                 if not self.seceded:
                     self._secede()
@@ -270,7 +295,7 @@ class _Run:
         except Released:
             logger.debug("coroutine %r cancelled; closing it", self.key)
             step = None
-            for error in await self._in_pool(tramp.close):
+            for error in await self._step(tramp, tramp.close):
                 logger.warning(
                     "coroutine %r raised while closing after cancellation: %r",
                     self.key,
@@ -373,8 +398,8 @@ class _Run:
         except Released:
             raise
         except Exception as e:
-            return await self._in_pool(tramp.throw, e)
-        return await self._in_pool(tramp.resume, results)
+            return await self._step(tramp, tramp.throw, e)
+        return await self._step(tramp, tramp.resume, results)
 
     async def _wait(self, client: Client, futures: list[Future]) -> list[Any]:
         """The results of ``futures``; raises the first error, or ``Released``."""
