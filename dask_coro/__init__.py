@@ -32,6 +32,7 @@ _LAZY = {
     "tree": (".diagnostics.client", "tree"),
     "Tree": (".diagnostics.client", "Tree"),
     "TreePlugin": (".diagnostics.scheduler", "TreePlugin"),
+    "DurablePlugin": (".durability.scheduler", "DurablePlugin"),
     "LifetimesPlugin": (".lifetimes.scheduler", "LifetimesPlugin"),
     "PromisePlugin": (".promise.scheduler", "PromisePlugin"),
     "InlinePlugin": (".runtime.scheduler", "InlinePlugin"),
@@ -55,11 +56,13 @@ async def dask_setup(server: Any) -> None:
     from distributed.protocol.pickle import dumps
 
     from .diagnostics.scheduler import TreePlugin
+    from .durability.scheduler import DurablePlugin
     from .lifetimes.scheduler import LifetimesPlugin
     from .promise.scheduler import PromisePlugin
     from .runtime.scheduler import InlinePlugin
 
-    for plugin in (PromisePlugin(), LifetimesPlugin(), TreePlugin(), InlinePlugin()):
+    plugins = (PromisePlugin(), LifetimesPlugin(), TreePlugin(), DurablePlugin(), InlinePlugin())
+    for plugin in plugins:
         if isinstance(server, Scheduler):
             server.add_plugin(plugin, idempotent=True)
         else:
@@ -73,6 +76,7 @@ __all__ = [
     "CoroutineCancelledError",
     "CoroutineFunction",
     "DaskCoroError",
+    "DurablePlugin",
     "InlinePlugin",
     "LifetimesPlugin",
     "NotInTaskError",

@@ -17,7 +17,29 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--validate",
+        action="store_true",
+        help="run with distributed.scheduler.validate and distributed.worker.validate "
+        "on (distributed checks its state machines after every transition), in this "
+        "process and in every worker process the tests start",
+    )
+
+
+    parser.addoption(
+        "--chaos-runs",
+        type=int,
+        default=1,
+        help="rounds of the chaos workloads (tests marked chaos) under random worker kills",
+    )
+
+
 def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "chaos: workers SIGKILLed at random while workloads run (see --chaos-runs)",
+    )
     config.addinivalue_line(
         "markers",
         "inline: run with coroutine calls run inline (coro.inline.enabled, the "
@@ -39,6 +61,23 @@ def _inline_setting(request, monkeypatch):
 
     original = copy.deepcopy(utils_test.original_config)
     original.setdefault("coro", {}).setdefault("inline", {})["enabled"] = on
+    settings = {"coro.inline.enabled": on}
+    if request.config.getoption("--validate"):
+        for part in ("scheduler", "worker"):
+            monkeypatch.setenv(f"DASK_DISTRIBUTED__{part.upper()}__VALIDATE", "True")
+            original.setdefault("distributed", {}).setdefault(part, {})["validate"] = True
+            settings[f"distributed.{part}.validate"] = True
+        # A Nanny (LocalCluster's worker processes) passes validate=False to
+        # its worker unless told otherwise, whatever the configuration says.
+        from distributed import Nanny
+
+        init = Nanny.__init__
+
+        def validating_init(self, *args, **kwargs):
+            kwargs.setdefault("validate", True)
+            init(self, *args, **kwargs)
+
+        monkeypatch.setattr(Nanny, "__init__", validating_init)
     monkeypatch.setattr(utils_test, "original_config", original)
-    with dask.config.set({"coro.inline.enabled": on}):
+    with dask.config.set(settings):
         yield

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
+import time
 
 import dask
 import pytest
@@ -85,23 +88,37 @@ async def test_children_keys_are_derived_and_prioritised(c, s, a):
     assert seen[child][1] < seen["root2"][1] <= seen["unrelated"][1]
 
 
-@gen_cluster(client=True, nthreads=[("", 1)])
-async def test_results_released_after_resume(c, s, a):
-    @coroutine
-    def loop(n):
-        total = 0
-        for i in range(n):
-            total += yield inc(i)
-        return total
+@coroutine
+def loop_of_yields(n):
+    total = 0
+    for i in range(n):
+        total += yield inc(i)
+    return total
 
+
+@gen_cluster(
+    client=True, nthreads=[("", 1)], config={"coro.durability.hold-children": False}
+)
+async def test_results_released_after_resume(c, s, a):
     r = recorder(s)
-    assert await c.compute(loop(1000)) == sum(range(1, 1001))
+    assert await c.compute(loop_of_yields(1000)) == sum(range(1, 1001))
     # Root plus at most a couple of children alive at any time, not 1,000.
     assert r.max_tasks <= 5, r.max_tasks
     # Released asynchronously after the run: the worker drops them soon after.
     await async_poll_for(
         lambda: not any(str(k).startswith("inc-") for k in a.data), timeout=10
     )
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_results_held_for_the_parent_until_it_ends(c, s, a):
+    """By default (coro.durability.hold-children) every child stays held for
+    its coroutine, so a re-run finds them; all go when the coroutine ends."""
+    r = recorder(s)
+    assert await c.compute(loop_of_yields(200)) == sum(range(1, 201))
+    assert r.max_tasks >= 200
+    await async_poll_for(lambda: not s.tasks, timeout=10)
+    assert not [cid for cid in s.clients if str(cid).startswith("dask-coro-held-")]
 
 
 @gen_cluster(client=True, nthreads=[("", 1)])
@@ -284,3 +301,40 @@ async def test_yield_a_persisted_delayed(c, s, a):
         return (yield persisted) * 2  # from the closure: not an argument
 
     assert await c.compute(uses()) == 12
+
+
+@pytest.mark.timeout(90)
+def test_worker_whose_scheduler_is_killed_closes_at_once(tmp_path):
+    """A preloaded worker that loses its scheduler does not wait out
+    coro.lifetimes.leave-timeout (far above this test's timeout here) asking
+    a scheduler that is gone for its releases."""
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env_before = os.environ.get("DASK_CORO__LIFETIMES__LEAVE_TIMEOUT")
+    os.environ["DASK_CORO__LIFETIMES__LEAVE_TIMEOUT"] = "600s"
+    try:
+        sched = dask_cli("scheduler", "--host", "127.0.0.1", "--port", str(port),
+                         "--dashboard-address", ":0", "--preload", "dask_coro",
+                         log=tmp_path / "s.log")
+        worker = start_worker(address, tmp_path, "--no-nanny", "--preload", "dask_coro")
+    finally:
+        if env_before is None:
+            del os.environ["DASK_CORO__LIFETIMES__LEAVE_TIMEOUT"]
+        else:
+            os.environ["DASK_CORO__LIFETIMES__LEAVE_TIMEOUT"] = env_before
+    try:
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(1, timeout=60)
+            assert client.compute(fib(10)).result(timeout=60) == 55
+            sched.send_signal(signal.SIGKILL)
+            sched.wait(timeout=30)
+            start = time.monotonic()
+            worker.wait(timeout=60)
+            took = time.monotonic() - start
+        assert took < 15, took  # without the fix: the 30 s connect timeout
+        assert "could not ask for releases" not in (tmp_path / "w0.log").read_text()
+    finally:
+        for p in (worker, sched):
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)

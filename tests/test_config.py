@@ -22,6 +22,7 @@ EXPECTED = {
     "coro.client-batch-interval": "2ms",
     "coro.inline.enabled": True,
     "coro.inline.poll-interval": "20ms",
+    "coro.durability.hold-children": True,
     "coro.lifetimes.retry-delay": "500ms",
     "coro.lifetimes.close-timeout": "10s",
     "coro.lifetimes.leave-timeout": "10s",
@@ -105,7 +106,7 @@ def test_every_key_described_in_the_schema_and_vice_versa():
     # Each object level is described too.
     top = load(_config.SCHEMA_FILE)["properties"]["coro"]
     assert top["description"]
-    for name in ("inline", "lifetimes", "tree"):
+    for name in ("inline", "lifetimes", "tree", "durability"):
         assert top["properties"][name]["description"], name
 
 

@@ -224,9 +224,18 @@ async def test_root_forgotten_takes_its_tree(c, s, a, b):
 @gen_cluster(client=True, nthreads=[("", 1)])
 async def test_tree_can_be_turned_off(c, s, a):
     with dask.config.set({"coro.tree.enabled": False}):
-        assert await c.compute(fib(4)) == 3
-    assert NAME not in s.plugins  # nothing installed, nothing annotated
-    assert all("dask_coro_parent" not in (ts.annotations or {}) for ts in s.tasks.values())
+        f = c.compute(fib(4))
+        assert await f == 3
+    assert NAME not in s.plugins  # nothing installed
+    del f
+    await async_poll_for(lambda: not s.tasks, timeout=10)
+    # The parent annotation also serves durability (children held for their
+    # parent); with that off too, nothing is annotated.
+    with dask.config.set({"coro.tree.enabled": False, "coro.durability.hold-children": False}):
+        f = c.compute(fib(4))
+        assert await f == 3
+        assert all("dask_coro_parent" not in (ts.annotations or {}) for ts in s.tasks.values())
+    assert NAME not in s.plugins
 
 
 @gen_cluster(client=True, nthreads=[("", 1)])

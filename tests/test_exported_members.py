@@ -43,6 +43,7 @@ def test_all_exact():
         "CoroutineCall",
         "CoroutineFunction",
         "DaskCoroError",
+        "DurablePlugin",
         "InlinePlugin",
         "LifetimesPlugin",
         "NotInTaskError",

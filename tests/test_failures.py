@@ -711,8 +711,11 @@ async def test_worker_holding_waiting_parent_dies(c, s, a, b, tmp_path, how):
     if how == "graceful":
         await closing
     assert await fut.result(timeout=60) == sum(i * i for i in range(n))
-    if how == "sigkill":  # an unexpected death of the worker it was running on
-        assert s.tasks["root"].suspicious >= 1
+    if how == "sigkill":
+        # An unexpected death of the worker it was running on, but the root was
+        # waiting on its children: not counted toward allowed-failures
+        # (dask_coro/durability/scheduler.py).
+        assert s.tasks["root"].suspicious <= 0
     # The root ran its body again from the start.
     assert _lines(tmp_path, "starts").count(f"0-{n}") >= 2
 

@@ -304,3 +304,63 @@ async def test_alias_task_points_a_parked_task_at_a_target(c, s, a):
     assert isinstance(s.tasks["alias"].run_spec, dp.Alias)
     # A finished task cannot be re-pointed.
     assert "cannot re-point" in pv.alias_task(s, s.tasks["alias"], s.tasks["target"], "t2")
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_remove_worker_counts_suspicion_that_adjust_suspicion_changes(c, s, a):
+    from distributed import Worker
+
+    async with Worker(s.address, nthreads=1, resources={"R": 1}) as b:
+        ev_key = "blocker"
+        from distributed import Event
+
+        fut = c.submit(lambda: Event(ev_key).wait(), key="victim", resources={"R": 1})
+        while not (fut.key in s.tasks and s.tasks[fut.key].state == "processing"):
+            await asyncio.sleep(0.01)
+        ts = s.tasks[fut.key]
+        assert ts.suspicious == 0
+        await s.remove_worker(b.address, stimulus_id="test")
+        assert ts.suspicious == 1 and ts.prefix.suspicious == 1
+        pv.adjust_suspicion(ts, -1, prefix=-1)
+        assert ts.suspicious == 0 and ts.prefix.suspicious == 0
+        pv.adjust_suspicion(ts, -1, prefix=-1)  # a credit: below zero; the prefix not
+        assert ts.suspicious == -1 and ts.prefix.suspicious == 0
+        pv.adjust_suspicion(ts, 1)
+        await Event(ev_key, client=c).set()
+        await c.cancel(fut)
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_a_scheduler_side_client_holds_keys_and_is_dropped(c, s, a):
+    fut = c.submit(lambda: 5, key="held")
+    await fut
+    s.client_desires_keys(keys=["held"], client="holder-x")
+    del fut
+    await asyncio.sleep(0.2)
+    assert s.tasks["held"].state == "memory"  # still wanted by the holder
+    pv.drop_client_state(s, "holder-x")
+    assert "holder-x" in s.clients  # it still holds a key
+    s.client_releases_keys(keys=["held"], client="holder-x", stimulus_id="test")
+    pv.drop_client_state(s, "holder-x")
+    assert "holder-x" not in s.clients
+    while "held" in s.tasks:
+        await asyncio.sleep(0.01)
+
+
+def _validates(dask_worker):
+    return dask_worker.state.validate
+
+
+def test_the_validate_option_reaches_worker_processes(pytestconfig):
+    """`pytest --validate` (run by .ci/run) turns distributed's state-machine
+    checks on in every worker process the tests start; without it they are
+    off there, as in a deployment (gen_cluster's in-process schedulers and
+    workers validate either way)."""
+    from distributed import Client, LocalCluster
+
+    on = pytestconfig.getoption("--validate")
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as lc, Client(lc) as client:
+        assert set(client.run(_validates).values()) == {on}
+        assert lc.scheduler.validate is on

@@ -272,3 +272,21 @@ def test_host_emptied_takes_owed_sent_and_host_bound_held():
     assert led.host_emptied(A.host) == []
     led.forget("k5")
     assert led.assign(WORKERS) == {B.worker: ["elsewhere"]}
+
+
+def test_shared_memory_goes_when_its_data_does_other_resources_when_forgotten():
+    shared = Origin("10.0.0.1", "tcp://10.0.0.1:1", host_bound=True)
+    led = Ledger()
+    led.tie("seg", "k", shared)
+    led.tie("seg", "other", shared)
+    led.tie("file", "k", A)
+    led.data_gone("k")  # k released or erred: no worker holds its result
+    assert not led.owed  # "other" still holds the segment
+    assert led.holders("seg") == {"other"} and led.holders("file") == {"k"}
+    led.data_gone("other")
+    assert led.owed == {"seg"}
+    led.data_gone("k")  # again: nothing more
+    assert led.owed == {"seg"}
+    led.forget("k")
+    assert led.owed == {"seg", "file"}
+    led.data_gone("unknown")

@@ -42,7 +42,7 @@ def test_preloaded_scheduler_has_the_plugins_before_first_use(tmp_path):
     preload = ("--preload", "dask_coro")
     with cli_cluster(tmp_path, 2, scheduler_args=preload, worker_args=preload) as client:
         plugins = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.plugins))
-        assert {"dask-coro-lifetimes", "dask-coro-promises", "dask-coro-tree", "dask-coro-inline"} <= set(plugins)
+        assert {"dask-coro-lifetimes", "dask-coro-promises", "dask-coro-tree", "dask-coro-durable", "dask-coro-inline"} <= set(plugins)
         # the scheduler plugin put its worker plugin on every worker
         wait_until(
             lambda: all(
@@ -169,7 +169,7 @@ def test_worker_preload_installs_the_scheduler_plugins(tmp_path):
     # A scheduler started without the preload; its worker has it.
     with cli_cluster(tmp_path, 1, worker_args=("--preload", "dask_coro")) as client:
         plugins = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.plugins))
-        assert {"dask-coro-lifetimes", "dask-coro-promises", "dask-coro-tree", "dask-coro-inline"} <= set(plugins)
+        assert {"dask-coro-lifetimes", "dask-coro-promises", "dask-coro-tree", "dask-coro-durable", "dask-coro-inline"} <= set(plugins)
         # and installing them again from a client is harmless
         client.register_plugin(dask_coro.LifetimesPlugin())
         client.register_plugin(dask_coro.TreePlugin())

@@ -244,11 +244,40 @@ def test_error_in_a_consumer(client, tmp_path):
     assert _lines(folder, "read") == [str(EXPECTED)] * 2
     names = _lines(folder, "segments")
     assert len(names) == 2
-    assert existing(names) == set(names)  # the erred root is still held
+    made_by_p = p.result(timeout=60).segment_name
+    # The erred root holds no result, so its segment is gone although the
+    # root's key is still known (our future holds it); p's stays: p is held.
+    (made_by_root,) = set(names) - {made_by_p}
+    assert_unlinked([made_by_root])
+    assert existing(names) == {made_by_p}
     # The errors' tracebacks hold the futures (Future.result's frame): release
     # them explicitly rather than wait for the garbage collector.
     for f in (p, bad, root):
         f.release()
+    assert_released(client, names)
+
+
+def test_segment_goes_when_its_key_is_released_though_an_erred_dependent_lives(
+    client, tmp_path
+):
+    """The user catches a consumer's error and keeps going, keeping the
+    erred future (and with it the key of the array it read); the array's
+    result is released: its segment is gone within seconds, not at the end."""
+    folder = str(tmp_path)
+    p = client.submit(make, folder, pure=False)
+    bad = client.submit(fails_reading, p, folder)
+    try:
+        bad.result(timeout=60)
+    except ValueError as e:
+        caught = e  # kept, with its traceback
+    names = _lines(folder, "segments")
+    assert len(names) == 1 and existing(names) == set(names)
+    key = p.key
+    del p  # the array is wanted no more; the erred consumer still knows it
+    assert_unlinked(names)
+    assert key in client.run_on_scheduler(_tasks)  # released, not forgotten
+    assert isinstance(caught, ValueError)
+    bad.release()
     assert_released(client, names)
 
 

@@ -288,3 +288,32 @@ def alias_task(s: Any, ts: Any, target: Any, stimulus_id: str) -> str | None:
             recs[target.key] = "waiting"
     s.transitions(recs, stimulus_id)
     return None
+
+
+def adjust_suspicion(ts: Any, by: int, prefix: int = 0) -> None:
+    """Change the count ``Scheduler.remove_worker`` keeps of how many lost
+    workers a task was processing on (``TaskState.suspicious``, checked
+    against ``allowed-failures`` right after it adds one; it may go below
+    zero, as a credit) and its prefix's (``TaskPrefix.suspicious``, kept
+    at zero or more)."""
+    ts.suspicious += by
+    if prefix:
+        ts.prefix.suspicious = max(0, ts.prefix.suspicious + prefix)
+
+
+def drop_client_state(scheduler: Any, client: str) -> None:
+    """Forget a scheduler-side client that holds no key any more
+    (``Scheduler.client_desires_keys`` made its ``ClientState`` on first use,
+    as for ``Variable`` and ``Queue``; nothing removes it)."""
+    cs = scheduler.clients.get(client)
+    if cs is not None and not cs.wants_what:
+        del scheduler.clients[client]
+
+
+def scheduler_stream_open(worker: Any) -> bool:
+    """Whether the worker's stream to its scheduler is up
+    (``Worker.batched_stream``, whose comm closes when the scheduler goes;
+    ``Worker.handle_scheduler`` then closes the worker)."""
+    stream = getattr(worker, "batched_stream", None)
+    comm = getattr(stream, "comm", None)
+    return comm is not None and not comm.closed()

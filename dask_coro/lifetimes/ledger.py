@@ -2,7 +2,9 @@
 releases are owed to which worker. Pure: events in, releases out.
 
 A resource id is held by a set of keys. When the last of them is forgotten the
-id's release is *owed*. ``assign`` hands owed releases to live workers: the one
+id's release is *owed*; a host-bound id (shared memory: its content is the
+key's result) already when no worker holds the result any more (the key is
+released or erred). ``assign`` hands owed releases to live workers: the one
 that first tied the id if it is alive, else another worker on the same host
 (resources such as shared memory belong to a host), else the release waits for
 a worker on that host to join. A release handed out is *sent* until the worker
@@ -35,6 +37,9 @@ class Origin:
     host: str
     worker: str
     host_bound: bool = False
+
+
+_UNBOUND = Origin("", "")
 
 
 class Ledger:
@@ -70,6 +75,24 @@ class Ledger:
             if not holders:
                 del self._holders[rid]
                 self._owed.add(rid)
+
+    def data_gone(self, key: Key) -> None:
+        """``key``'s result is held by no worker any more (released, or
+        erred): the host-bound ids it ties (shared memory, whose content is
+        that result) are no longer held by it; the others wait for
+        ``forget``. A recompute of the key makes new ones."""
+        ids = self._ids.get(key)
+        if not ids:
+            return
+        for rid in [r for r in ids if self._origin.get(r, _UNBOUND).host_bound]:
+            ids.discard(rid)
+            holders = self._holders[rid]
+            holders.discard(key)
+            if not holders:
+                del self._holders[rid]
+                self._owed.add(rid)
+        if not ids:
+            del self._ids[key]
 
     def forget_all(self) -> None:
         """Every key was forgotten at once (``Scheduler.restart``)."""

@@ -138,6 +138,32 @@ def release_abandoned(timeout: float = 5.0) -> list[str]:
     return released
 
 
+def release_cluster(token: str, timeout: float = 1.0) -> list[str]:
+    """Run the releases recorded on this host for the cluster ``token`` if
+    its scheduler is gone (as ``release_abandoned`` tells); the ids run."""
+    folder = registry_dir(token)
+    try:
+        names = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return []
+    records = [os.path.join(folder, n) for n in names if not n.endswith(".tmp")]
+    if not records:
+        return []
+    try:
+        with open(records[0], "rb") as f:
+            address = f.readline(1000).decode(errors="replace").strip()
+    except FileNotFoundError:
+        return []
+    if "://" not in address or not _is_gone(address, token, timeout):
+        return []
+    released = []
+    for path in records:
+        rid = run_record(path, None, "this host")
+        if rid is not None:
+            released.append(rid)
+    return released
+
+
 def _is_gone(address: str, token: str, timeout: float) -> bool:
     try:
         host, port = get_address_host_port(address)

@@ -166,6 +166,13 @@ class LifetimesPlugin(SchedulerPlugin):
         if finish == "forgotten" and self.ledger.ties(key):
             self.ledger.forget(key)
             self._dispatch_soon()
+        elif finish in ("released", "erred") and self.ledger.ties(key):
+            # The result left the cluster: shared memory holding it goes now,
+            # though the key may stay known for long (an erred dependent's
+            # future, kept alive by its own traceback, keeps it).
+            self.ledger.data_gone(key)
+            if self.ledger.owed:
+                self._dispatch_soon()
 
     def restart(self, scheduler: Any) -> None:
         # Scheduler.restart clears task state without "forgotten" transitions.

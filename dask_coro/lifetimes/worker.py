@@ -20,7 +20,14 @@ from distributed.utils import offload
 
 from .._config import get_timedelta
 from .._internals import distributed_private as private
-from .registry import file_name, registry_dir, remove_record, run_record, write_record
+from .registry import (
+    file_name,
+    registry_dir,
+    release_cluster,
+    remove_record,
+    run_record,
+    write_record,
+)
 
 logger = logging.getLogger("dask_coro")
 
@@ -49,10 +56,19 @@ class LifetimesWorkerPlugin(WorkerPlugin):
         # replacing plugin's setup takes the handler over).
         if not private.worker_is_closing(worker):
             return  # replaced by a new registration, not closing
-        # Worker.close tears plugins down while the scheduler still reaches
-        # us: if we are the last worker of this host, run its releases now.
         # Read outside the try: a bad setting is an error, not a slow scheduler.
         timeout = get_timedelta("coro.lifetimes.leave-timeout")
+        if not private.scheduler_stream_open(worker):
+            # The scheduler is gone (its stream broke, which is why we close):
+            # nobody will name our releases. If nothing listens at its address
+            # any more, run what this host's registry owes for it, and go.
+            if self.token is not None:
+                rids = await offload(release_cluster, self.token)
+                if rids:
+                    logger.info("scheduler of %s gone: ran %d releases", worker.address, len(rids))
+            return
+        # Worker.close tears plugins down while the scheduler still reaches
+        # us: if we are the last worker of this host, run its releases now.
         try:
             rids = await asyncio.wait_for(
                 worker.scheduler.dask_coro_lifetimes_leaving(worker=worker.address),

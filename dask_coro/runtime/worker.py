@@ -49,6 +49,7 @@ from ..core.engine import Done, Frame, Idle, Outcome, Raised, Returned, Stopped,
 from ..core.plan import plan_yield
 from ..core.scope import Scope
 from ..diagnostics.scheduler import ANNOTATION, TreePlugin
+from ..durability.scheduler import DurablePlugin
 from ..lifetimes.tie import hold_segments
 from .call import trampoline
 from .lanes import Lanes
@@ -97,6 +98,7 @@ class _KeyWatcher(WorkerPlugin):
         self.runs: dict[Key, _Run] = {}
         self.client: Client | None = None
         self.tree: asyncio.Future[None] | None = None  # TreePlugin installed
+        self.durable: asyncio.Future[None] | None = None  # DurablePlugin installed
         # Inline runs: the scheduler's count of idle threads, polled while any
         # run on this worker runs calls inline; trampolines read it.
         self.idle = Idle()
@@ -230,22 +232,30 @@ class _Run:
 
     async def _child_annotations(self) -> dict[str, Any]:
         """Annotations for our children: our key, which the scheduler's
-        TreePlugin (installed once per worker) records as their parent, unless
-        ``coro.tree.enabled`` is off. (Their span is ours already: we run in
+        TreePlugin records as their parent (unless ``coro.tree.enabled`` is
+        off) and DurablePlugin holds them for (unless
+        ``coro.durability.hold-children`` is off); each installed once per
+        worker. (Their span is ours already: we run in
         the context Worker.execute annotates with our task's span, so the whole
         tree lives in the span its root was computed in.)"""
-        out: dict[str, Any] = {}
-        if not _config.get("coro.tree.enabled"):
-            return out
         watcher = self.watcher
-        if watcher.tree is None:
-            watcher.tree = asyncio.ensure_future(_install(self.worker, TreePlugin()))
-        try:
-            await asyncio.shield(watcher.tree)
-        except Exception:
-            return out  # logged once, by _install
-        out[ANNOTATION] = self.key
-        return out
+        wanted = []
+        if _config.get("coro.tree.enabled"):
+            if watcher.tree is None:
+                watcher.tree = asyncio.ensure_future(_install(self.worker, TreePlugin()))
+            wanted.append(watcher.tree)
+        if _config.get("coro.durability.hold-children"):
+            if watcher.durable is None:
+                watcher.durable = asyncio.ensure_future(_install(self.worker, DurablePlugin()))
+            wanted.append(watcher.durable)
+        installed = False
+        for fut in wanted:
+            try:
+                await asyncio.shield(fut)
+            except Exception:
+                continue  # logged once, by _install
+            installed = True
+        return {ANNOTATION: self.key} if installed else {}
 
     # -- the run -------------------------------------------------------------
 
@@ -435,6 +445,7 @@ async def _install(worker: Worker, plugin: Any) -> None:
     except Exception as e:
         what = {
             TreePlugin.name: "progress and tree will show nothing of its coroutines",
+            DurablePlugin.name: "children of its coroutines die with it",
             InlinePlugin.name: "it will run coroutine calls inline and hand none out",
         }[plugin.name]
         logger.warning(

@@ -1,0 +1,105 @@
+"""Which children the scheduler holds for which coroutine (pure: no dask,
+no distributed).
+
+A coroutine's children are submitted by its worker's client, which releases
+each result once the coroutine has resumed, and which dies with the worker.
+The book keeps, per parent key, the children that finished, held on its
+behalf, so that a parent re-run elsewhere finds them (their keys derive from
+the parent's key, the yield and the position), until the parent ends. A
+child that has not finished is not held: the parent may give up on it (a
+sibling failed) and it is then cancelled, as any unwanted task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for the type checker only: this module does not import dask
+    from dask.typing import Key
+
+#: Task states in which a child still has work to do.
+UNFINISHED = frozenset({"released", "waiting", "queued", "no-worker", "processing"})
+
+
+class HoldBook:
+    """parent -> finished children held for it; child -> its parent (every
+    child, finished or not); per parent, how many of its children have work
+    left (``open``): while any has, the parent is waiting on them."""
+
+    def __init__(self) -> None:
+        self.held: dict[Key, set[Key]] = {}
+        self.parent_of: dict[Key, Key] = {}
+        self.open: dict[Key, int] = {}
+        # per parent, children forgotten before they finished (their
+        # submitter's client went, with its worker): still waited for, until
+        # the parent submits again
+        self.orphans: dict[Key, int] = {}
+
+    def adopt(self, parent: Key, children: Iterable[Key], state: Callable[[Key], str | None]) -> None:
+        """``parent`` submitted ``children`` (``state(key)``: their task state now)."""
+        n = 0
+        for k in children:
+            if k == parent or k in self.parent_of:
+                continue
+            self.parent_of[k] = parent
+            n += state(k) in UNFINISHED
+        self.held.setdefault(parent, set())
+        n -= self.orphans.pop(parent, 0)
+        if n:
+            self.open[parent] = max(0, self.open.get(parent, 0) + n)
+
+    def is_parent(self, key: Key) -> bool:
+        return key in self.held
+
+    def finished(self, child: Key) -> Key | None:
+        """``child`` is in memory: the parent to hold it for, the first time."""
+        parent = self.parent_of.get(child)
+        if parent is None:
+            return None
+        held = self.held.setdefault(parent, set())
+        if child in held:
+            return None
+        held.add(child)
+        return parent
+
+    def moved(self, child: Key, start: str, finish: str) -> Key | None:
+        """A child moved from ``start`` to ``finish``: its parent, if that
+        changed whether the parent has children with work left."""
+        parent = self.parent_of.get(child)
+        if parent is None:
+            return None
+        was, now = start in UNFINISHED, finish in UNFINISHED
+        if was and finish == "forgotten":
+            self.orphans[parent] = self.orphans.get(parent, 0) + 1
+            return None  # still waited for
+        if was == now:
+            return None
+        before = self.open.get(parent, 0)
+        after = max(0, before + (1 if now else -1))
+        self.open[parent] = after
+        return parent if (before == 0) != (after == 0) else None
+
+    def waiting(self, parent: Key) -> bool:
+        """Whether ``parent`` has a child with work left: a parent lost with
+        its worker then was waiting, not running code of its own."""
+        return self.open.get(parent, 0) > 0
+
+    def end(self, parent: Key) -> list[Key]:
+        """``parent`` ended (finished, failed or forgotten): the children
+        held for it, to let go of. A child that is a parent keeps its own."""
+        held = self.held.pop(parent, set())
+        self.open.pop(parent, None)
+        self.orphans.pop(parent, None)
+        for k, p in list(self.parent_of.items()):
+            if p == parent:
+                del self.parent_of[k]
+        return list(held)
+
+    def forget(self, child: Key) -> None:
+        """``child`` is gone from the scheduler (forgotten)."""
+        parent = self.parent_of.pop(child, None)
+        if parent is not None:
+            held = self.held.get(parent)
+            if held is not None:
+                held.discard(child)

@@ -1,0 +1,169 @@
+"""A coroutine survives the loss of its worker: its children are held on the
+scheduler for its key, so a re-run parent finds the finished ones and does
+not compute them again; a parent lost while waiting is not suspected of
+killing its worker.
+
+Worker processes are Nannies killed with SIGKILL; children record each run in
+a file, with the address of the worker that ran it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from collections import Counter
+
+import pytest
+from distributed import Future, Nanny, Worker, get_client, get_worker
+from distributed.utils_test import async_poll_for
+from filelog import append as _append
+from filelog import lines as _lines
+from helpers import cluster
+
+from dask_coro import coroutine
+from dask_coro.durability.book import HoldBook
+from dask_coro.durability.scheduler import NAME
+
+# --------------------------------------------------------------------------
+# the pure book
+
+
+def test_book_holds_finished_children_once_and_lets_go_when_the_parent_ends():
+    b = HoldBook()
+    states = {"a": "released", "b": "released", "c": "memory"}
+    b.adopt("p", ["a", "b"], states.get)
+    b.adopt("p", ["b", "c", "p"], states.get)  # a parent is never its own child
+    b.adopt("a", ["a1"], lambda k: "released")  # a child with children of its own
+    assert b.waiting("p") and b.parent_of == {"a": "p", "b": "p", "c": "p", "a1": "a"}
+    assert b.finished("c") == "p" and b.finished("c") is None  # held once
+    assert b.moved("a", "released", "waiting") is None  # still work left
+    assert b.moved("a", "processing", "memory") is None  # b is left
+    assert b.finished("a") == "p"
+    assert b.moved("b", "processing", "memory") == "p"  # p waits no more
+    assert not b.waiting("p")
+    assert b.moved("b", "memory", "released") == "p"  # lost: p waits again
+    assert b.waiting("p")
+    assert b.moved("x", "released", "memory") is None and b.finished("x") is None
+    # A child forgotten before it finished is still waited for...
+    assert b.moved("b", "released", "forgotten") is None and b.waiting("p")
+    b.forget("b")
+    # ... until the parent submits again (a re-run resubmits it).
+    b.adopt("p", ["b"], lambda k: "released")
+    assert b.open["p"] == 1
+    b.forget("c")
+    assert sorted(b.end("p")) == ["a"]  # b never finished: not held
+    assert b.end("p") == []
+    assert b.end("a") == []
+    assert not b.held and not b.parent_of and not b.open and not b.orphans
+
+
+# --------------------------------------------------------------------------
+# on a cluster
+
+
+@coroutine(inline=False)
+def child(i, folder):
+    _append(folder, "runs", f"{i} {get_worker().address}")
+    return i * i
+
+
+@coroutine
+def parent(n, batches, gate_after, gate_key, folder):
+    _append(folder, "starts", get_worker().address)
+    total = 0
+    for b in range(batches):
+        values = yield [child(b * n + j, folder) for j in range(n)]
+        total += sum(values)
+        if b == gate_after:
+            # Waits on a task nothing can run yet (it needs a resource no
+            # worker has): the parent is suspended, its worker can be killed.
+            total += yield Future(gate_key, get_client())
+    return total
+
+
+def _expected(n, batches):
+    return sum(i * i for i in range(n * batches))
+
+
+@pytest.mark.parametrize("gate_after", [0, 2])
+@cluster(nthreads=[("", 1)] * 3, Worker=Nanny, timeout=120)
+async def test_re_run_parent_finds_its_finished_children(c, s, a, b, w3, tmp_path, gate_after):
+    folder = str(tmp_path)
+    n, batches = 6, 3
+    gate = c.submit(lambda: 0, key=f"gate-{uuid.uuid4().hex}", resources={"GATE": 1})
+    fut = c.compute(parent(n, batches, gate_after, gate.key, folder, dask_key_name="parent"))
+    waited = n * (gate_after + 1)
+    await async_poll_for(lambda: len(_lines(folder, "runs")) >= waited, timeout=60)
+    await async_poll_for(
+        lambda: "parent" in s.tasks and s.tasks["parent"].processing_on is not None
+        and s.tasks["parent"] in s.tasks["parent"].processing_on.long_running,
+        timeout=60,
+    )
+    address = s.tasks["parent"].processing_on.address
+    (victim,) = [nanny for nanny in (a, b, w3) if nanny.worker_address == address]
+    os.kill(victim.process.process.pid, signal.SIGKILL)
+    await async_poll_for(lambda: address not in s.workers, timeout=30)
+    # The parent re-runs elsewhere and waits on the gate again, with the
+    # children of the earlier yields found in memory.
+    await async_poll_for(lambda: len(_lines(folder, "starts")) >= 2, timeout=60)
+    async with Worker(s.address, nthreads=1, resources={"GATE": 1}):
+        assert await fut == _expected(n, batches)
+
+    runs = [line.split(" ", 1) for line in _lines(folder, "runs")]
+    count = Counter(i for i, _ in runs)
+    first_on = {}
+    for i, where in runs:
+        first_on.setdefault(i, where)
+    assert set(count) == {str(i) for i in range(n * batches)}
+    for i, k in count.items():
+        if first_on[i] != address:
+            # Finished on a worker that survived: never computed again.
+            assert k == 1, (i, k, runs)
+        else:
+            assert k <= 2, (i, k)  # its result died with the worker
+    # Nothing is held once the parent ended.
+    del fut, gate
+    await async_poll_for(lambda: not s.tasks, timeout=30)
+    assert not [cid for cid in s.clients if str(cid).startswith("dask-coro-held-")]
+    assert not s.plugins[NAME].book.held
+
+
+@cluster(
+    nthreads=[("", 1)] * 2, Worker=Nanny, timeout=120,
+    config={"distributed.scheduler.allowed-failures": 0},
+)
+async def test_a_parent_lost_while_waiting_is_not_suspected(c, s, a, b, tmp_path):
+    """With allowed-failures 0 one lost worker fails any task that was
+    processing there (KilledWorker); a coroutine that was only waiting on
+    its children is not counted."""
+    folder = str(tmp_path)
+    gate = c.submit(lambda: 0, key=f"gate-{uuid.uuid4().hex}", resources={"GATE": 1})
+    fut = c.compute(parent(2, 1, 0, gate.key, folder, dask_key_name="parent"))
+    await async_poll_for(
+        lambda: "parent" in s.tasks and s.tasks["parent"].processing_on is not None
+        and s.tasks["parent"] in s.tasks["parent"].processing_on.long_running,
+        timeout=60,
+    )
+    address = s.tasks["parent"].processing_on.address
+    (victim,) = [nanny for nanny in (a, b) if nanny.worker_address == address]
+    os.kill(victim.process.process.pid, signal.SIGKILL)
+    await async_poll_for(lambda: address not in s.workers, timeout=30)
+    await async_poll_for(lambda: len(_lines(folder, "starts")) >= 2, timeout=60)
+    assert s.plugins[NAME].forgiven >= 1
+    assert s.tasks["parent"].suspicious <= 0  # credited again while it waits
+    async with Worker(s.address, nthreads=1, resources={"GATE": 1}):
+        assert await fut == _expected(2, 1)
+
+
+@cluster(nthreads=[("", 1)], config={"coro.durability.hold-children": False})
+async def test_hold_children_off_releases_results_after_resume(c, s, a, tmp_path):
+    @coroutine
+    def loop(n):
+        total = 0
+        for i in range(n):
+            total += yield child(i, str(tmp_path))
+        return total
+
+    assert await c.compute(loop(20)) == sum(i * i for i in range(20))
+    assert NAME not in s.plugins

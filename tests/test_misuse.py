@@ -1,0 +1,222 @@
+"""The catalogue of misuses: each wrong use of the package gives a clear error
+naming the problem, never a hang or a silent wrong result. README.md's table
+"What a misuse gives you" lists the same cases; a test checks that it shows
+each one's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import dask
+import pytest
+from distributed import get_worker
+from helpers import cluster
+
+import dask_coro
+from dask_coro import (
+    BadYieldError,
+    DaskCoroError,
+    NotInTaskError,
+    Promise,
+    PromiseError,
+    coroutine,
+    current_key,
+    gather,
+    result,
+    shm,
+    tie,
+)
+
+README = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+
+
+@dataclass
+class Case:
+    name: str
+    run: Callable[[], object]
+    error: type[BaseException]
+    message: str  # a fragment of the message, as README shows it
+
+
+@coroutine
+def one():
+    return 1
+
+
+def _body(value):
+    @coroutine
+    def body():
+        return (yield value)
+
+    return body
+
+
+@coroutine
+def yields_uncalled():
+    return (yield one)
+
+
+@coroutine
+def nests_gather():
+    return (yield [gather(one())])
+
+
+@coroutine
+async def awaits_asyncio():
+    return await asyncio.sleep(0)
+
+
+async def _plain_async():
+    return 1
+
+
+@coroutine
+def yields_a_coroutine_object():
+    return (yield _plain_async())
+
+
+def _loop_future():
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.create_future()
+    finally:
+        loop.close()
+
+
+def _unpack():
+    a, b = one()  # noqa: RUF059 - the unpacking is what raises
+
+
+def _bad_setting():
+    with dask.config.set({"coro.inline.poll-interval": "soon"}):
+        dask_coro._config.get_timedelta("coro.inline.poll-interval")
+
+
+def _result_on_loop():
+    async def main():
+        result(one())
+
+    asyncio.run(main())
+
+
+LOCAL = [
+    Case("yield a set", lambda: _body({1, 2})().compute(scheduler="sync"), BadYieldError,
+         "a set has no order to give results back in"),
+    Case("yield an iterator", lambda: _body(iter([1]))().compute(scheduler="sync"),
+         BadYieldError, "an iterator is consumed once; yield a list of its items instead"),
+    Case("yield an uncalled coroutine function", lambda: yields_uncalled().compute(scheduler="sync"),
+         BadYieldError, "a coroutine function must be called: yield f(x), not f"),
+    Case("nest gather() inside a yield", lambda: nests_gather().compute(scheduler="sync"),
+         BadYieldError, "gather() is awaited, not nested"),
+    Case("await an asyncio awaitable in an async coroutine",
+         lambda: awaits_asyncio().compute(scheduler="sync"), BadYieldError,
+         "which only an asyncio event loop can wait for"),
+    Case("yield a plain coroutine object", lambda: yields_a_coroutine_object().compute(scheduler="sync"),
+         BadYieldError, "did you call a generator or async function without @dask_coro.coroutine?"),
+    Case("yield an asyncio future", lambda: _body(_loop_future())().compute(scheduler="sync"),
+         BadYieldError, "only distributed.Future objects can be yielded"),
+    Case("result() of a set", lambda: result({1, 2}), BadYieldError, "coroutine 'result' yielded {1, 2}"),
+    Case("result() on a running event loop", _result_on_loop, DaskCoroError,
+         "was called on a running event loop"),
+    Case("@coroutine on something not callable", lambda: coroutine(3), TypeError,
+         "@coroutine expects a function, got 3"),
+    Case("@coroutine(inline=...) not a bool", lambda: coroutine(inline="yes")(lambda: 1), TypeError,
+         "@coroutine(inline=...) expects True or False"),
+    Case("unpack a call of unknown length", _unpack, TypeError,
+         "Delayed objects of unspecified length are not iterable"),
+    Case("current_key() outside a task", current_key, NotInTaskError,
+         "current_key() was called outside of a task"),
+    Case("tie() outside a task", lambda: tie("rid", print), NotInTaskError,
+         "tie() ties a resource to a key of a distributed cluster"),
+    Case("Promise() without a cluster", Promise, PromiseError,
+         "a Promise is a node on a distributed scheduler"),
+    Case("a setting that is not a time", _bad_setting, ValueError,
+         "coro.inline.poll-interval: 'soon' is not a time interval"),
+    Case("shm array of Python objects", lambda: shm.empty(10, dtype=object), TypeError,
+         "holds Python objects, which cannot live in shared memory"),
+    Case("shm array of a negative shape", lambda: shm.empty(-1), ValueError,
+         "shape must be non-negative integers"),
+]
+
+
+@pytest.mark.inline
+@pytest.mark.parametrize("case", LOCAL, ids=[c.name for c in LOCAL])
+def test_local_misuse(case):
+    with pytest.raises(case.error) as info:
+        case.run()
+    assert case.message in str(info.value)
+
+
+# -- on a cluster ----------------------------------------------------------------
+
+
+@coroutine
+def resolves_with_itself():
+    p = Promise()
+    p.resolve_with(p)
+
+
+@coroutine
+def forgets_its_promise():
+    return [Promise()]
+
+
+def _tie_to_forgotten(key):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        tie("dask-coro-test-rid", lambda rid: None, key=key)
+    return [str(w.message) for w in seen]
+
+
+def _sync_compute_in_async_task():
+    async def inner():
+        return one().compute(scheduler="sync")
+
+    return inner
+
+
+async def _async_sync_compute():
+    return one().compute(scheduler="sync")
+
+
+CLUSTER_MESSAGES = {
+    "resolve a promise with itself": "cannot be resolved with itself",
+    "a promise its creator never resolved": "never resolved: the task",
+    "resolve a promise that has its value": "already has a final value; it cannot be resolved again",
+    "tie to a key already forgotten": "which the scheduler has already forgotten; it is released now",
+    "a coroutine computed synchronously inside an async task": "was called on a worker's event loop",
+}
+
+
+@pytest.mark.inline
+@cluster(nthreads=[("", 1)])
+async def test_cluster_misuses(c, s, a):
+    msgs = CLUSTER_MESSAGES
+    with pytest.raises(PromiseError, match=msgs["resolve a promise with itself"]):
+        await c.compute(resolves_with_itself())
+    (p,) = await c.compute(forgets_its_promise())
+    with pytest.raises(PromiseError, match=msgs["a promise its creator never resolved"]):
+        await c.compute(p)
+    own = await asyncio.to_thread(Promise)
+    await asyncio.to_thread(own.resolve_with, 1)
+    assert await c.compute(own) == 1
+    with pytest.raises(PromiseError, match=msgs["resolve a promise that has its value"]):
+        await asyncio.to_thread(own.resolve_with, 2)
+    warned = await c.submit(_tie_to_forgotten, "no-such-key")
+    assert any(msgs["tie to a key already forgotten"] in w for w in warned), warned
+    with pytest.raises(DaskCoroError, match=msgs["a coroutine computed synchronously inside an async task"]):
+        await c.submit(_async_sync_compute)
+    assert get_worker  # the worker functions above run on the cluster
+
+
+def test_readme_lists_every_misuse_with_its_message():
+    for case in LOCAL:
+        assert case.message in README, case.name
+    for name, message in CLUSTER_MESSAGES.items():
+        assert message in README, name
+    assert len(LOCAL) + len(CLUSTER_MESSAGES) >= 20
