@@ -33,6 +33,12 @@ def pytest_addoption(parser):
         default=1,
         help="rounds of the chaos workloads (tests marked chaos) under random worker kills",
     )
+    parser.addoption(
+        "--chaos-baseline-tasks",
+        type=int,
+        default=600,
+        help="size of the plain Dask graph run under the same killer, for comparison",
+    )
 
 
 def pytest_configure(config):
