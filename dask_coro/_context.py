@@ -3,6 +3,7 @@ distributed's own task context, when distributed is loaded)."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from contextvars import ContextVar
 
@@ -59,3 +60,13 @@ def current_key() -> Key:
         "current_key() was called outside of a task; call it from a @coroutine "
         "body or from a function running as a task on a distributed worker"
     )
+
+
+def on_event_loop() -> bool:
+    """Whether an asyncio event loop runs in this thread (where waiting would
+    block it)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

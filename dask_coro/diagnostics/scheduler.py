@@ -25,6 +25,15 @@ NAME = "dask-coro-tree"
 ANNOTATION = "dask_coro_parent"
 
 
+def children_by_parent(annotations: dict[str, dict[Key, Any]] | None) -> dict[Key, list[Key]]:
+    """The keys of one graph submission, by the coroutine that submitted them
+    (its ``ANNOTATION``)."""
+    out: dict[Key, list[Key]] = defaultdict(list)
+    for key, parent in ((annotations or {}).get(ANNOTATION) or {}).items():
+        out[parent].append(key)
+    return out
+
+
 class TreePlugin(SchedulerPlugin):
     """Installed by the first coroutine that runs on each worker (one round
     trip), by ``client.register_plugin(TreePlugin())`` or by
@@ -50,14 +59,8 @@ class TreePlugin(SchedulerPlugin):
     def update_graph(
         self, scheduler: Any, *, annotations: dict[str, dict[Key, Any]] | None = None, **kwargs: Any
     ) -> None:
-        parents = (annotations or {}).get(ANNOTATION)
-        if not parents:
-            return
-        by_parent: dict[Key, list[Key]] = defaultdict(list)
-        for key, parent in parents.items():
-            by_parent[parent].append(key)
         now = time()
-        for parent, keys in by_parent.items():
+        for parent, keys in children_by_parent(annotations).items():
             self.book.children(parent, keys, now)
 
     def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:

@@ -26,7 +26,7 @@ from dask.typing import Key
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .._internals import distributed_private as private
-from ..diagnostics.scheduler import ANNOTATION
+from ..diagnostics.scheduler import children_by_parent
 from .book import HoldBook
 
 logger = logging.getLogger("dask_coro")
@@ -63,13 +63,7 @@ class DurablePlugin(SchedulerPlugin):
     def update_graph(
         self, scheduler: Any, *, annotations: dict[str, dict[Key, Any]] | None = None, **kwargs: Any
     ) -> None:
-        parents = (annotations or {}).get(ANNOTATION)
-        if not parents:
-            return
-        by_parent: dict[Key, list[Key]] = {}
-        for key, parent in parents.items():
-            by_parent.setdefault(parent, []).append(key)
-        for parent, keys in by_parent.items():
+        for parent, keys in children_by_parent(annotations).items():
             ts = scheduler.tasks.get(parent)
             if ts is None or ts.state in _ENDED:
                 continue  # a parent that ended meanwhile holds nothing

@@ -8,7 +8,6 @@ segments its children returned, before it lets the children go.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import warnings
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from distributed import get_worker
 from distributed.protocol.pickle import dumps
 from distributed.utils import sync
 
-from .._context import current_key
+from .._context import current_key, on_event_loop
 from .._exceptions import DaskCoroError, NotInTaskError
 from .._internals import distributed_private as private
 from .scheduler import LifetimesPlugin
@@ -151,11 +150,7 @@ def _worker(what: str) -> Any:
 
 
 def _sync(on: Any, func: Callable[..., Any], **kwargs: Any) -> Any:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
+    if on_event_loop():
         raise DaskCoroError(
             "tie() waits for the scheduler and cannot run on the worker's event "
             "loop; from async code call it in a thread: "

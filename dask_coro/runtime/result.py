@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from typing import Any
 
+from .._context import on_event_loop
 from .._exceptions import DaskCoroError
 from ..core.classify import classifier
 from ..core.engine import current_trampoline
@@ -38,11 +38,7 @@ def result(x: Any) -> Any:
     # Refuse a bad x here, before any task: the error names result, as a
     # coroutine's names its yield.
     Structure(x, classifier("result", 0))
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
+    if on_event_loop():
         raise DaskCoroError(
             "dask_coro.result() was called on a running event loop, where waiting "
             "would block the loop; in an async def coroutine, await "
