@@ -153,8 +153,10 @@ thread pool; a `dask.delayed` call is a plain task), the result comes back
 to the coroutine's worker, and the body resumes on the thread pool.
 "Most keys on the scheduler" is the largest `len(scheduler.tasks)` seen at
 any transition during a loop: the root, the child in flight and the one just
-released. Results are released as soon as the coroutine has resumed, so the
-number does not grow with N. Per yield: the median total less the median of
+released. With coro.durability.hold-children off, results are released as soon
+as the coroutine has resumed, so the number does not grow with N; on (the
+default since the durability work), finished children stay held for the root
+until it ends, and the number grows with N. Per yield: the median total less the median of
 the same root run with N = 0 (its own submission and result), over N.
 "Tasks run" counts transitions to memory on the scheduler during a loop (the
 root included). Inline on, a child the loop is about to run may still be
