@@ -116,3 +116,21 @@ def peak_threads_until_waiting(client, worker: str, n: int, timeout: float = 90)
             return peak, nthreads
         assert time.monotonic() < deadline, f"only {waiting} of {n} tasks waiting"
         time.sleep(0.2)
+
+
+def places(keys) -> set:
+    """The places of children's keys (``prefix-<slot>``, as
+    ``derive_key(prefix, parent, index, path)`` gives them: a child's key adds
+    a token of its content); other keys as they are."""
+    from dask_coro.core.keys import slot_of
+
+    return {k[:-17] if slot_of(k) else k for k in keys}
+
+
+def key_at(keys, place: str):
+    """The key among ``keys`` of the child at ``place`` (a ``derive_key``), or None."""
+    from dask_coro.core.keys import slot_of
+
+    found = [k for k in keys if slot_of(k) and k[:-17] == place]
+    assert len(found) <= 1, found
+    return found[0] if found else None

@@ -67,7 +67,7 @@ async def test_children_keys_are_derived_and_prioritised(c, s, a):
     root = parent(dask_key_name="root")
     assert await c.compute(root) == [2, {"x": 3}]
     expected = {derive_key("inc", "root", 0, (0,)), derive_key("inc", "root", 0, (1, "x"))}
-    assert r.graphs[1] == expected
+    assert {k[:-17] for k in r.graphs[1]} == expected
 
     # Children rank ahead of unrelated work, as worker_client children do:
     # Scheduler._set_priorities gives a graph with a submitting task an earlier
@@ -82,7 +82,7 @@ async def test_children_keys_are_derived_and_prioritised(c, s, a):
 
     s.add_plugin(Prio())
     assert await c.compute(parent(dask_key_name="root2")) == [2, {"x": 3}]
-    child = derive_key("inc", "root2", 0, (0,))
+    (child,) = [k for k in seen if str(k).startswith(derive_key("inc", "root2", 0, (0,)))]
     unrelated = c.submit(inc.__wrapped__, 1, key="unrelated")
     await unrelated
     assert seen[child][1] < seen["root2"][1] <= seen["unrelated"][1]
@@ -185,7 +185,7 @@ async def test_current_key_everywhere(c, s, a):
     root = gen_key(dask_key_name="the-root")
     me, child = await c.compute(root)
     assert me == "the-root"
-    assert child == derive_key("async_key", "the-root", 0, ())
+    assert child.startswith(derive_key("async_key", "the-root", 0, ()) + "-")
     assert await c.submit(plain, key="plain-key") == "plain-key"
 
     async def plain_async():

@@ -16,6 +16,7 @@ from distributed.utils_test import async_poll_for, gen_cluster
 
 import dask_coro
 from dask_coro import coroutine
+from dask_coro.core.keys import child_key, derive_key
 from dask_coro.diagnostics.book import TreeBook
 from dask_coro.diagnostics.client import _html, _TextBar
 from dask_coro.diagnostics.scheduler import NAME
@@ -28,7 +29,7 @@ def test_book_counts_a_growing_tree():
     book = TreeBook()
     book.children("root", ["a", "b"], now=1.0)
     book.children("a", ["a1", "a2"], now=2.0)
-    assert book.counts("root") == {"spawned": 4, "done": 0, "failed": 0, "depth": 2, "untracked": 0}
+    assert book.counts("root") == {"spawned": 4, "done": 0, "failed": 0, "depth": 2, "untracked": 0, "replayed": 0}
     book.state("a1", "memory", 3.0)
     book.state("a2", "erred", 3.5)
     book.state("a1", "memory", 4.0)  # a second transition to memory counts once
@@ -47,6 +48,23 @@ def test_book_resubmitted_children_count_once():
     assert book.counts("root")["spawned"] == 3
 
 
+def test_book_records_a_re_run_that_yields_something_else():
+    slot = [derive_key("f", "root", 0, (i,)) for i in range(3)]
+    first = [child_key(s, "first") for s in slot]
+    book = TreeBook()
+    assert book.children("root", first[:2], 1.0) == []
+    # The re-run: the same call at slot 0, another at slot 1, a new slot 2.
+    again = [first[0], child_key(slot[1], "other"), first[2]]
+    assert book.children("root", again, 2.0) == [(first[1], again[1])]
+    assert book.counts("root")["replayed"] == 1
+    by_key = {n[0]: n for n in book.subtree("root")}
+    assert by_key[again[1]][6] == first[1] and by_key[first[2]][6] is None
+    # Another parent's child at the same slot string is not a replay of ours.
+    assert book.children("other-root", [child_key(slot[0], "x")], 3.0) == []
+    book.forget("root")
+    assert not book.slots.get(slot[1])
+
+
 def test_book_compute_times_and_forgotten_nodes():
     book = TreeBook()
     book.children("root", ["a", "b"], 1.0)
@@ -54,7 +72,7 @@ def test_book_compute_times_and_forgotten_nodes():
     book.forget("a")  # released after its parent resumed: keeps its record
     book.forget("b")  # forgotten before it ran (cancelled)
     by_key = {n[0]: n for n in book.subtree("root")}
-    assert by_key["a"][3:] == ("memory", 2.0, 2.5)
+    assert by_key["a"][3:6] == ("memory", 2.0, 2.5)
     assert by_key["b"][3] == "forgotten"
     book.forget("root")
     assert book.nodes == {} and book.roots == {}
@@ -94,7 +112,7 @@ def test_tree_of_fib_is_the_call_tree(client):
     t = dask_coro.tree(f)
     assert len(t) == fib_calls(6) == 25
     assert t.state == "memory" and t.key == f.key
-    assert t.counts == {"spawned": 24, "done": 24, "failed": 0, "depth": 5, "untracked": 0}
+    assert t.counts == {"spawned": 24, "done": 24, "failed": 0, "depth": 5, "untracked": 0, "replayed": 0}
     by_key = {n.key: n for n in t}
     # fib(i) for i >= 2 has two children, fib(0) and fib(1) none
     fanout = sorted(len(t.children(k)) for k in by_key)

@@ -16,12 +16,13 @@ from collections import Counter
 
 import pytest
 from distributed import Future, Nanny, Worker, get_client, get_worker
-from distributed.utils_test import async_poll_for
+from distributed.utils_test import async_poll_for, captured_logger
 from filelog import append as _append
 from filelog import lines as _lines
 from helpers import cluster
 
-from dask_coro import coroutine
+from dask_coro import coroutine, tree
+from dask_coro.core.keys import slot_of
 from dask_coro.durability.book import HoldBook
 from dask_coro.durability.scheduler import NAME
 
@@ -52,6 +53,9 @@ def test_book_holds_finished_children_once_and_lets_go_when_the_parent_ends():
     b.adopt("p", ["b"], lambda k: "released")
     assert b.open["p"] == 1
     b.forget("c")
+    b.finished("a1")
+    assert b.lost("a1") == "a" and b.lost("a1") is None  # its data died: let go of
+    assert b.lost("b") is None  # never held
     assert sorted(b.end("p")) == ["a"]  # b never finished: not held
     assert b.end("p") == []
     assert b.end("a") == []
@@ -167,3 +171,48 @@ async def test_hold_children_off_releases_results_after_resume(c, s, a, tmp_path
 
     assert await c.compute(loop(20)) == sum(i * i for i in range(20))
     assert NAME not in s.plugins
+
+
+@coroutine
+def drifting(gate_key, folder):
+    """A body that is not deterministic: the second call of its first yield
+    takes another argument each time the body runs."""
+    run = len(_lines(folder, "starts"))
+    _append(folder, "starts", get_worker().address)
+    first = yield [child(1, folder), child(2 + 10 * run, folder)]
+    yield Future(gate_key, get_client())
+    return first
+
+
+@cluster(nthreads=[("", 1)] * 2, Worker=Nanny, timeout=120)
+async def test_a_re_run_that_yields_something_else_is_reported_and_never_mixed(c, s, a, b, tmp_path):
+    folder = str(tmp_path)
+    gate = c.submit(lambda: 0, key=f"gate-{uuid.uuid4().hex}", resources={"GATE": 1})
+    fut = c.compute(drifting(gate.key, folder, dask_key_name="drifting"))
+    await async_poll_for(
+        lambda: len(_lines(folder, "runs")) == 2 and "drifting" in s.tasks
+        and s.tasks["drifting"].processing_on is not None
+        and s.tasks["drifting"] in s.tasks["drifting"].processing_on.long_running,
+        timeout=60,
+    )
+    first_keys = {k for k in s.tasks if str(k).startswith("child-")}
+    address = s.tasks["drifting"].processing_on.address
+    (victim,) = [nanny for nanny in (a, b) if nanny.worker_address == address]
+    with captured_logger("dask_coro") as log:
+        os.kill(victim.process.process.pid, signal.SIGKILL)
+        await async_poll_for(lambda: len(_lines(folder, "starts")) >= 2, timeout=60)
+        await async_poll_for(lambda: len(_lines(folder, "runs")) >= 3, timeout=60)
+        t = await tree(fut)
+    # Never mixed: the re-run's values, not the first run's child(2).
+    async with Worker(s.address, nthreads=1, resources={"GATE": 1}):
+        assert await fut == [1, 12 * 12]
+    runs = [line.split(" ", 1)[0] for line in _lines(folder, "runs")]
+    # The same call was found in memory (its worker survived) or computed
+    # again with its worker; the other call was computed anew.
+    assert runs.count("12") == 1 and runs.count("2") == 1 and 1 <= runs.count("1") <= 2
+    # Reported: in the scheduler's log and in tree().
+    text = log.getvalue()
+    assert "re-ran and yielded something else" in text and "'drifting'" in text, text
+    ((old, new),) = t.replayed
+    assert old in first_keys and new not in first_keys and slot_of(old) == slot_of(new)
+    assert t.counts["replayed"] == 1 and "1 differ from a first run" in repr(t)

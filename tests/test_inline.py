@@ -35,7 +35,7 @@ from distributed.utils_test import async_poll_for
 from filelog import append as _append
 from filelog import lines as _lines
 from filelog import ticks_after_cancel
-from helpers import cluster, recorder
+from helpers import cluster, places, recorder
 from workloads import afib, boom, does_not_catch, fib, inc
 
 import dask_coro
@@ -310,7 +310,7 @@ async def test_disabled_every_call_is_a_task(c, s, a):
     assert await c.compute(fib(8, dask_key_name="fib-root")) == 21
     # 67 calls, 67 tasks, each with a key derived from its place in the tree.
     assert len(r.seen) == 67
-    assert derive_key("fib", "fib-root", 0, (0,)) in r.seen
+    assert derive_key("fib", "fib-root", 0, (0,)) in places(r.seen)
 
 
 # --------------------------------------------------------------------------
@@ -367,7 +367,7 @@ async def test_child_yielding_a_delayed_task_keys_are_derived_and_stable(c, s, a
         del fut
         await async_poll_for(lambda: not s.tasks, timeout=20)
         seen.append(r.seen)
-    assert seen[0] == expected, seen[0]
+    assert places(seen[0]) == expected, seen[0]
     assert seen[1] == seen[0]
 
 

@@ -19,10 +19,12 @@ from dask.local import get_sync
 from dask.utils import key_split
 
 from dask_coro import coroutine
+from dask_coro.core.keys import slot_of
 from dask_coro.core.plan import derive_key, plan_yield
 from dask_coro.runtime.call import CoroutineTask
 
 KEY_RE = re.compile(r"^[A-Za-z_][\w-]*-[0-9a-f]{32}$")
+CHILD_RE = re.compile(r"^[A-Za-z_][\w-]*-[0-9a-f]{32}-[0-9a-f]{16}$")
 
 
 @coroutine
@@ -72,10 +74,10 @@ def test_leaf_keys_deterministic_and_prefix_kept():
     assert out != x.key
     assert out.startswith("fib-")
     assert key_split(out) == "fib"
-    assert KEY_RE.match(out)
-    assert out == derive_key("fib", "parent-1", 0, (0,))
-    # The same parent / index / path gives the same key, also for a new call
-    # (with a different, random original key).
+    assert CHILD_RE.match(out)
+    assert out.startswith(derive_key("fib", "parent-1", 0, (0,)) + "-")
+    # The same parent / index / path and the same call give the same key,
+    # also for a new call object (with a different, random original key).
     y = fib(3)
     assert y.key != x.key
     p2 = plan_yield([y], [(0,)], {}, "parent-1", 0)
@@ -91,10 +93,57 @@ def test_different_index_path_or_parent_gives_different_keys():
     assert plan_yield([x], [(0,)], {}, "parent-2", 0).outputs[0] != base
 
 
+def test_other_calls_at_a_slot_get_other_keys():
+    """A re-run that yields other calls at the same place gets new keys at
+    the same slots: never the first run's results."""
+    base = plan_yield([fib(3)], [(0,)], {}, "p", 0).outputs[0]
+    other = plan_yield([fib(4)], [(0,)], {}, "p", 0).outputs[0]
+    assert other != base and slot_of(other) == slot_of(base)
+    assert plan_yield([fib(3, )], [(0,)], {}, "p", 0).outputs[0] == base
+    # Another function of the same name prefix at the slot.
+    renamed = coroutine(lambda i: i + 1, name="fib")
+    assert plan_yield([renamed(3)], [(0,)], {}, "p", 0).outputs[0] != base
+    # A dependency that differs changes every key above it (the token of a
+    # task covers its dependencies' keys).
+    a = plan_yield([my_len(gen())], [()], {}, "p", 0)
+    b = plan_yield([my_len(dask.delayed(list)([1]))], [()], {}, "p", 0)
+    assert a.outputs[0] != b.outputs[0] and slot_of(a.outputs[0]) == slot_of(b.outputs[0])
+    # A Future yielded: the key it names is the content.
+    f1 = plan_yield([TaskRef("x")], [(0,)], {}, "p", 0).outputs[0]
+    f2 = plan_yield([TaskRef("y")], [(0,)], {}, "p", 0).outputs[0]
+    assert f1 != f2 and slot_of(f1) == slot_of(f2)
+
+
+def test_slot_of_other_keys_is_none():
+    assert slot_of("fib-" + "a" * 32) is None
+    assert slot_of(("x", 1)) is None
+    assert slot_of("x-" + "0" * 32 + "-" + "1" * 16) == "0" * 32
+
+
+def test_content_tokens_do_not_depend_on_the_process():
+    """A re-run happens in another worker process: the same calls must give
+    the same keys there (string hashing and object ids differ)."""
+    code = textwrap.dedent('''
+        import json, operator
+        import dask
+        from dask_coro.core.plan import plan_yield
+        from test_plan import fib, gen, my_len
+        x = dask.delayed(operator.add)(fib(2), 3)
+        p = plan_yield([x, my_len(gen()), fib(1)], [(0,), (1,), ("a",)], {}, "p", 0)
+        print(json.dumps(p.outputs))
+    ''')
+    env = {**os.environ, "PYTHONHASHSEED": "random", "PYTHONPATH": os.path.dirname(__file__)}
+    runs = [
+        json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout)
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1]
+
+
 def test_several_leaves_each_get_their_key():
     a, b = fib(1), fib(2)
     p = plan_yield([a, b], [(0,), (1,)], {}, "par", 0)
-    assert p.outputs == [
+    assert [k[:-17] for k in p.outputs] == [
         derive_key("fib", "par", 0, (0,)),
         derive_key("fib", "par", 0, (1,)),
     ]
@@ -158,8 +207,8 @@ def test_dependencies_first_and_references_renamed():
     assert p.outputs == [len_key]
     assert p.graph[len_key].dependencies == frozenset({gen_key})
     assert L.key not in p.graph
-    assert gen_key == derive_key("gen", "par", 0, (), 1)
-    assert len_key == derive_key("my_len", "par", 0, ())
+    assert gen_key[:-17] == derive_key("gen", "par", 0, (), 1)
+    assert len_key[:-17] == derive_key("my_len", "par", 0, ())
 
 
 def test_keep_and_layers_for_delayed():
@@ -227,7 +276,7 @@ def test_dask_array_leaf():
     assert len(p.outputs) == 1
     (out,) = p.outputs
     assert out in p.graph
-    assert all(KEY_RE.match(k) for k in p.graph)
+    assert all(CHILD_RE.match(k) for k in p.graph)
     # Collections are not kept for later yields.
     assert p.keep == []
     assert p.layers == []
@@ -251,7 +300,7 @@ def test_delayed_leaf_depending_on_collection():
     arr = da.ones(4, chunks=2)
     d = dask.delayed(lambda a: int(a.sum()))(arr)
     p = plan_yield([d], [()], {}, "par", 0)
-    assert all(isinstance(k, str) and KEY_RE.match(k) for k in p.graph)
+    assert all(isinstance(k, str) and CHILD_RE.match(k) for k in p.graph)
     assert get_sync(dict(p.graph), p.outputs) == (4,)
 
 
@@ -262,7 +311,7 @@ def test_future_like_task_ref_leaf():
     ref = TaskRef(fkey)
     p = plan_yield([ref], [(2,)], {}, "par", 0)
     (out,) = p.outputs
-    assert out == derive_key("inc", "par", 0, (2,))
+    assert out[:-17] == derive_key("inc", "par", 0, (2,))
     assert list(p.graph) == [out]
     assert fkey not in p.graph
     assert p.graph[out].dependencies == frozenset({fkey})
@@ -306,7 +355,7 @@ def test_mixed_leaves():
     x = fib(4)
     arr = da.ones(4, chunks=2).sum()
     p = plan_yield([x, arr], [(0,), (1, "k")], {}, "par", 2)
-    assert p.outputs[0] == derive_key("fib", "par", 2, (0,))
+    assert p.outputs[0][:-17] == derive_key("fib", "par", 2, (0,))
     assert p.keep == [p.outputs[0]]
     assert get_sync(dict(p.graph), p.outputs) == (4, 4.0)
 

@@ -24,7 +24,7 @@ CORE = sorted(p.stem for p in (PKG / "core").glob("*.py") if p.stem != "__init__
 
 def test_core_folder_is_known():
     # A new core module joins the purity checks below by being in core/.
-    assert {"cache", "classify", "engine", "plan", "scope", "structure"} <= set(CORE)
+    assert {"cache", "classify", "engine", "keys", "plan", "scope", "structure"} <= set(CORE)
 
 
 def test_every_core_module_imports_with_distributed_blocked_and_starts_nothing():
@@ -245,11 +245,12 @@ def test_core_imports_no_distributed_and_nothing_outside_core_but_the_seams():
 
 def test_pure_modules_import_neither_dask_nor_distributed():
     # Pure of dask as well: structure, cache, scope, the ledger, the tree book.
-    for name in ("core/structure.py", "core/cache.py", "core/scope.py", "_exceptions.py", "lifetimes/ledger.py", "diagnostics/book.py", "durability/book.py"):
+    for name in ("core/structure.py", "core/cache.py", "core/keys.py", "core/scope.py", "_exceptions.py", "lifetimes/ledger.py", "diagnostics/book.py", "durability/book.py"):
         mods = _imported_modules(PKG / name)
         assert not _top(mods) & {"dask", "distributed"}, name
         relative = {m for m in mods if m.startswith(".")}
-        assert relative <= {".._exceptions", ".cache", ".structure"}, (name, relative)
+        # ... and they import only pure modules of ours.
+        assert relative <= {".._exceptions", ".cache", ".structure", "..core.keys"}, (name, relative)
 
 
 def test_no_module_level_distributed_import_anywhere():

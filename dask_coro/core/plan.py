@@ -3,11 +3,13 @@
 No distributed import: the same plan feeds the in-process driver and the worker
 runner. For each leaf the plan names the key that will hold its value.
 
-Keys. Every task a yield adds is renamed to a key derived from the parent's key,
-the yield's index and the leaf's position in the yielded structure (and, for
-tasks the leaf depends on, their depth-first position below it), so a parent
-that re-runs after a failure submits the same keys again. The prefix (``fib``
-in ``fib-1f0c...``) is kept, so the dashboard groups tasks as before.
+Keys. Every task a yield adds is renamed to a key made of a slot, derived from
+the parent's key, the yield's index and the leaf's position in the yielded
+structure (and, for tasks the leaf depends on, their depth-first position below
+it), and a token of the task's content (``core.keys``). A parent that re-runs
+after a failure and yields the same calls submits the same keys again; one that
+yields other calls gets other keys at the same slots. The prefix (``fib`` in
+``fib-1f0c...``) is kept, so the dashboard groups tasks as before.
 
 Compute once. ``known`` maps original keys computed by earlier yields of the
 same coroutine to the keys now holding their results; such tasks are referred
@@ -18,11 +20,13 @@ still use its keys: ``layers`` lists them for the caller's liveness tracking.
 
 from __future__ import annotations
 
-import hashlib
+import types
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dask.base import tokenize
 from dask.delayed import Delayed
 from dask.typing import Key
 from dask.utils import key_split
@@ -36,6 +40,9 @@ from .._internals.dask_private import (
     convert_legacy_task,
     finalized_graph,
 )
+from .keys import child_key, derive_key
+
+__all__ = ["Plan", "collection_graph", "derive_key", "func_token", "plan_yield"]
 
 
 @dataclass(slots=True)
@@ -61,13 +68,6 @@ class Plan:
 
 def _identity(x: Any) -> Any:
     return x
-
-
-def derive_key(prefix: str, *parts: Any) -> str:
-    """A short deterministic key ``prefix-<hex>`` from ``parts`` (reprs of
-    strings, numbers and tuples of them are stable across processes)."""
-    h = hashlib.blake2b(repr(parts).encode(), digest_size=16).hexdigest()
-    return f"{prefix}-{h}"
 
 
 def plan_yield(
@@ -100,7 +100,7 @@ def plan_yield(
             # client when it is ready (a Future made by another client, or by
             # key, is not followed by ours), and a key the scheduler does not
             # know fails that task instead of hanging.
-            k = derive_key(key_split(leaf.key), parent, index, path)
+            k = child_key(derive_key(key_split(leaf.key), parent, index, path), repr(leaf.key))
             rename.setdefault(leaf.key, leaf.key)
             plan.graph[k] = Task(k, _identity, TaskRef(leaf.key))
             plan.outputs.append(k)
@@ -168,13 +168,22 @@ def _rename_below(
     path: tuple[Any, ...],
 ) -> list[Key]:
     """Rename ``out`` and every task below it that is not renamed yet; add the
-    renamed tasks to ``graph``. Returns the original keys added."""
-    added: list[Key] = []
-    tasks: list[tuple[Key, GraphNode]] = []
-    stack = [out]
+    renamed tasks to ``graph``, dependencies first. Returns the original keys
+    added, ``out`` first.
+
+    A task's slot is its depth-first position under ``out``; its content token
+    covers its dependencies' new keys, so tasks are named bottom-up (a
+    post-order walk) once every position is known."""
+    order: dict[Key, int] = {}  # original key -> depth-first position
+    tasks: dict[Key, GraphNode] = {}
+    post: list[Key] = []  # dependencies before dependents
+    stack: list[tuple[Key, bool]] = [(out, False)]
     while stack:
-        k = stack.pop()
-        if k in rename:
+        k, expanded = stack.pop()
+        if expanded:
+            post.append(k)
+            continue
+        if k in rename or k in order:
             continue
         entry = nodes.get(k)
         if entry is None or _on_cluster(k, nodes):
@@ -182,24 +191,90 @@ def _rename_below(
             # exists on the cluster already; keep its name.
             rename[k] = k
             continue
-        prefix = key_split(k)
-        n = len(added)
-        rename[k] = derive_key(prefix, parent, index, path) if n == 0 else derive_key(
-            prefix, parent, index, path, n
-        )
         task = entry[0]
         if not isinstance(task, GraphNode):  # a legacy tuple task
             task = convert_legacy_task(k, task, nodes.keys())
-        added.append(k)
-        tasks.append((k, task))
-        stack.extend(reversed(_ordered_deps(task)))
-    # Dependencies first, so that the graph reads bottom-up. A node's own
-    # ``.key`` may differ from the key the graph holds it under (dask-expr's
-    # from_delayed stores Alias nodes keyed by their target): the graph's key
-    # is the one dependents refer to.
-    for k, task in reversed(tasks):
+        order[k] = len(order)
+        tasks[k] = task
+        stack.append((k, True))
+        stack.extend((d, False) for d in reversed(_ordered_deps(task)))
+    for k in post:
+        task = tasks[k]
+        n = order[k]
+        prefix = key_split(k)
+        slot = derive_key(prefix, parent, index, path) if n == 0 else derive_key(prefix, parent, index, path, n)
+        rename[k] = child_key(slot, _content(task, rename))
+        # A node's own ``.key`` may differ from the key the graph holds it
+        # under (dask-expr's from_delayed stores Alias nodes keyed by their
+        # target): the graph's key is the one dependents refer to.
         graph[rename[k]] = _renamed(k, task, rename)
-    return added
+    return sorted(order, key=order.__getitem__)
+
+
+# -- content tokens -----------------------------------------------------------
+
+_FUNCTIONS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def func_token(func: Any) -> str:
+    """``tokenize(func)``, kept per plain function: dask pickles a function
+    each time it tokenizes it (tens of microseconds)."""
+    if type(func) is not types.FunctionType:
+        return tokenize(func)
+    try:
+        return _FUNCTIONS[func]
+    except KeyError:
+        token = _FUNCTIONS[func] = tokenize(func)
+        return token
+
+
+def _content(task: GraphNode, rename: Mapping[Key, Key]) -> str:
+    """A token of what ``task`` computes, without its own key: its function,
+    its arguments and the new keys of its dependencies."""
+    return tokenize(_canonical(task, rename))
+
+
+def _canonical(obj: Any, names: Mapping[Any, Any]) -> Any:
+    """``obj`` with every key in it replaced by what names it the same way in
+    every process: a graph key by its new key, a key local to a fused
+    subgraph (``_execute_subgraph``'s inner graph, whose keys are the
+    collection's own, often random) by its position there."""
+    if isinstance(obj, TaskRef):
+        return ("ref", _named(obj.key, names))
+    if isinstance(obj, Alias):
+        return ("alias", _named(obj.target, names))
+    if isinstance(obj, DataNode):
+        return ("data", _canonical(obj.value, names))
+    if isinstance(obj, Task):
+        local = {k: ("local", i) for a in obj.args if _is_subgraph(a) for i, k in enumerate(a)}
+        if local:
+            names = {**names, **local}
+        return (
+            type(obj).__name__,
+            func_token(obj.func),
+            [_canonical(a, names) for a in obj.args],
+            {k: _canonical(v, names) for k, v in obj.kwargs.items()},
+        )
+    if type(obj) is dict:
+        return ("dict", [(_canonical(k, names), _canonical(v, names)) for k, v in obj.items()])
+    if type(obj) is str or type(obj) is tuple:
+        named = _named(obj, names, None)
+        if named is not None:
+            return ("key", named)
+    if type(obj) is list or type(obj) is tuple:
+        return (type(obj).__name__, [_canonical(a, names) for a in obj])
+    return obj
+
+
+def _named(key: Any, names: Mapping[Any, Any], default: Any = ...) -> Any:
+    try:
+        return names.get(key, key if default is ... else default)
+    except TypeError:  # an unhashable tuple: no key
+        return key if default is ... else default
+
+
+def _is_subgraph(obj: Any) -> bool:
+    return type(obj) is dict and bool(obj) and all(isinstance(v, GraphNode) for v in obj.values())
 
 
 def _renamed(k: Key, task: GraphNode, rename: Mapping[Key, Key]) -> GraphNode:

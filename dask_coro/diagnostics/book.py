@@ -7,12 +7,21 @@ coroutine submits, at any depth, joins its root's tree. The tree of a root is
 kept until the root is forgotten, with at most ``max_nodes`` nodes recorded;
 beyond that a task is only counted as spawned (and its root and depth kept, so
 that its own children are counted too).
+
+Replays. A parent that re-runs (its worker died) submits its children again;
+the same calls have the same keys. A child whose key has the slot of an
+earlier child of the same parent but another content token (``core.keys``)
+means that the body yielded something else the second time: it is recorded
+as replacing that child (``Node.replaces``), counted (``replayed``) and
+handed back to the caller to report.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
+
+from ..core.keys import slot_of
 
 if TYPE_CHECKING:  # for the type checker only: this module does not import dask
     from dask.typing import Key
@@ -22,7 +31,7 @@ FAILED = "erred"
 
 
 class Node:
-    __slots__ = ("depth", "done", "key", "parent", "root", "start", "state", "stop")
+    __slots__ = ("depth", "done", "key", "parent", "replaces", "root", "start", "state", "stop")
 
     def __init__(self, key: Key, parent: Key | None, root: Key, depth: int, now: float) -> None:
         self.key = key
@@ -33,13 +42,14 @@ class Node:
         self.start = now  # submitted; replaced by the compute start when known
         self.stop: float | None = None
         self.done = False  # reached memory (or erred) once
+        self.replaces: Key | None = None  # the first run's child at its slot, if other
 
     def as_tuple(self) -> tuple[Any, ...]:
-        return (self.key, self.parent, self.depth, self.state, self.start, self.stop)
+        return (self.key, self.parent, self.depth, self.state, self.start, self.stop, self.replaces)
 
 
 class Root:
-    __slots__ = ("depth", "done", "failed", "hidden", "keys", "spawned", "untracked")
+    __slots__ = ("depth", "done", "failed", "hidden", "keys", "replayed", "spawned", "untracked")
 
     def __init__(self) -> None:
         self.spawned = 0  # tasks submitted under this root, at any depth
@@ -47,6 +57,7 @@ class Root:
         self.failed = 0
         self.depth = 0  # deepest level reached
         self.untracked = 0  # spawned beyond max_nodes: counted, not recorded
+        self.replayed = 0  # children that differ from the first run's at their slot
         self.keys: list[Key] = []
         self.hidden: list[Key] = []  # the untracked ones: their children still count
 
@@ -57,6 +68,7 @@ class Root:
             "failed": self.failed,
             "depth": self.depth,
             "untracked": self.untracked,
+            "replayed": self.replayed,
         }
 
 
@@ -66,9 +78,14 @@ class TreeBook:
         self.nodes: dict[Key, Node] = {}
         self.roots: dict[Key, Root] = {}
         self.hidden: dict[Key, tuple[Key, int]] = {}  # untracked key -> (root, depth)
+        self.slots: dict[str, Key] = {}  # slot -> the recorded child last seen there
 
-    def children(self, parent: Key, keys: Iterable[Key], now: float) -> None:
-        """``parent`` (a running coroutine) submitted ``keys``."""
+    def children(self, parent: Key, keys: Iterable[Key], now: float) -> list[tuple[Key, Key]]:
+        """``parent`` (a running coroutine) submitted ``keys``. Returns
+        ``(first run's child, new child)`` for each key that takes the slot of
+        another child of ``parent``: the parent re-ran and yielded something
+        else there."""
+        replays: list[tuple[Key, Key]] = []
         pnode = self.nodes.get(parent)
         if pnode is not None:
             root_key, depth = pnode.root, pnode.depth + 1
@@ -92,8 +109,17 @@ class TreeBook:
                 root.hidden.append(key)
                 self.hidden[key] = (root_key, depth)
                 continue
-            self.nodes[key] = Node(key, parent, root_key, depth, now)
+            node = self.nodes[key] = Node(key, parent, root_key, depth, now)
             root.keys.append(key)
+            slot = slot_of(key)
+            if slot is not None:
+                old = self.slots.get(slot)
+                if old is not None and old in self.nodes and self.nodes[old].parent == parent:
+                    node.replaces = old
+                    root.replayed += 1
+                    replays.append((old, key))
+                self.slots[slot] = key
+        return replays
 
     def state(self, key: Key, state: str, now: float, compute: tuple[float, float] | None = None) -> None:
         node = self.nodes.get(key)
@@ -125,6 +151,9 @@ class TreeBook:
             root = self.roots.pop(key)
             for k in root.keys:
                 self.nodes.pop(k, None)
+                slot = slot_of(k)
+                if slot is not None and self.slots.get(slot) == k:
+                    del self.slots[slot]
             for k in root.hidden:
                 self.hidden.pop(k, None)
         elif not node.done:

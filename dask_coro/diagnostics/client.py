@@ -26,7 +26,7 @@ _STATE_COLORS = {
 }
 
 
-def _futures(x: Any) -> tuple[Any, list[Any]]:
+def _futures(x: Any, *, asynchronous_ok: bool = False) -> tuple[Any, list[Any]]:
     from distributed import Future, futures_of
 
     futures = [x] if isinstance(x, Future) else futures_of(x)
@@ -37,9 +37,9 @@ def _futures(x: Any) -> tuple[Any, list[Any]]:
             f"{type(x).__name__}"
         )
     client = futures[0].client
-    if client.asynchronous:
+    if client.asynchronous and not asynchronous_ok:
         raise DaskCoroError(
-            "progress() and tree() block; use them with a synchronous Client"
+            "progress() blocks; use it with a synchronous Client"
         )
     return client, futures
 
@@ -63,6 +63,9 @@ class TreeNode:
     state: str
     start: float
     stop: float | None
+    #: The first run's child at this place, when a re-run of the parent
+    #: yielded something else here (a body that is not deterministic).
+    replaces: Key | None = None
 
     @property
     def duration(self) -> float | None:
@@ -87,7 +90,15 @@ class Tree:
         return iter(self.nodes)
 
     def __repr__(self) -> str:
-        return f"<dask_coro.Tree {self.key!r}: {len(self.nodes)} nodes, {self.state}>"
+        replayed = len(self.replayed)
+        differ = f", {replayed} differ from a first run" if replayed else ""
+        return f"<dask_coro.Tree {self.key!r}: {len(self.nodes)} nodes, {self.state}{differ}>"
+
+    @property
+    def replayed(self) -> list[tuple[Key, Key]]:
+        """``(first run's child, child that replaced it)`` for each place where
+        a parent that re-ran yielded something else than its first run."""
+        return [(n.replaces, n.key) for n in self.nodes if n.replaces is not None]
 
     @property
     def edges(self) -> list[tuple[Key, Key]]:
@@ -139,19 +150,34 @@ def _short(key: Key) -> str:
     return f"{name}-{rest[:6]}" if rest else name
 
 
-def tree(x: Any) -> Tree:
+def tree(x: Any) -> Any:
     """The coroutine tree below a future (during or after the run): every
     task its coroutine submitted, at any depth, with states and durations.
+    With an asynchronous client, ``await tree(future)``.
 
     The scheduler keeps a root's tree until the root is forgotten (at most
     ``coro.tree.max-nodes`` nodes)."""
-    client, futures = _futures(x)
+    client, futures = _futures(x, asynchronous_ok=True)
     if len(futures) != 1:
         raise TypeError(f"tree() draws one root; got {len(futures)} futures")
+    if client.asynchronous:
+        return _tree_async(client, futures[0].key)
     _install(client)
-    answer = client.sync(client.scheduler.dask_coro_tree, key=futures[0].key)
+    return _as_tree(futures[0].key, client.sync(client.scheduler.dask_coro_tree, key=futures[0].key))
+
+
+async def _tree_async(client: Any, key: Key) -> Tree:
+    from .scheduler import TreePlugin
+
+    if not getattr(client, "_dask_coro_tree", False):
+        await client.register_plugin(TreePlugin())
+        client._dask_coro_tree = True
+    return _as_tree(key, await client.scheduler.dask_coro_tree(key=key))
+
+
+def _as_tree(key: Key, answer: dict[str, Any]) -> Tree:
     nodes = [TreeNode(*n) for n in answer["nodes"]]
-    return Tree(futures[0].key, answer["state"], nodes, answer["counts"])
+    return Tree(key, answer["state"], nodes, answer["counts"])
 
 
 # -- progress -------------------------------------------------------------

@@ -10,6 +10,7 @@ from ``transition``.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from time import time
 from typing import Any
@@ -20,6 +21,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from .. import _config
 from .._internals.distributed_private import add_handlers
 from .book import TreeBook
+
+logger = logging.getLogger("dask_coro")
 
 NAME = "dask-coro-tree"
 ANNOTATION = "dask_coro_parent"
@@ -61,7 +64,17 @@ class TreePlugin(SchedulerPlugin):
     ) -> None:
         now = time()
         for parent, keys in children_by_parent(annotations).items():
-            self.book.children(parent, keys, now)
+            replays = self.book.children(parent, keys, now)
+            if replays:
+                old, new = replays[0]
+                logger.warning(
+                    "coroutine %r re-ran and yielded something else than its first run at "
+                    "%d place(s) (e.g. %r instead of %r): the body is not deterministic "
+                    "(other calls, arguments or arguments dask cannot tokenize the same "
+                    "way twice); those children are computed anew, the first run's are "
+                    "not used. tree() shows them as replacing the first run's.",
+                    parent, len(replays), new, old,
+                )
 
     def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         if key not in self.book.nodes:
@@ -90,8 +103,8 @@ class TreePlugin(SchedulerPlugin):
             # A task that submitted nothing (its calls all ran inline, or it
             # has not yielded yet): a tree of one node. (Its compute times are
             # not recorded: only children's transitions are followed.)
-            nodes = [(key, None, 0, state, time(), None)]
-            counts = {"spawned": 0, "done": 0, "failed": 0, "depth": 0, "untracked": 0}
+            nodes = [(key, None, 0, state, time(), None, None)]
+            counts = {"spawned": 0, "done": 0, "failed": 0, "depth": 0, "untracked": 0, "replayed": 0}
             root = key
         return {"key": key, "state": state, "nodes": nodes, "counts": counts, "root": root}
 

@@ -63,6 +63,17 @@ class HoldBook:
         held.add(child)
         return parent
 
+    def lost(self, child: Key) -> Key | None:
+        """A held ``child``'s data is gone (its worker died): the parent to
+        let go of it for, as the result it held is no more. A re-run that
+        yields it again submits it again; nothing else should recompute it."""
+        parent = self.parent_of.get(child)
+        held = self.held.get(parent) if parent is not None else None
+        if held is None or child not in held:
+            return None
+        held.discard(child)
+        return parent
+
     def moved(self, child: Key, start: str, finish: str) -> Key | None:
         """A child moved from ``start`` to ``finish``: its parent, if that
         changed whether the parent has children with work left."""

@@ -76,6 +76,12 @@ class DurablePlugin(SchedulerPlugin):
         parent = self.book.moved(key, start, finish)
         if parent is not None:
             self._credit(parent)
+        if start == "memory" and finish == "released":
+            # Its data died with a worker: held no more, so that it is not
+            # computed again for nobody (a re-run yielding it asks anew).
+            parent = self.book.lost(key)
+            if parent is not None:
+                asyncio.get_running_loop().call_soon(self._let_go_of, parent, key)
         if finish == "memory":
             parent = self.book.finished(key)
             if parent is not None:
@@ -138,6 +144,16 @@ class DurablePlugin(SchedulerPlugin):
             ts = self.scheduler.tasks.get(parent)
             if ts is not None:
                 private.adjust_suspicion(ts, 1)
+
+    def _let_go_of(self, parent: Key, child: Key) -> None:
+        s = self.scheduler
+        ts = s.tasks.get(child)
+        client = s.clients.get(holder(parent))
+        if ts is None or client is None or ts not in client.wants_what:
+            return
+        if self.book.parent_of.get(child) == parent and child in self.book.held.get(parent, ()):
+            return  # finished again meanwhile, and held again
+        s.client_releases_keys(keys=[child], client=holder(parent), stimulus_id=f"dask-coro-lost-{parent}")
 
     def _let_go(self, parent: Key, children: list[Key]) -> None:
         s = self.scheduler

@@ -21,6 +21,7 @@ from .._exceptions import Rejected
 from .._internals.dask_private import DataNode, Task, annotations_in_effect, delayed_slot
 from ..core.classify import classifier, is_lazy
 from ..core.engine import Frame, Idle, Request, Trampoline
+from ..core.plan import func_token
 
 
 def gather(x: Any) -> Request:
@@ -221,8 +222,10 @@ class CoroutineTask:
                 return _task_by_name, (module, qualname, self.key)
         return CoroutineTask, (self.func, self.key)
 
-    def __dask_tokenize__(self) -> tuple[str, Key]:
-        return ("dask_coro.CoroutineTask", self.key)
+    def __dask_tokenize__(self) -> tuple[str, str]:
+        # What it computes, not its key: a child's key holds a token of its
+        # task (core.keys), and the key is renamed after that.
+        return ("dask_coro.CoroutineTask", func_token(self.func))
 
     def __repr__(self) -> str:
         return f"<coroutine {funcname(self.func)} {self.key!r}>"
