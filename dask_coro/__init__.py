@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 if _TYPE_CHECKING:
     from typing import Any
 
-from . import _config  # noqa: F401  (loads coro.yaml into dask.config)
+from . import _config
 from ._context import current_key as current_key
 from ._exceptions import BadYieldError as BadYieldError
 from ._exceptions import CoroutineCancelledError as CoroutineCancelledError
@@ -33,6 +33,7 @@ _LAZY = {
     "Tree": (".diagnostics.client", "Tree"),
     "TreePlugin": (".diagnostics.scheduler", "TreePlugin"),
     "DurablePlugin": (".durability.scheduler", "DurablePlugin"),
+    "ReleasePlugin": (".release.scheduler", "ReleasePlugin"),
     "LifetimesPlugin": (".lifetimes.scheduler", "LifetimesPlugin"),
     "PromisePlugin": (".promise.scheduler", "PromisePlugin"),
     "InlinePlugin": (".runtime.scheduler", "InlinePlugin"),
@@ -59,9 +60,12 @@ async def dask_setup(server: Any) -> None:
     from .durability.scheduler import DurablePlugin
     from .lifetimes.scheduler import LifetimesPlugin
     from .promise.scheduler import PromisePlugin
+    from .release.scheduler import ReleasePlugin
     from .runtime.scheduler import InlinePlugin
 
-    plugins = (PromisePlugin(), LifetimesPlugin(), TreePlugin(), DurablePlugin(), InlinePlugin())
+    plugins: tuple[Any, ...] = (PromisePlugin(), LifetimesPlugin(), TreePlugin(), DurablePlugin(), InlinePlugin())
+    if _config.get("coro.worker-release.enabled"):
+        plugins += (ReleasePlugin(),)
     for plugin in plugins:
         if isinstance(server, Scheduler):
             server.add_plugin(plugin, idempotent=True)
@@ -83,6 +87,7 @@ __all__ = [
     "Promise",
     "PromiseError",
     "PromisePlugin",
+    "ReleasePlugin",
     "Tree",
     "TreePlugin",
     "coroutine",

@@ -18,6 +18,25 @@ def process_all_checked():
 
 
 @coroutine
+def data_of_length(n):
+    return list(range(n))
+
+
+@coroutine
+def process_all_pure(n):
+    """process_all over a list of a length the body learns only by asking,
+    made by a pure task. Under worker loss a lost result is computed again:
+    a task that returns random values (generate_data) may then give a later
+    consumer another list than an earlier one saw, in plain Dask as here."""
+    L = data_of_length(n)
+    k = yield my_len(L)
+    processed = [inc(L[i]) for i in range(k)]
+    total = yield sum(processed)
+    data = yield L
+    return total, data
+
+
+@coroutine
 def boom(x):
     raise ValueError(f"boom {x}")  # BOOM-LINE
 

@@ -117,6 +117,23 @@ def worker_is_closing(worker: Any) -> bool:
     return worker.status in (Status.closing, Status.closing_gracefully, Status.closed)
 
 
+def worker_dependent_states(worker: Any, key: Key) -> list[str]:
+    """The states of the tasks of this worker that depend on ``key``
+    (``TaskState.dependents`` in ``Worker.state``)."""
+    ts = worker.state.tasks.get(key)
+    return [] if ts is None else [d.state for d in ts.dependents]
+
+
+def release_own_keys(worker: Any, keys: list[Key], stimulus_id: str) -> None:
+    """Release ``keys`` here as ``free-keys`` from the scheduler would
+    (``FreeKeysEvent`` through ``Worker.handle_stimulus``); the memory ->
+    released transition tells the scheduler (``ReleaseWorkerDataMsg``, op
+    ``release-worker-data``, with this stimulus_id)."""
+    from distributed.worker_state_machine import FreeKeysEvent
+
+    worker.handle_stimulus(FreeKeysEvent(keys=keys, stimulus_id=stimulus_id))
+
+
 def fast_memory_value(worker: Any, key: Key) -> Any:
     """The value of ``key`` if it is in the worker's fast (in-memory) store,
     without reading spilled data back (``Worker.data.fast`` of a SpillBuffer)."""

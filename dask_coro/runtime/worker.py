@@ -51,6 +51,7 @@ from ..core.scope import Scope
 from ..diagnostics.scheduler import ANNOTATION, TreePlugin
 from ..durability.scheduler import DurablePlugin
 from ..lifetimes.tie import hold_segments
+from ..release.scheduler import ReleasePlugin
 from .call import trampoline
 from .lanes import Lanes
 from .scheduler import InlinePlugin
@@ -99,6 +100,7 @@ class _KeyWatcher(WorkerPlugin):
         self.client: Client | None = None
         self.tree: asyncio.Future[None] | None = None  # TreePlugin installed
         self.durable: asyncio.Future[None] | None = None  # DurablePlugin installed
+        self.release: asyncio.Future[None] | None = None  # ReleasePlugin installed
         # Inline runs: the scheduler's count of idle threads, polled while any
         # run on this worker runs calls inline; trampolines read it.
         self.idle = Idle()
@@ -244,6 +246,9 @@ class _Run:
             if watcher.tree is None:
                 watcher.tree = asyncio.ensure_future(_install(self.worker, TreePlugin()))
             wanted.append(watcher.tree)
+        if _config.get("coro.worker-release.enabled") and watcher.release is None:
+            # Not waited for: it only frees memory sooner.
+            watcher.release = asyncio.ensure_future(_install(self.worker, ReleasePlugin()))
         if _config.get("coro.durability.hold-children"):
             if watcher.durable is None:
                 watcher.durable = asyncio.ensure_future(_install(self.worker, DurablePlugin()))
@@ -447,6 +452,7 @@ async def _install(worker: Worker, plugin: Any) -> None:
             TreePlugin.name: "progress and tree will show nothing of its coroutines",
             DurablePlugin.name: "children of its coroutines die with it",
             InlinePlugin.name: "it will run coroutine calls inline and hand none out",
+            ReleasePlugin.name: "only the scheduler will release its keys",
         }[plugin.name]
         logger.warning(
             "dask_coro cannot install %s from worker %s (%s): %r",

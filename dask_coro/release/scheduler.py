@@ -1,0 +1,188 @@
+"""Scheduler side of worker release: ``ReleasePlugin`` marks and revokes.
+
+When a task is assigned to a worker (its transition to ``processing``), each
+of its dependencies that only that worker holds, whose every unfinished
+dependent is assigned there too, and that nothing else may need (see
+``markable``), and each dependency the worker will fetch a copy of
+(``copy_markable``), is *marked* on that worker's stream, ahead of the assignment
+(plugins' transition hooks run before ``Scheduler.send_all`` sends the
+transitions' messages). A new dependent elsewhere or a client asking for it
+*revokes* the mark. The worker releases a marked key itself once the named
+dependents finished there (``release/worker.py``); its state machine tells us
+(``release-worker-data``, ``Scheduler.release_worker_data``), and the key is
+then gone from that worker as for any released replica.
+"""
+
+from __future__ import annotations
+
+from time import time
+from typing import Any
+
+from dask.typing import Key
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.protocol.pickle import dumps
+
+from .._internals import distributed_private as private
+from .book import Marks
+
+NAME = "dask-coro-release"
+MARK = "dask-coro-releasable"
+REVOKE = "dask-coro-keep"
+READY = "dask-coro-release-ready"
+_DONE = ("memory", "erred")
+
+
+class ReleasePlugin(SchedulerPlugin):
+    """Installed by ``dask scheduler --preload dask_coro`` or by the first
+    coroutine on each worker when ``coro.worker-release.enabled`` is on, or
+    by ``client.register_plugin(ReleasePlugin())``; installing it again is a
+    no-op. It installs its worker plugin on every worker, present and future."""
+
+    name = NAME
+    idempotent = True
+
+    def __init__(self) -> None:
+        self.marks = Marks()
+        self.ready: set[str] = set()  # workers whose plugin can take marks
+        self.released_early = 0  # release-worker-data of a marked key, from its worker
+        self.scheduler: Any = None
+
+    async def start(self, scheduler: Any) -> None:
+        from .worker import ReleaseWorkerPlugin
+
+        self.scheduler = scheduler
+        private.add_handlers(scheduler, stream={READY: self.handle_ready})
+        private.wrap_stream_handler(scheduler, "release-worker-data", self._count_early, "_dask_coro_release")
+        private.wrap_stream_handler(scheduler, "client-desires-keys", self._revoke_wanted, "_dask_coro_release")
+        plugin = dumps(ReleaseWorkerPlugin())
+        private.store_worker_plugin(scheduler, ReleaseWorkerPlugin.name, plugin)
+        await scheduler.broadcast(
+            msg={"op": "plugin-add", "plugin": plugin, "name": ReleaseWorkerPlugin.name},
+            on_error="ignore",
+        )
+
+    # -- hooks ---------------------------------------------------------------
+
+    def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        s = self.scheduler
+        if start == "memory" and key in self.marks.marked:
+            self.marks.drop(key)  # gone (released, lost): the workers drop it too
+        if finish == "processing":
+            ts = s.tasks[key]
+            ws = ts.processing_on
+            if ws is None or ws.address not in self.ready:
+                return
+            for dts in ts.dependencies:
+                if ws in (dts.who_has or ()):
+                    ok = self.markable(dts, ws)
+                    named = [d.key for d in dts.dependents if d.state not in _DONE]
+                else:
+                    ok = self.copy_markable(dts)
+                    named = [d.key for d in dts.dependents if d.state == "processing" and d.processing_on is ws]
+                if ok:
+                    if self.marks.mark(dts.key, ws.address, named):
+                        self._send(ws.address, {"op": MARK, "key": dts.key, "dependents": named})
+                else:
+                    self._revoke(dts.key, ws.address)
+        elif start == "processing":
+            # A named dependent leaves its worker other than by finishing
+            # (rescheduled, lost with a worker): its marks no longer hold.
+            if finish not in _DONE:
+                for k, w in self.marks.naming(key):
+                    self._revoke(k, w)
+
+    def update_graph(self, scheduler: Any, *, keys: Any = (), tasks: Any = (), **kwargs: Any) -> None:
+        marked = self.marks.marked
+        if not marked:
+            return
+        for k in keys or ():
+            if k in marked:
+                self._revoke(k)  # a client asks for it
+        for k in tasks or ():
+            ts = scheduler.tasks.get(k)
+            if ts is None:
+                continue
+            for dts in ts.dependencies:
+                if dts.key in marked and not self.marks.names(dts.key, k):
+                    self._revoke(dts.key)  # re-marked if ``k`` goes to the same worker
+
+    def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        self.ready.discard(worker)
+        for k, on in list(self.marks.marked.items()):
+            if worker in on:
+                self.marks.drop(k, worker)
+
+    # -- what may be marked ----------------------------------------------------
+
+    def markable(self, dts: Any, ws: Any) -> bool:
+        """Whether ``dts`` may be released by ``ws`` once its dependents
+        assigned there finished: it is in memory on ``ws`` alone; no client
+        wants it (a coroutine's children, held for it, are wanted); it can be
+        recomputed (not scattered: it has a run_spec); it is no actor, no
+        promise or promise target, ties no resource; every dependent has
+        finished or is processing on ``ws``."""
+        if dts.state != "memory" or dts.who_wants or dts.actor or dts.run_spec is None:
+            return False
+        who_has = dts.who_has
+        if not who_has or len(who_has) != 1 or ws not in who_has:
+            return False
+        for d in dts.dependents:
+            if d.state in _DONE:
+                continue
+            if d.state != "processing" or d.processing_on is not ws:
+                return False
+        return not self._kept_by_plugins(dts.key)
+
+    def copy_markable(self, dts: Any) -> bool:
+        """Whether the copy of ``dts`` a worker fetches to run a dependent of
+        its own may be dropped once its dependents there finished: ``dts``
+        lives on another worker (dropping the copy loses nothing; were that
+        one lost too, ``dts`` is computed again), can be recomputed, is no
+        actor, promise or tied key. Clients and other workers' dependents do
+        not matter to a copy."""
+        if dts.state != "memory" or not dts.who_has or dts.actor or dts.run_spec is None:
+            return False
+        return not self._kept_by_plugins(dts.key)
+
+    def _kept_by_plugins(self, key: Key) -> bool:
+        plugins = self.scheduler.plugins
+        promises = plugins.get("dask-coro-promises")
+        if promises is not None and (key in promises.targets or key in promises.pointed_by):
+            return True
+        lifetimes = plugins.get("dask-coro-lifetimes")
+        return lifetimes is not None and lifetimes.ledger.ties(key)
+
+    # -- messages --------------------------------------------------------------
+
+    def handle_ready(self, worker: str, **kwargs: Any) -> None:
+        if worker in self.scheduler.workers:
+            self.ready.add(worker)
+
+    def _revoke(self, key: Key, worker: str | None = None) -> None:
+        for w in self.marks.revoke(key, worker):
+            self._send(w, {"op": REVOKE, "key": key})
+
+    def _send(self, worker: str, msg: dict[str, Any]) -> None:
+        stream = self.scheduler.stream_comms.get(worker)
+        if stream is not None:
+            msg["stimulus_id"] = f"{msg['op']}-{time()}"
+            stream.send(msg)
+
+    def _count_early(self, handler: Any) -> Any:
+        def release_worker_data(key: Key, worker: str, stimulus_id: str, **kwargs: Any) -> None:
+            if stimulus_id.startswith("dask-coro-released-early"):
+                self.released_early += 1
+                self.marks.drop(key, worker)
+            handler(key=key, worker=worker, stimulus_id=stimulus_id, **kwargs)
+
+        return release_worker_data
+
+    def _revoke_wanted(self, handler: Any) -> Any:
+        def client_desires_keys(keys: Any = (), **kwargs: Any) -> None:
+            for k in keys or ():
+                if k in self.marks.marked:
+                    self._revoke(k)
+            handler(keys=keys, **kwargs)
+
+        return client_desires_keys
+
