@@ -176,7 +176,7 @@ def main(argv=None) -> dict:
         f"medians of {args.repeat} run(s) per row; RSS of the worker processes above "
         f"their idle RSS, sampled every 20 ms. Delay load: {args.delay * 1000:.0f} ms of "
         "sleep in the scheduler's task-finished handler. Released early or by the "
-        "scheduler: results of the last run of each row."
+        f"scheduler: releases of results over the {args.repeat} run(s) of a row (511 per run)."
     )
     B.report(header, rows, note)
     if args.results:

@@ -110,6 +110,11 @@ SCENARIOS = [
                    "round trip plus two messages on the client's batched stream. (2,000 rather "
                    "than the 10,000 of earlier suites, to keep this suite within 15 minutes; "
                    "the time per resolve does not depend on the number.)"),
+    Scenario("release", "Worker release: a tree reduction of large leaves, the scheduler loaded "
+             "or not", "bench_release.py", ["--repeat", "1"], 420, quick=["--repeat", "1"],
+             notes="One run per row to keep the suite within 15 minutes; "
+                   "`python benchmarks/bench_release.py --results` (3 runs a row, ~12 minutes) "
+                   "gave the medians quoted in README.md."),
     Scenario("shm", "One large array read by tasks on two workers: shared memory versus plain "
              "Dask transfer",
              "bench_shm.py", [], 60, json=False),

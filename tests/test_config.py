@@ -23,6 +23,7 @@ EXPECTED = {
     "coro.inline.enabled": True,
     "coro.inline.poll-interval": "20ms",
     "coro.durability.hold-children": True,
+    "coro.worker-release.enabled": False,
     "coro.lifetimes.retry-delay": "500ms",
     "coro.lifetimes.close-timeout": "10s",
     "coro.lifetimes.leave-timeout": "10s",

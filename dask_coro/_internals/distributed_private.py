@@ -190,6 +190,11 @@ def wrap_stream_handler(server: Any, op: str, wrap: Callable[[Any], Any], mark: 
     server.stream_handlers[op] = wrapped
 
 
+def scheduler_plugin(scheduler: Any, name: str) -> Any:
+    """The scheduler plugin of that name, or None (``Scheduler.plugins``)."""
+    return scheduler.plugins.get(name)
+
+
 def store_worker_plugin(scheduler: Any, name: str, pickled: bytes) -> None:
     """Give every worker joining from now on this worker plugin
     (``Scheduler.worker_plugins``, sent by ``Scheduler.add_worker``)."""

@@ -32,6 +32,12 @@ if TYPE_CHECKING:  # for the type checker only: this module does not import dask
     from dask.typing import Key
 
 
+#: Stream ops: scheduler -> worker (a mark, a revocation), worker -> scheduler.
+MARK = "dask-coro-releasable"
+REVOKE = "dask-coro-keep"
+READY = "dask-coro-release-ready"
+
+
 class Marks:
     """Scheduler side: marked key -> {worker address: the dependents named}.
     A key is marked on the one worker that holds it, or, for a copy a

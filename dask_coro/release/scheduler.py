@@ -23,12 +23,9 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
 from .._internals import distributed_private as private
-from .book import Marks
+from .book import MARK, READY, REVOKE, Marks
 
 NAME = "dask-coro-release"
-MARK = "dask-coro-releasable"
-REVOKE = "dask-coro-keep"
-READY = "dask-coro-release-ready"
 _DONE = ("memory", "erred")
 
 
@@ -145,11 +142,10 @@ class ReleasePlugin(SchedulerPlugin):
         return not self._kept_by_plugins(dts.key)
 
     def _kept_by_plugins(self, key: Key) -> bool:
-        plugins = self.scheduler.plugins
-        promises = plugins.get("dask-coro-promises")
+        promises = private.scheduler_plugin(self.scheduler, "dask-coro-promises")
         if promises is not None and (key in promises.targets or key in promises.pointed_by):
             return True
-        lifetimes = plugins.get("dask-coro-lifetimes")
+        lifetimes = private.scheduler_plugin(self.scheduler, "dask-coro-lifetimes")
         return lifetimes is not None and lifetimes.ledger.ties(key)
 
     # -- messages --------------------------------------------------------------

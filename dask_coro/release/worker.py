@@ -17,8 +17,7 @@ from dask.typing import Key
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .._internals import distributed_private as private
-from .book import Pending
-from .scheduler import MARK, READY, REVOKE
+from .book import MARK, READY, REVOKE, Pending
 
 #: Worker task states in which a local task no longer needs its dependencies.
 _DONE = frozenset({"memory", "error", "released", "forgotten"})
