@@ -50,6 +50,7 @@ def test_all_exact():
         "Promise",
         "PromiseError",
         "PromisePlugin",
+        "ReleasePlugin",
         "Tree",
         "TreePlugin",
         "coroutine",

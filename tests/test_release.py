@@ -11,6 +11,7 @@ from distributed import Event, Worker, wait
 from distributed.utils_test import async_poll_for, gen_cluster
 from filelog import append as _append
 from filelog import lines as _lines
+from helpers import cluster
 
 import dask_coro
 from dask_coro import coroutine
@@ -238,3 +239,54 @@ async def test_a_revocation_that_comes_too_late_recomputes_never_a_wrong_result(
     assert _lines(folder, "leaves").count("3") == 2  # computed again
     del d, e
     await _nothing_left(s, a, b)
+
+
+@coroutine(inline=False)
+def big(i):
+    return [i] * 10_000
+
+
+@cluster(
+    nthreads=[("", 1)],
+    config={**VALIDATE, "coro.worker-release.enabled": True, "coro.durability.hold-children": False},
+)
+async def test_a_coroutine_child_goes_when_its_coroutine_resumes(c, s, a, tmp_path):
+    """A child wanted only by its coroutine, on the coroutine's worker: the
+    worker lets go of it as soon as the coroutine resumed, telling the
+    scheduler on its own stream first, so nothing is computed again."""
+    await c.register_plugin(ReleasePlugin())
+    await async_poll_for(lambda: len(s.plugins[NAME].ready) == 1, timeout=10)
+
+    @coroutine
+    def loop(n, folder):
+        total = 0
+        for i in range(n):
+            x = yield big(i)
+            total += x[0]
+        _append(folder, "done", "1")
+        return total
+
+    assert await c.compute(loop(40, str(tmp_path))) == sum(range(40))
+    plugin = s.plugins[NAME]
+    early = a.plugins["dask-coro-release"].pending.released
+    # Every child but perhaps the first (its mark may come before the
+    # worker met its coroutine's client) went without a free-keys.
+    assert early >= 39 and plugin.released_early == early
+    await _nothing_left(s, a)
+    assert not plugin.for_client
+
+
+@cluster(nthreads=[("", 1)], config={**VALIDATE, "coro.worker-release.enabled": True})
+async def test_children_held_for_their_coroutine_are_not_marked(c, s, a):
+    await c.register_plugin(ReleasePlugin())
+    await async_poll_for(lambda: len(s.plugins[NAME].ready) == 1, timeout=10)
+
+    @coroutine
+    def loop(n):
+        total = 0
+        for i in range(n):
+            total += (yield big(i))[0]
+        return total
+
+    assert await c.compute(loop(10)) == sum(range(10))
+    assert s.plugins[NAME].released_early == 0 and not s.plugins[NAME].for_client

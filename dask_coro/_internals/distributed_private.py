@@ -150,6 +150,11 @@ def send_on_worker_stream(worker: Any, msg: dict[str, Any]) -> None:
 # -- client ------------------------------------------------------------------
 
 
+def client_holds(client: Any, key: Key) -> bool:
+    """Whether ``client`` still has a Future of ``key`` (``Client.refcount``)."""
+    return client.refcount.get(key, 0) > 0
+
+
 def send_on_client_stream(client: Any, msg: dict[str, Any]) -> None:
     """Send ``msg`` on the client's batched stream, ordered with its graph
     submissions (``Client._send_to_scheduler``)."""

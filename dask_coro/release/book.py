@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # for the type checker only: this module does not import dask
 MARK = "dask-coro-releasable"
 REVOKE = "dask-coro-keep"
 READY = "dask-coro-release-ready"
+LET_GO = "dask-coro-client-lets-go"  # worker -> scheduler: its own client let go of keys
 
 
 class Marks:
@@ -107,6 +108,9 @@ class Pending:
     def __init__(self) -> None:
         self.waiting: dict[Key, set[Key]] = {}
         self.by_dependent: dict[Key, set[Key]] = {}
+        # key -> the client (this worker's own) whose letting go releases it:
+        # a coroutine's child, wanted by its coroutine only until it resumes
+        self.on_let_go: dict[Key, str] = {}
         self.released = 0  # keys released early
 
     def mark(self, key: Key, dependents: Iterable[Key], finished: Iterable[Key] = ()) -> bool:
@@ -121,7 +125,21 @@ class Pending:
             self.by_dependent.setdefault(d, set()).add(key)
         return not left
 
+    def mark_for_client(self, key: Key, client: str) -> None:
+        """The scheduler marked ``key``, wanted by ``client`` alone: release
+        it when that client lets go of it."""
+        self.revoke(key)
+        self.on_let_go[key] = client
+
+    def let_go(self, client: str, keys: Iterable[Key]) -> list[Key]:
+        """``client`` let go of ``keys``: those marked for it."""
+        out = [k for k in keys if self.on_let_go.get(k) == client]
+        for k in out:
+            del self.on_let_go[k]
+        return out
+
     def revoke(self, key: Key) -> None:
+        self.on_let_go.pop(key, None)
         left = self.waiting.pop(key, None)
         for d in left or ():
             keys = self.by_dependent.get(d)
@@ -144,4 +162,4 @@ class Pending:
         return ready
 
     def __contains__(self, key: Key) -> bool:
-        return key in self.waiting
+        return key in self.waiting or key in self.on_let_go

@@ -23,7 +23,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
 from .._internals import distributed_private as private
-from .book import MARK, READY, REVOKE, Marks
+from ..diagnostics.scheduler import children_by_parent
+from .book import LET_GO, MARK, READY, REVOKE, Marks
 
 NAME = "dask-coro-release"
 _DONE = ("memory", "erred")
@@ -42,13 +43,15 @@ class ReleasePlugin(SchedulerPlugin):
         self.marks = Marks()
         self.ready: set[str] = set()  # workers whose plugin can take marks
         self.released_early = 0  # release-worker-data of a marked key, from its worker
+        self.children: dict[Key, tuple[str, str]] = {}  # coroutine child -> (its client, its worker)
+        self.for_client: dict[Key, str] = {}  # keys marked to go when that client lets go
         self.scheduler: Any = None
 
     async def start(self, scheduler: Any) -> None:
         from .worker import ReleaseWorkerPlugin
 
         self.scheduler = scheduler
-        private.add_handlers(scheduler, stream={READY: self.handle_ready})
+        private.add_handlers(scheduler, stream={READY: self.handle_ready, LET_GO: self.handle_let_go})
         private.wrap_stream_handler(scheduler, "release-worker-data", self._count_early, "_dask_coro_release")
         private.wrap_stream_handler(scheduler, "client-desires-keys", self._revoke_wanted, "_dask_coro_release")
         plugin = dumps(ReleaseWorkerPlugin())
@@ -62,8 +65,13 @@ class ReleasePlugin(SchedulerPlugin):
 
     def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         s = self.scheduler
+        if finish == "forgotten":
+            self.children.pop(key, None)
         if start == "memory" and key in self.marks.marked:
             self.marks.drop(key)  # gone (released, lost): the workers drop it too
+            self.for_client.pop(key, None)
+        if finish == "memory":
+            self._mark_for_client(s.tasks[key])
         if finish == "processing":
             ts = s.tasks[key]
             ws = ts.processing_on
@@ -88,7 +96,16 @@ class ReleasePlugin(SchedulerPlugin):
                 for k, w in self.marks.naming(key):
                     self._revoke(k, w)
 
-    def update_graph(self, scheduler: Any, *, keys: Any = (), tasks: Any = (), **kwargs: Any) -> None:
+    def update_graph(
+        self, scheduler: Any, *, client: str = "", keys: Any = (), tasks: Any = (),
+        annotations: Any = None, **kwargs: Any,
+    ) -> None:
+        for parent, children in children_by_parent(annotations).items():
+            pts = scheduler.tasks.get(parent)
+            if pts is not None and pts.processing_on is not None:
+                # Submitted by the client of the worker running the coroutine.
+                for k in children:
+                    self.children[k] = (client, pts.processing_on.address)
         marked = self.marks.marked
         if not marked:
             return
@@ -105,6 +122,7 @@ class ReleasePlugin(SchedulerPlugin):
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
         self.ready.discard(worker)
+
         for k, on in list(self.marks.marked.items()):
             if worker in on:
                 self.marks.drop(k, worker)
@@ -141,6 +159,42 @@ class ReleasePlugin(SchedulerPlugin):
             return False
         return not self._kept_by_plugins(dts.key)
 
+    def _mark_for_client(self, ts: Any) -> None:
+        """A coroutine's child in memory: wanted by its coroutine's worker
+        client alone, on that worker alone, with no dependent left, it may
+        go as soon as the coroutine lets go of it (after it resumed), without
+        waiting for this scheduler's free-keys. (Held for its coroutine by
+        DurablePlugin, it is wanted twice: not marked.)"""
+        who_has, who_wants = ts.who_has, ts.who_wants
+        if not who_has or len(who_has) != 1 or not who_wants or len(who_wants) != 1:
+            return
+        (ws,) = who_has
+        (cs,) = who_wants
+        if self.children.pop(ts.key, None) != (cs.client_key, ws.address) or ws.address not in self.ready:
+            return
+        if ts.actor or ts.run_spec is None or any(d.state not in _DONE for d in ts.dependents):
+            return
+        if self._kept_by_plugins(ts.key):
+            return
+        durable = private.scheduler_plugin(self.scheduler, "dask-coro-durable")
+        if durable is not None and ts.key in durable.book.parent_of:
+            return  # held for its coroutine until that ends
+        if self.marks.mark(ts.key, ws.address, ()):
+            self.for_client[ts.key] = cs.client_key
+            self._send(ws.address, {"op": MARK, "key": ts.key, "dependents": [], "client": cs.client_key})
+
+    def handle_let_go(self, client: str, keys: list[Key], worker: str, **kwargs: Any) -> None:
+        """A worker's own client let go of keys marked for it: the scheduler
+        hears it here, on the worker's stream, before that worker's
+        release-worker-data of them (the client's own message, on its own
+        stream, may come later; it then finds nothing to do)."""
+        s = self.scheduler
+        mine = [k for k in keys if self.for_client.get(k) == client and worker in self.marks.marked.get(k, {})]
+        for k in mine:
+            del self.for_client[k]
+        if mine and client in s.clients:
+            s.client_releases_keys(keys=mine, client=client, stimulus_id=f"{LET_GO}-{time()}")
+
     def _kept_by_plugins(self, key: Key) -> bool:
         promises = private.scheduler_plugin(self.scheduler, "dask-coro-promises")
         if promises is not None and (key in promises.targets or key in promises.pointed_by):
@@ -155,6 +209,7 @@ class ReleasePlugin(SchedulerPlugin):
             self.ready.add(worker)
 
     def _revoke(self, key: Key, worker: str | None = None) -> None:
+        self.for_client.pop(key, None)
         for w in self.marks.revoke(key, worker):
             self._send(w, {"op": REVOKE, "key": key})
 

@@ -17,7 +17,7 @@ from dask.typing import Key
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .._internals import distributed_private as private
-from .book import MARK, READY, REVOKE, Pending
+from .book import LET_GO, MARK, READY, REVOKE, Pending
 
 #: Worker task states in which a local task no longer needs its dependencies.
 _DONE = frozenset({"memory", "error", "released", "forgotten"})
@@ -29,6 +29,7 @@ class ReleaseWorkerPlugin(WorkerPlugin):
 
     def __init__(self) -> None:
         self.pending = Pending()
+        self.clients: dict[str, Any] = {}  # this worker's clients that let go of children
         self.worker: Any = None
 
     def setup(self, worker: Any) -> None:
@@ -38,7 +39,15 @@ class ReleaseWorkerPlugin(WorkerPlugin):
         # message without a handler would close the worker's stream.
         private.send_on_worker_stream(worker, {"op": READY})
 
-    def handle_mark(self, key: Key, dependents: list[Key], stimulus_id: str = "", **kwargs: Any) -> None:
+    def handle_mark(
+        self, key: Key, dependents: list[Key], stimulus_id: str = "", client: str | None = None, **kwargs: Any
+    ) -> None:
+        if client is not None:
+            self.pending.mark_for_client(key, client)
+            known = self.clients.get(client)
+            if known is not None and not private.client_holds(known, key):
+                self.let_go(known, [key])  # its coroutine let go before the mark came
+            return
         done = [d for d in dependents if private.worker_task_state(self.worker, d) in ("memory", "error")]
         if self.pending.mark(key, dependents, done):
             self._soon([key])
@@ -53,6 +62,20 @@ class ReleaseWorkerPlugin(WorkerPlugin):
                 self._soon(ready)
         if start == "memory" and key in self.pending:
             self.pending.revoke(key)  # released or lost meanwhile
+
+    def let_go(self, client: Any, keys: list[Key]) -> None:
+        """This worker's ``client`` let go of ``keys`` (a coroutine resumed;
+        run on the loop after the client's own reference counting): release
+        those marked for it that it holds no reference to any more. The
+        scheduler hears of the client's letting go first, on this worker's
+        stream, so the release that follows finds them unwanted."""
+        self.clients[client.id] = client
+        keys = [k for k in self.pending.let_go(client.id, keys) if not private.client_holds(client, k)]
+        free = [k for k in keys if self._releasable(k)]
+        if free:
+            private.send_on_worker_stream(self.worker, {"op": LET_GO, "client": client.id, "keys": free})
+            self.pending.released += len(free)
+            private.release_own_keys(self.worker, free, stimulus_id=f"dask-coro-released-early-{time()}")
 
     def _soon(self, keys: list[Key]) -> None:
         # Not inside the state machine's transition (a plugin hook): after it.

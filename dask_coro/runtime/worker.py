@@ -52,6 +52,7 @@ from ..diagnostics.scheduler import ANNOTATION, TreePlugin
 from ..durability.scheduler import DurablePlugin
 from ..lifetimes.tie import hold_segments
 from ..release.scheduler import ReleasePlugin
+from ..release.worker import ReleaseWorkerPlugin
 from .call import trampoline
 from .lanes import Lanes
 from .scheduler import InlinePlugin
@@ -336,8 +337,7 @@ class _Run:
             if watcher.runs.get(self.key) is self:
                 del watcher.runs[self.key]
             for scope in self.scopes.values():
-                for f in (*scope.end_yield(), *scope.end_body()):
-                    f.release()
+                self._release((*scope.end_yield(), *scope.end_body()))
             self.scopes.clear()
 
     def _cancelled(self) -> bool:
@@ -352,12 +352,25 @@ class _Run:
         everything of a body that finished."""
         scope = frame.scope
         assert scope is not None
-        for f in scope.end_yield():
-            f.release()
+        self._release(scope.end_yield())
         if frame.done and scope is not self.root:
             self.scopes.pop(id(scope), None)
-            for f in scope.end_body():
-                f.release()
+            self._release(scope.end_body())
+
+    def _release(self, futures: Any) -> None:
+        """Let go of ``futures`` (thread-safe); with worker release on, the
+        children among them marked for our client are released here at once
+        (``ReleaseWorkerPlugin.let_go``, after the client's own reference
+        counting on its loop)."""
+        futures = list(futures)
+        for f in futures:
+            f.release()
+        if not futures:
+            return
+        plugin = private.worker_plugin(self.worker, ReleaseWorkerPlugin.name)
+        if plugin is not None:
+            client = futures[0].client
+            client.loop.add_callback(plugin.let_go, client, [f.key for f in futures])
 
     async def _submit(self, batches: list[tuple[Frame, list[int]]]) -> None:
         """Plan the remote leaves of each frame (keys derived from the frame's
