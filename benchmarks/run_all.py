@@ -433,6 +433,23 @@ def targets(by: dict[str, Scenario]) -> str:
             f"{w['yield'] / d['waits'] * 1000:.1f} ms a wait)", _yes(rw <= 1.1))
     else:
         missing("fib(22) with `result()` in a plain helper <= 2 x the generator version")
+    d = _data(by, "release")
+    if d and "inf/delay" in d:
+        target = ("worker release, tree reduction of large leaves, scheduler loaded: peak worker "
+                  "memory >= 30% lower, wall not worse")
+
+        def pair(k):
+            on, off = d[k]["on"], d[k]["off"]
+            return on["peak"] / off["peak"], on["wall"] / off["wall"]
+
+        pq, wq = pair("inf/delay")
+        text = f"**{pq:.2f} x** peak, {wq:.2f} x wall without root-task queuing"
+        if "1.1/delay" in d:
+            p1, w1 = pair("1.1/delay")
+            text += f"; {p1:.2f} x peak, {w1:.2f} x wall with distributed's default queuing"
+        row(target, text, _yes(pq <= 0.7 and wq <= 1.1) + " (no queuing)")
+    else:
+        missing("worker release: peak worker memory >= 30% lower under scheduler load")
     return B.table(["target", "measured", "met?"], rows)
 
 
