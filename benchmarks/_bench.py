@@ -197,6 +197,21 @@ def tasks_done(client: Client, reset: bool = False) -> int:
     return client.run_on_scheduler(_count_done, reset=reset)
 
 
+def slow_task_finished(delay: float, dask_scheduler: Any = None) -> None:
+    """A loaded scheduler, measured: its handler of task-finished sleeps
+    ``delay`` s a message (``client.run_on_scheduler(slow_task_finished, delay)``;
+    with a LocalCluster the scheduler runs in this process)."""
+    if not delay:
+        return
+    handler = dask_scheduler.stream_handlers["task-finished"]
+
+    def slow(**kwargs: Any) -> Any:
+        time.sleep(delay)
+        return handler(**kwargs)
+
+    dask_scheduler.stream_handlers["task-finished"] = slow
+
+
 def _has_counter(dask_scheduler: Any) -> bool:
     return "bench-count-done" in dask_scheduler.plugins
 

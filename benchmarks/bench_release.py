@@ -63,14 +63,7 @@ class CountReleased(SchedulerPlugin):
 
 def _install_load(delay: float, dask_scheduler=None) -> None:
     dask_scheduler.add_plugin(CountReleased(), idempotent=True)
-    if delay:
-        handler = dask_scheduler.stream_handlers["task-finished"]
-
-        def slow_task_finished(**kwargs):
-            time.sleep(delay)
-            return handler(**kwargs)
-
-        dask_scheduler.stream_handlers["task-finished"] = slow_task_finished
+    B.slow_task_finished(delay, dask_scheduler=dask_scheduler)
 
 
 def _counts(dask_scheduler=None) -> tuple[int, int]:

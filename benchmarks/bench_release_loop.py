@@ -42,17 +42,6 @@ def loop(count, n):
     return total
 
 
-def _install(delay: float, dask_scheduler=None) -> None:
-    if delay:
-        handler = dask_scheduler.stream_handlers["task-finished"]
-
-        def slow_task_finished(**kwargs):
-            time.sleep(delay)
-            return handler(**kwargs)
-
-        dask_scheduler.stream_handlers["task-finished"] = slow_task_finished
-
-
 def _tasks(dask_scheduler=None) -> int:
     return len(dask_scheduler.tasks)
 
@@ -77,7 +66,7 @@ def run(enabled: bool, count: int, delay: float, args) -> dict:
                 while len(client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins[NAME].ready)) < 1:
                     assert time.monotonic() < deadline
                     time.sleep(0.05)
-            client.run_on_scheduler(_install, delay)
+            client.run_on_scheduler(B.slow_task_finished, delay)
             n = args.kb * 1024 // 8
             procs = list(B.worker_processes(client).values())
             base = sum(p.memory_info().rss for p in procs)
