@@ -97,6 +97,8 @@ async def run(spec, enabled: bool) -> tuple[list[int], list[int], int]:
 
 
 def test_release_property(pytestconfig):
+    if pytestconfig.getoption("--validate"):
+        pytest.skip("validates on its own: its clusters run with validation on in any pass")
     examples = pytestconfig.getoption("--release-examples")
     early_total = []
 
