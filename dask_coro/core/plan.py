@@ -258,19 +258,24 @@ def _canonical(obj: Any, names: Mapping[Any, Any]) -> Any:
     if type(obj) is dict:
         return ("dict", [(_canonical(k, names), _canonical(v, names)) for k, v in obj.items()])
     if type(obj) is str or type(obj) is tuple:
-        named = _named(obj, names, None)
-        if named is not None:
+        named = _named(obj, names, _NOT_A_KEY)
+        if named is not _NOT_A_KEY:
             return ("key", named)
     if type(obj) is list or type(obj) is tuple:
         return (type(obj).__name__, [_canonical(a, names) for a in obj])
     return obj
 
 
-def _named(key: Any, names: Mapping[Any, Any], default: Any = ...) -> Any:
+_NOT_A_KEY = object()
+
+
+def _named(key: Any, names: Mapping[Any, Any], default: Any = None) -> Any:
+    """What ``names`` calls ``key``; else ``default``, or ``key`` itself
+    when no default is given."""
     try:
-        return names.get(key, key if default is ... else default)
+        return names.get(key, key if default is None else default)
     except TypeError:  # an unhashable tuple: no key
-        return key if default is ... else default
+        return key if default is None else default
 
 
 def _is_subgraph(obj: Any) -> bool:

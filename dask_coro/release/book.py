@@ -37,6 +37,7 @@ MARK = "dask-coro-releasable"
 REVOKE = "dask-coro-keep"
 READY = "dask-coro-release-ready"
 LET_GO = "dask-coro-client-lets-go"  # worker -> scheduler: its own client let go of keys
+EARLY = "dask-coro-released-early"  # the stimulus of a worker's own release
 
 
 class Marks:

@@ -24,7 +24,10 @@ from distributed.protocol.pickle import dumps
 
 from .._internals import distributed_private as private
 from ..diagnostics.scheduler import children_by_parent
-from .book import LET_GO, MARK, READY, REVOKE, Marks
+from ..durability.scheduler import NAME as DURABLE
+from ..lifetimes.scheduler import NAME as LIFETIMES
+from ..promise.scheduler import PromisePlugin
+from .book import EARLY, LET_GO, MARK, READY, REVOKE, Marks
 
 NAME = "dask-coro-release"
 _DONE = ("memory", "erred")
@@ -122,7 +125,6 @@ class ReleasePlugin(SchedulerPlugin):
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
         self.ready.discard(worker)
-
         for k, on in list(self.marks.marked.items()):
             if worker in on:
                 self.marks.drop(k, worker)
@@ -176,7 +178,7 @@ class ReleasePlugin(SchedulerPlugin):
             return
         if self._kept_by_plugins(ts.key):
             return
-        durable = private.scheduler_plugin(self.scheduler, "dask-coro-durable")
+        durable = private.scheduler_plugin(self.scheduler, DURABLE)
         if durable is not None and ts.key in durable.book.parent_of:
             return  # held for its coroutine until that ends
         if self.marks.mark(ts.key, ws.address, ()):
@@ -196,10 +198,10 @@ class ReleasePlugin(SchedulerPlugin):
             s.client_releases_keys(keys=mine, client=client, stimulus_id=f"{LET_GO}-{time()}")
 
     def _kept_by_plugins(self, key: Key) -> bool:
-        promises = private.scheduler_plugin(self.scheduler, "dask-coro-promises")
+        promises = private.scheduler_plugin(self.scheduler, PromisePlugin.name)
         if promises is not None and (key in promises.targets or key in promises.pointed_by):
             return True
-        lifetimes = private.scheduler_plugin(self.scheduler, "dask-coro-lifetimes")
+        lifetimes = private.scheduler_plugin(self.scheduler, LIFETIMES)
         return lifetimes is not None and lifetimes.ledger.ties(key)
 
     # -- messages --------------------------------------------------------------
@@ -221,7 +223,7 @@ class ReleasePlugin(SchedulerPlugin):
 
     def _count_early(self, handler: Any) -> Any:
         def release_worker_data(key: Key, worker: str, stimulus_id: str, **kwargs: Any) -> None:
-            if stimulus_id.startswith("dask-coro-released-early"):
+            if stimulus_id.startswith(EARLY):
                 self.released_early += 1
                 self.marks.drop(key, worker)
             handler(key=key, worker=worker, stimulus_id=stimulus_id, **kwargs)

@@ -17,7 +17,7 @@ from dask.typing import Key
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .._internals import distributed_private as private
-from .book import LET_GO, MARK, READY, REVOKE, Pending
+from .book import EARLY, LET_GO, MARK, READY, REVOKE, Pending
 
 #: Worker task states in which a local task no longer needs its dependencies.
 _DONE = frozenset({"memory", "error", "released", "forgotten"})
@@ -71,21 +71,22 @@ class ReleaseWorkerPlugin(WorkerPlugin):
         stream, so the release that follows finds them unwanted."""
         self.clients[client.id] = client
         keys = [k for k in self.pending.let_go(client.id, keys) if not private.client_holds(client, k)]
-        free = [k for k in keys if self._releasable(k)]
-        if free:
-            private.send_on_worker_stream(self.worker, {"op": LET_GO, "client": client.id, "keys": free})
-            self.pending.released += len(free)
-            private.release_own_keys(self.worker, free, stimulus_id=f"dask-coro-released-early-{time()}")
+        self._release(keys, notice={"op": LET_GO, "client": client.id})
 
     def _soon(self, keys: list[Key]) -> None:
         # Not inside the state machine's transition (a plugin hook): after it.
         asyncio.get_running_loop().call_soon(self._release, keys)
 
-    def _release(self, keys: list[Key]) -> None:
+    def _release(self, keys: list[Key], notice: dict[str, Any] | None = None) -> None:
+        """Release those of ``keys`` that may go; ``notice``, sent first on
+        the worker's stream with their keys, tells the scheduler why."""
         free = [k for k in keys if self._releasable(k)]
-        if free:
-            self.pending.released += len(free)
-            private.release_own_keys(self.worker, free, stimulus_id=f"dask-coro-released-early-{time()}")
+        if not free:
+            return
+        if notice is not None:
+            private.send_on_worker_stream(self.worker, {**notice, "keys": free})
+        self.pending.released += len(free)
+        private.release_own_keys(self.worker, free, stimulus_id=f"{EARLY}-{time()}")
 
     def _releasable(self, key: Key) -> bool:
         """In memory here, and no task of this worker still needs it (a
