@@ -21,6 +21,11 @@ from hypothesis import strategies as st
 from dask_coro.release.scheduler import NAME, ReleasePlugin
 
 VALIDATE = {"distributed.scheduler.validate": True, "distributed.worker.validate": True}
+# A worker fetching from the closed worker retries its address until the
+# connect timeout (30 s by default; with or without worker release, about
+# one example in four stalled that long): shorter, so that a stall cannot
+# pass for a hang under wait_for's bound.
+FAST_FAIL = {"distributed.comm.timeouts.connect": "3s"}
 
 
 def node(i, *deps):
@@ -66,7 +71,7 @@ async def run(spec, enabled: bool) -> tuple[list[int], list[int], int]:
     dsk = graph(n, deps)
     dependents = {d for ds in deps for d in ds}
     sinks = [f"t-{i}" for i in range(n) if i not in dependents]
-    with dask.config.set({**VALIDATE, "coro.worker-release.enabled": enabled}):
+    with dask.config.set({**VALIDATE, **FAST_FAIL, "coro.worker-release.enabled": enabled}):
         async with Scheduler(dashboard_address=":0", port=0, validate=True) as s:
             workers = [await Worker(s.address, nthreads=1, validate=True) for _ in range(n_workers)]
             try:
