@@ -15,11 +15,16 @@ from typing import Any
 from dask._task_spec import Alias as Alias
 from dask._task_spec import DataNode as DataNode
 from dask._task_spec import GraphNode as GraphNode
+from dask._task_spec import NestedContainer as NestedContainer
 from dask._task_spec import Task as Task
 from dask._task_spec import TaskRef as TaskRef
 from dask._task_spec import convert_legacy_task as convert_legacy_task
 from dask.base import _annotations
 from dask.delayed import Delayed
+from dask.delayed import _swap as swap  # noqa: F401
+
+# ``swap``: what ``Delayed``'s swapped operators call (``dask.delayed.right``:
+# ``0 + x`` is ``partial(_swap, operator.add)``); core.localize computes them in place.
 
 #: The annotations ``dask.annotate`` has in effect here (``dask.base._annotations``,
 #: a ContextVar holding a dict, or None/empty). Read on the hot path of making

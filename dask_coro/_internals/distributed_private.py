@@ -141,6 +141,25 @@ def fast_memory_value(worker: Any, key: Key) -> Any:
     return data.fast.get(key) if hasattr(data, "fast") else data.get(key)
 
 
+def local_data(worker: Any, keys: list[Key]) -> list[Any] | None:
+    """The values of ``keys`` if every one is in memory on this worker (its
+    state machine's task in state ``memory``, the value in ``Worker.data``,
+    spilled or not), else None. Call on the worker's event loop, which owns
+    ``Worker.data``."""
+    tasks = worker.state.tasks
+    data = worker.data
+    out = []
+    for k in keys:
+        ts = tasks.get(k)
+        if ts is None or ts.state != "memory":
+            return None
+        try:
+            out.append(data[k])
+        except KeyError:
+            return None
+    return out
+
+
 def send_on_worker_stream(worker: Any, msg: dict[str, Any]) -> None:
     """Send ``msg`` on the worker's batched stream to the scheduler, ordered
     with its task-finished messages (``Worker.batched_stream``)."""

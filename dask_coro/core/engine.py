@@ -270,6 +270,12 @@ class Trampoline:
         (resumed, or abandoned by an error) or whose body ended, so the caller
         can release what that yield needed; by default such frames are
         appended to ``ended``.
+    localize
+        ``localize(frame, leaf)``, asked for each leaf of a yield that is not
+        an inline call: an inline call to run instead (it computes the leaf
+        in place, see ``core.localize``; handed out, it must plan as the leaf
+        itself), or None to compute the leaf remotely. What it raises is
+        raised at the yield.
     """
 
     def __init__(
@@ -282,6 +288,7 @@ class Trampoline:
         cancelled: Callable[[], bool] | None = None,
         check_every: int = 256,
         on_ended: Callable[[Frame], None] | None = None,
+        localize: Callable[[Frame, Any], Any] | None = None,
     ):
         self.name = name
         self.call_type: Any = call_type
@@ -289,6 +296,7 @@ class Trampoline:
         self.idle = idle or _NO_IDLE
         self.cancelled = cancelled
         self.check_every = check_every
+        self.localize = localize
         self.stack: list[Frame] = []
         #: Without ``on_ended``: frames with a ``scope`` whose yield ended, or
         #: whose body ended, since the caller last cleared the list.
@@ -712,13 +720,28 @@ class Trampoline:
         frame.results = [_PENDING] * len(structure.leaves)
         todo: list[int] = []
         remote: list[int] = []
-        for pos, leaf in enumerate(structure.leaves):
+        localize = self.localize
+        leaves = structure.leaves
+        for pos, leaf in enumerate(leaves):
             if type(leaf) is call_type and (
                 leaf.__dask_coro_inline__ is not None or leaf.__dask_coro_done__ is not None
             ):
                 todo.append(pos)
-            else:
-                remote.append(pos)
+                continue
+            if localize is not None:
+                try:
+                    local = localize(frame, leaf)
+                except Exception as e:
+                    frame.todo = _EMPTY
+                    frame.leaves = _EMPTY
+                    return e
+                if local is not None:
+                    # Computed in place: an inline call standing for the leaf
+                    # (handed out, it is planned as the leaf itself).
+                    leaves[pos] = local
+                    todo.append(pos)
+                    continue
+            remote.append(pos)
         frame.todo = todo
         frame.remote = remote
         return None

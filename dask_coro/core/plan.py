@@ -76,10 +76,14 @@ def plan_yield(
     known: Mapping[Key, Key],
     parent: Key,
     index: int,
+    values: Mapping[Key, Any] | None = None,
 ) -> Plan:
     """Plan the submission of ``leaves`` (yielded at ``paths``) for yield number
-    ``index`` of the coroutine running as ``parent``."""
+    ``index`` of the coroutine running as ``parent``. ``values`` holds results
+    computed in place by earlier yields (``core.localize``): they go into the
+    graph as data, never computed again."""
     plan = Plan()
+    values = values or {}
     rename: dict[Key, Key] = dict(known)
     seen: set[str] = set()
     for i, (leaf, path) in enumerate(zip(leaves, paths)):
@@ -111,9 +115,9 @@ def plan_yield(
             # plain dict graph has no layers to follow.
             out, layer_of = leaf.key, hasattr(graph, "layers")
         else:
-            out, nodes = collection_graph(leaf, rename)
+            out, nodes = collection_graph(leaf, {**values, **rename} if values else rename)
             layer_of = False
-        added = _rename_below(out, nodes, rename, plan.graph, parent, index, path)
+        added = _rename_below(out, nodes, rename, plan.graph, parent, index, path, values)
         plan.outputs.append(rename[out])
         if layer_of:
             plan.keep.extend(rename[k] for k in added)
@@ -166,6 +170,7 @@ def _rename_below(
     parent: Key,
     index: int,
     path: tuple[Any, ...],
+    values: Mapping[Key, Any],
 ) -> list[Key]:
     """Rename ``out`` and every task below it that is not renamed yet; add the
     renamed tasks to ``graph``, dependencies first. Returns the original keys
@@ -192,7 +197,9 @@ def _rename_below(
             rename[k] = k
             continue
         task = entry[0]
-        if not isinstance(task, GraphNode):  # a legacy tuple task
+        if k in values:  # computed in place already: its value, as data
+            task = DataNode(k, values[k])
+        elif not isinstance(task, GraphNode):  # a legacy tuple task
             task = convert_legacy_task(k, task, nodes.keys())
         order[k] = len(order)
         tasks[k] = task

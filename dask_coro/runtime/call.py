@@ -7,6 +7,7 @@ import importlib
 import sys
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Generator
 from typing import Any, ClassVar, Protocol
 
@@ -22,6 +23,7 @@ from .._internals.dask_private import DataNode, Task, annotations_in_effect, del
 from ..core.classify import classifier, is_lazy
 from ..core.engine import Frame, Idle, Request, Trampoline
 from ..core.plan import func_token
+from .ops import bind_operators
 
 
 def gather(x: Any) -> Request:
@@ -130,6 +132,9 @@ class CoroutineCall(Delayed):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _built_call, (self.key, self.dask, self._length)
+
+
+bind_operators(CoroutineCall)  # x[i], x + y, sum(calls): LazyOp, built lazily too
 
 
 def _built_call(key: Any, graph: Any, length: int | None) -> CoroutineCall:
@@ -267,6 +272,7 @@ class CoroutineFunction:
         if isinstance(func, CoroutineFunction):
             func = func.__wrapped__
         functools.update_wrapper(self, func)
+        WRAPPERS[func] = self
         self.pure = pure
         self.nout = nout
         self.prefix = name or funcname(func)
@@ -401,9 +407,14 @@ def trampoline(
     cancelled: Callable[[], bool] | None = None,
     on_ended: Callable[[Frame], None] | None = None,
     check_every: int = 256,
+    localize: Callable[[Frame, Any], Any] | None = None,
 ) -> Trampoline:
     """The engine wired for coroutine calls, as both runners use it: with
-    ``inline``, ``CoroutineCall`` objects run inline (see ``Trampoline``)."""
+    ``inline``, ``CoroutineCall`` objects run inline (see ``Trampoline``),
+    and so do the yielded values ``localize`` computes in place
+    (``runtime.inplace.localizer``)."""
+    if not inline:
+        localize = None
     return Trampoline(
         name,
         call_type=CoroutineCall if inline else None,
@@ -412,4 +423,11 @@ def trampoline(
         cancelled=cancelled,
         on_ended=on_ended,
         check_every=check_every,
+        localize=localize,
     )
+
+
+#: The ``@coroutine`` wrapper of each decorated function: a graph's coroutine
+#: task names the plain function; computed in place (``runtime.inplace``), its
+#: calls take the wrapper's ``inline``, ``pure`` and ``nout``.
+WRAPPERS: weakref.WeakKeyDictionary[Callable[..., Any], CoroutineFunction] = weakref.WeakKeyDictionary()

@@ -24,6 +24,7 @@ from ..core.engine import Done, Frame, Returned, Submit
 from ..core.plan import Plan, plan_yield
 from ..core.scope import Scope
 from .call import trampoline
+from .inplace import localizer
 
 if TYPE_CHECKING:
     from .call import CoroutineTask
@@ -32,8 +33,18 @@ if TYPE_CHECKING:
 def run_local(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     ctx = contextvars.copy_context()
     ctx.run(running_key.set, task.key)
+    key = task.key
+
+    def scope_of(frame: Frame) -> Scope[Any]:
+        if frame.scope is None:
+            frame.scope = Scope(frame.ident(key))
+        return frame.scope
+
     tramp = trampoline(
-        funcname(task.func), inline=bool(_config.get("coro.inline.enabled")), on_ended=_ended
+        funcname(task.func),
+        inline=bool(_config.get("coro.inline.enabled")),
+        on_ended=_ended,
+        localize=localizer(scope_of, _fetch),
     )
     out = ctx.run(tramp.start, task.func, args, kwargs, Scope(task.key))
     try:
@@ -61,6 +72,15 @@ def run_local(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]
     raise step.error  # type: ignore[union-attr]
 
 
+def _fetch(scope: Scope[Any], keys: list[Any]) -> dict[Any, Any] | None:
+    """Results of earlier yields, for a value computed in place: here a
+    scope's handles are the values themselves."""
+    known, held = scope.cache.known, scope.held
+    if not all(known[k] in held for k in keys):
+        return None
+    return {k: held[known[k]] for k in keys}
+
+
 def _ended(frame: Frame) -> None:
     """A yield of ``frame`` ended (or its body did): drop what it needed."""
     scope = frame.scope
@@ -80,7 +100,12 @@ def _compute_batch(frame: Frame, positions: list[int]) -> None:
     leaves = [frame.leaves[p] for p in positions]
     try:
         plan = plan_yield(
-            leaves, [frame.path(p) for p in positions], scope.cache.known, scope.ident, frame.index
+            leaves,
+            [frame.path(p) for p in positions],
+            scope.cache.known,
+            scope.ident,
+            frame.index,
+            scope.cache.values,
         )
         found = _compute(plan, scope.held, leaves)
     except Exception as e:

@@ -54,6 +54,7 @@ from ..lifetimes.tie import hold_segments
 from ..release.scheduler import ReleasePlugin
 from ..release.worker import ReleaseWorkerPlugin
 from .call import trampoline
+from .inplace import localizer
 from .lanes import Lanes
 from .scheduler import InlinePlugin
 
@@ -284,6 +285,7 @@ class _Run:
             idle=watcher.idle,
             cancelled=self._cancelled,
             on_ended=self._ended,
+            localize=localizer(self._scope_of, self._fetch),
         )
         step: Returned | Raised | None = None
         try:
@@ -340,6 +342,29 @@ class _Run:
                 self._release((*scope.end_yield(), *scope.end_body()))
             self.scopes.clear()
 
+    def _scope_of(self, frame: Frame) -> Scope[Future]:
+        """The frame's scope, made the first time it needs one (on the loop,
+        or on the thread pool while the trampoline computes a value in place)."""
+        scope = frame.scope
+        if scope is None:
+            scope = frame.scope = Scope(frame.ident(self.key))
+            self.scopes[id(scope)] = scope
+        return scope
+
+    def _fetch(self, scope: Scope[Future], keys: list[Key]) -> dict[Key, Any] | None:
+        """Results of earlier yields held in this worker's memory, for a value
+        computed in place (asked on the thread pool; read on the event loop,
+        which owns the worker's data); None if any is not here."""
+        renamed = [scope.cache.known[k] for k in keys]
+        try:
+            found = asyncio.run_coroutine_threadsafe(
+                _local_data(self.worker, renamed), self.loop
+            ).result(timeout=_FETCH_TIMEOUT)
+        except Exception as e:  # the worker is closing, or its loop is stuck
+            logger.debug("coroutine %r: local data of %r not read: %r", self.key, renamed, e)
+            return None
+        return None if found is None else dict(zip(keys, found))
+
     def _cancelled(self) -> bool:
         # Asked from the thread pool between inline calls: a dict lookup.
         return not self._alive()
@@ -380,10 +405,7 @@ class _Run:
         wanted: dict[Key, None] = {}
         plans = []
         for frame, positions in batches:
-            scope = frame.scope
-            if scope is None:
-                scope = frame.scope = Scope(frame.ident(self.key))
-                self.scopes[id(scope)] = scope
+            scope = self._scope_of(frame)
             try:
                 plan = plan_yield(
                     [frame.leaves[p] for p in positions],
@@ -391,6 +413,7 @@ class _Run:
                     scope.cache.known,
                     scope.ident,
                     frame.index,
+                    scope.cache.values,
                 )
             except Exception as e:  # raised at the yield when the frame waits
                 scope.error = e
@@ -475,6 +498,13 @@ async def _install(worker: Worker, plugin: Any) -> None:
             e,
         )
         raise
+
+
+async def _local_data(worker: Worker, keys: list[Key]) -> list[Any] | None:
+    return private.local_data(worker, keys)
+
+
+_FETCH_TIMEOUT = 5.0  # s; past it a value is computed as tasks, as before
 
 
 def _retrieve(fut: asyncio.Future[Any]) -> None:

@@ -1,0 +1,285 @@
+"""Yielded lazy values computed in place: the runners' ``localize`` hook.
+
+``core.localize`` reads graphs; here the coroutine's own lazy objects are
+read as objects, before any graph is built: a ``CoroutineCall`` is its
+function and arguments, a ``LazyOp`` (``runtime.ops``) its operator and
+operands, a call computed inline its value. A leaf made only of those, of
+plain values, and of ``Delayed`` graphs ``core.localize.analyse`` accepts,
+runs as a ``LocalCall``: an inline call of ``core.localize.evaluate``.
+Every value computed is kept where a task's would be: on the object
+(``__dask_coro_done__``, so a graph built on it later holds the value), or,
+for a graph's task, in the frame's result cache for as long as its layer
+lives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from functools import partial
+from typing import Any
+
+from dask.base import is_dask_collection
+from dask.delayed import Delayed
+from dask.typing import Key
+from dask.utils import key_split
+
+from .._internals.dask_private import delayed_slot
+from ..core.engine import Frame
+from ..core.localize import Local, analyse, evaluate
+from ..core.scope import Scope
+from .call import (
+    _PLAIN,
+    _SPAN_ONLY,
+    WRAPPERS,
+    CoroutineCall,
+    CoroutineFunction,
+    CoroutineTask,
+    _new_call,
+)
+from .ops import LazyOp
+
+#: ``fetch(scope, keys)``: the values of ``keys`` (original keys of results of
+#: earlier yields, ``scope.cache.known``) if all can be read here, else None.
+Fetch = Callable[[Scope[Any], list[Key]], "dict[Key, Any] | None"]
+
+_KEY = delayed_slot("_key")
+_LENGTH = delayed_slot("_length")
+_OBJ: Any = object()  # names of objects in a Local: (_OBJ, id(obj)), never a dask key
+
+
+class LocalCall(Delayed):
+    """An inline call that computes a yielded lazy value in place. It is that
+    value's ``Delayed``, with its key and graph: handed out as a task (work
+    stealing, or before its coroutine waits), it is planned as the value."""
+
+    __slots__ = ("leaf", "__dask_coro_inline__", "__dask_coro_done__")
+    leaf: Delayed
+    __dask_coro_inline__: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None
+    __dask_coro_done__: tuple[Any] | None
+
+    def __init__(self, leaf: Delayed, local: Local, fetched: dict[Key, Any]):
+        # The leaf's key and graph are built only if asked (handed out).
+        self.leaf = leaf
+        _LENGTH.__set__(self, getattr(leaf, "_length", None))
+        self.__dask_coro_inline__ = (evaluate, (local, fetched), {})
+        self.__dask_coro_done__ = None
+
+    @property
+    def _key(self) -> Any:
+        return self.leaf.key
+
+    @property
+    def _dask(self) -> Any:
+        return self.leaf.dask
+
+    @property
+    def _layer(self) -> Any:
+        return self.leaf._layer
+
+    __setattr__ = object.__setattr__
+
+
+def localizer(scope_of: Callable[[Frame], Scope[Any]], fetch: Fetch | None) -> Callable[[Frame, Any], Any]:
+    """The ``localize`` hook of a runner's trampoline: ``scope_of(frame)``
+    gives the frame's scope, made if need be; ``fetch`` reads results of
+    earlier yields (None: never)."""
+
+    def localize(frame: Frame, leaf: Any) -> Any:
+        if not isinstance(leaf, Delayed) or type(leaf) is LocalCall:
+            return None  # a Future, a collection, a plain value
+        scope = frame.scope
+        values = scope.cache.values if scope is not None else {}
+        known = scope.cache.known if scope is not None else {}
+        found = _analyse(leaf, values, known)
+        if found is None:
+            return None
+        local, objects = found
+        fetched: dict[Key, Any] = {}
+        if local.fetch:
+            got = fetch(scope, local.fetch) if fetch is not None and scope is not None else None
+            if got is None:
+                return None  # not all here: computed as tasks, as before
+            fetched = got
+        put = None
+        if local.layers:  # values of graph tasks go to the frame's result cache
+            put = (scope if scope is not None else scope_of(frame)).cache.put
+        local.record = partial(_record, objects, local.layers, put)
+        return LocalCall(leaf, local, fetched)
+
+    return localize
+
+
+def _analyse(leaf: Delayed, values: dict[Key, Any], known: dict[Key, Key]) -> tuple[Local, dict[Any, Any]] | None:
+    """``leaf`` as a ``Local`` (objects named ``(_OBJ, id)``, graph tasks by
+    key) and the objects by name, or None if anything under it must be a task."""
+    local = Local(_name(leaf))
+    objects: dict[Any, Any] = {}
+    stack: list[tuple[Any, bool]] = [(leaf, False)]
+    while stack:
+        x, expanded = stack.pop()
+        if expanded:
+            local.tasks.append(_task(x))
+            continue
+        t = type(x)
+        if t is CoroutineCall or t is LazyOp:
+            name = _name(x)
+            if name in local.seen:
+                continue
+            local.seen.add(name)
+            done = x.__dask_coro_done__
+            if done is not None:
+                local.start[name] = done[0]
+                continue
+            if not _built(x):
+                children = _children(x)
+                if children is None:
+                    return None
+                objects[name] = x
+                stack.append((x, True))
+                stack.extend((c, False) for c in children)
+                continue
+            # Built (something asked for its key): read its graph.
+            if analyse(x, values, known, _is_call, _make_call, into=local) is None:
+                return None
+            local.tasks.append((name, False, [x.key], partial(_value_of, x.key)))
+        elif analyse(x, values, known, _is_call, _make_call, into=local) is None:
+            return None  # a dask.delayed call, an attribute, a persisted value
+    return local, objects
+
+
+def _record(
+    objects: dict[Any, Any],
+    layers: dict[Key, Any],
+    put: Callable[[Any, Key, Any], None] | None,
+    name: Any,
+    value: Any,
+) -> None:
+    """Keep ``value``: on the object it is the value of, or, for a graph's
+    task, in the result cache while its layer lives."""
+    obj = objects.get(name)
+    if obj is not None:
+        obj.__dask_coro_done__ = (value,)
+    elif put is not None and name in layers:
+        put(layers[name], name, value)
+
+
+def _name(x: Any) -> Any:
+    t = type(x)
+    if t is CoroutineCall or t is LazyOp:
+        return (_OBJ, id(x))
+    return x.key
+
+
+def _built(x: Any) -> bool:
+    try:
+        _KEY.__get__(x)
+    except AttributeError:
+        return False
+    return True
+
+
+def _children(x: Any) -> list[Any] | None:
+    """The lazy objects ``x`` needs, or None if it must be a task."""
+    if type(x) is CoroutineCall:
+        fn: CoroutineFunction = x._fn
+        ann = x._ann
+        if not fn.inline or x._name is not None or (ann and ann.keys() != _SPAN_ONLY):
+            return None
+        args: Any = (*x._args, *x._kwargs.values()) if x._kwargs else x._args
+    else:
+        args = x.operands
+    out: list[Any] = []
+    for a in args:
+        if type(a) in _PLAIN:
+            continue
+        for lazy in _lazy_in(a):
+            if lazy is None:
+                return None
+            out.append(lazy)
+    return out
+
+
+def _lazy_in(a: Any) -> Iterator[Any]:
+    """The lazy values in an argument (through lists, tuples and dicts, as
+    dask unpacks them); None for one that cannot be computed here."""
+    if isinstance(a, Delayed):
+        yield a
+    elif type(a) in (list, tuple):
+        for b in a:
+            yield from _lazy_in(b)
+    elif type(a) is dict:
+        for b in a.values():
+            yield from _lazy_in(b)
+    elif is_dask_collection(a) or (type(a) in (set, frozenset) and any(isinstance(b, Delayed) for b in a)):
+        yield None  # a collection (its graph is optimized as a whole), a Future
+
+
+def _subst(a: Any, have: Mapping[Any, Any]) -> Any:
+    """``a`` with its lazy values replaced by theirs."""
+    if isinstance(a, Delayed):
+        return have[_name(a)]
+    t = type(a)
+    if t is list:
+        return [_subst(b, have) for b in a]
+    if t is tuple:
+        return tuple(_subst(b, have) for b in a)
+    if t is dict:
+        return {k: _subst(v, have) for k, v in a.items()}
+    return a
+
+
+def _task(x: Any) -> tuple[Any, bool, list[Any], Callable[[Mapping[Any, Any]], Any]]:
+    name = _name(x)
+    deps = [_name(c) for c in _children(x) or ()]
+    if type(x) is LazyOp:
+        return (name, False, deps, partial(_apply, x))
+    return (name, True, deps, partial(_call, x))
+
+
+def _apply(x: LazyOp, have: Mapping[Any, Any]) -> Any:
+    return x.op(*[_subst(o, have) for o in x.operands])
+
+
+def _call(x: CoroutineCall, have: Mapping[Any, Any]) -> CoroutineCall:
+    """The inline call of ``x`` with its arguments computed: ``x`` itself if
+    they were plain values (so it is computed once, wherever it is yielded)."""
+    if x.__dask_coro_inline__ is not None:
+        return x
+    args = tuple(_subst(a, have) for a in x._args)
+    kwargs = {k: _subst(v, have) for k, v in x._kwargs.items()} if x._kwargs else {}
+    return _inline(x._fn, args, kwargs)
+
+
+def _value_of(key: Key, have: Mapping[Any, Any]) -> Any:
+    return have[key]
+
+
+def _is_call(func: Any) -> bool:
+    """A graph task function that is a coroutine call which may run inline."""
+    if type(func) is not CoroutineTask:
+        return False
+    wrapper = WRAPPERS.get(func.func)
+    return wrapper is None or wrapper.inline
+
+
+def _make_call(func: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any], key: Key) -> CoroutineCall:
+    """The inline call of a graph's coroutine task, its arguments computed."""
+    fn = WRAPPERS.get(func.func)
+    if fn is None:
+        fn = CoroutineFunction(func.func, name=key_split(key))
+    return _inline(fn, args, kwargs)
+
+
+def _inline(fn: CoroutineFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CoroutineCall:
+    """A call of ``fn`` that runs inline, whatever its arguments hold (they
+    are values: nothing lazy is left in them)."""
+    call = _new_call(CoroutineCall)
+    call._length = fn.nout
+    call._fn = fn
+    call._args = args
+    call._kwargs = kwargs
+    call._name = None
+    call.__dask_coro_done__ = None
+    call.__dask_coro_inline__ = (fn.__wrapped__, args, kwargs)
+    call._ann = None
+    return call

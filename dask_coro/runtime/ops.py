@@ -1,0 +1,208 @@
+"""Operators on coroutine calls, made as cheaply as the calls themselves.
+
+``L[i]``, ``x + y``, ``-x`` and ``sum(calls)`` on a ``Delayed`` go through
+dask's ``Delayed`` operators, which build the result's graph at once by
+copying the graphs of its operands: ``sum`` of n calls is a chain of n adds
+and costs O(n**2) (a second for a thousand). On a coroutine call, and on the
+result of such an operator, they make a ``LazyOp`` instead: a ``Delayed``
+whose key and graph are built the first time anything asks for them, the
+whole chain in one layer. Until then it is an operator and its operands,
+which is what ``runtime.inplace`` reads to compute a yielded value in place.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+import uuid
+from collections.abc import Callable, Generator
+from typing import Any
+
+from dask.base import tokenize
+from dask.delayed import Delayed, unpack_collections
+from dask.highlevelgraph import HighLevelGraph
+from dask.utils import funcname
+
+from .._internals.dask_private import DataNode, Task, TaskRef, annotations_in_effect, delayed_slot
+from ..core.engine import Request
+
+_KEY = delayed_slot("_key")
+_DASK = delayed_slot("_dask")
+_LENGTH = delayed_slot("_length")
+_LOCK = threading.RLock()
+_SPAN_ONLY = {"span": None}.keys()
+
+#: The operators ``Delayed`` binds (``dask.delayed``, ``Delayed._bind_operator``).
+UNARY: tuple[Callable[..., Any], ...] = (operator.abs, operator.neg, operator.pos, operator.invert)
+BINARY: tuple[Callable[..., Any], ...] = (
+    operator.add,
+    operator.sub,
+    operator.mul,
+    operator.floordiv,
+    operator.truediv,
+    operator.mod,
+    operator.pow,
+    operator.and_,
+    operator.or_,
+    operator.xor,
+    operator.lshift,
+    operator.rshift,
+)
+COMPARE: tuple[Callable[..., Any], ...] = (operator.eq, operator.ge, operator.gt, operator.ne, operator.le, operator.lt, operator.getitem)
+
+
+class LazyOp(Delayed):
+    """``op(*operands)`` on coroutine calls or other ``LazyOp``s: a full
+    ``Delayed`` (compute, persist, pass it to other calls), built lazily.
+
+    ``__dask_coro_done__`` is ``(value,)`` once it was computed in place: a
+    graph built on it then holds the value, not the operation."""
+
+    __slots__ = ("op", "operands", "__dask_coro_done__")
+    op: Callable[..., Any]
+    operands: tuple[Any, ...]
+    __dask_coro_done__: tuple[Any] | None
+
+    @property
+    def _key(self) -> Any:
+        try:
+            return _KEY.__get__(self)
+        except AttributeError:
+            return self._build()
+
+    @property
+    def _dask(self) -> Any:
+        try:
+            return _DASK.__get__(self)
+        except AttributeError:
+            self._build()
+            return _DASK.__get__(self)
+
+    @property
+    def _layer(self) -> Any:
+        return self._key
+
+    def built(self) -> bool:
+        try:
+            _KEY.__get__(self)
+        except AttributeError:
+            return False
+        return True
+
+    def _build(self) -> Any:
+        with _LOCK:
+            if self.built():
+                return _KEY.__get__(self)
+            # Every unbuilt LazyOp under this one, operands first; iterative,
+            # as a chain of adds is as deep as the list it sums.
+            order: list[LazyOp] = []
+            seen: set[int] = set()
+            stack: list[tuple[LazyOp, bool]] = [(self, False)]
+            while stack:
+                x, expanded = stack.pop()
+                if expanded:
+                    order.append(x)
+                    continue
+                if id(x) in seen:
+                    continue
+                seen.add(id(x))
+                stack.append((x, True))
+                if x.__dask_coro_done__ is None:
+                    stack.extend(
+                        (o, False) for o in x.operands if type(o) is LazyOp and not o.built()
+                    )
+            layer: dict[Any, Any] = {}
+            deps: dict[int, Any] = {}
+            keys: dict[int, Any] = {}
+            for x in order:
+                name = funcname(x.op)
+                done = x.__dask_coro_done__
+                if done is not None:
+                    key = f"{name}-{uuid.uuid4().hex}"
+                    layer[key] = DataNode(key, done[0])
+                    keys[id(x)] = key
+                    continue
+                args: list[Any] = []
+                for o in x.operands:
+                    if id(o) in keys:
+                        args.append(TaskRef(keys[id(o)]))
+                    elif isinstance(o, Delayed):
+                        deps[id(o)] = o
+                        args.append(TaskRef(o.key))
+                    else:
+                        a, collections = unpack_collections(o)
+                        for c in collections:
+                            deps[id(c)] = c
+                        args.append(a)
+                key = f"{name}-{tokenize(x.op, [('ref', a.key) if isinstance(a, TaskRef) else a for a in args])}"
+                layer[key] = Task(key, x.op, *args)
+                keys[id(x)] = key
+            top = keys[id(self)]
+            graph = HighLevelGraph.from_collections(top, layer, dependencies=list(deps.values()))
+            for x in order:
+                _DASK.__set__(x, graph)
+                _KEY.__set__(x, keys[id(x)])
+            return top
+
+    __setattr__ = object.__setattr__
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return Request(self).__await__()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _built, (self.key, self.dask, self._length)
+
+
+def _built(key: Any, graph: Any, length: int | None) -> Delayed:
+    return Delayed(key, graph, length)
+
+
+_new = object.__new__
+
+
+def make(op: Callable[..., Any], operands: tuple[Any, ...]) -> LazyOp:
+    x = _new(LazyOp)
+    x._length = None
+    x.op = op
+    x.operands = operands
+    x.__dask_coro_done__ = None
+    return x
+
+
+def _lazy(op: Callable[..., Any], dask_method: Callable[..., Any], arity: int, swap: bool) -> Callable[..., Any]:
+    """The method for ``op``: a ``LazyOp``; dask's own under ``dask.annotate``
+    (a layer takes the annotations in effect when it is made)."""
+    if arity == 1:
+
+        def unary(self: Any) -> Any:
+            ann = annotations_in_effect.get()
+            if ann and ann.keys() != _SPAN_ONLY:
+                return dask_method(self)
+            return make(op, (self,))
+
+        return unary
+
+    def binary(self: Any, other: Any) -> Any:
+        ann = annotations_in_effect.get()
+        if ann and ann.keys() != _SPAN_ONLY:
+            return dask_method(self, other)
+        return make(op, (other, self) if swap else (self, other))
+
+    return binary
+
+
+def bind_operators(cls: type) -> None:
+    """Give ``cls`` (a ``Delayed`` subclass) lazy operators."""
+    for op in UNARY:
+        meth = f"__{op.__name__}__"
+        setattr(cls, meth, _lazy(op, getattr(Delayed, meth), 1, False))
+    for op in (*BINARY, *COMPARE):
+        name = op.__name__.rstrip("_")
+        meth = f"__{name}__"
+        setattr(cls, meth, _lazy(op, getattr(Delayed, meth), 2, False))
+        if op in BINARY:
+            rmeth = f"__r{name}__"
+            setattr(cls, rmeth, _lazy(op, getattr(Delayed, rmeth), 2, True))
+
+
+bind_operators(LazyOp)
