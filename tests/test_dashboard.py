@@ -149,9 +149,26 @@ async def test_page_lists_roots_and_their_functions_while_they_run(c, s, a):
 
 @gen_cluster(client=True, nthreads=[("", 1)], scheduler_kwargs={**DASHBOARD, "http_prefix": "/dask"})
 async def test_page_under_an_http_prefix(c, s, a):
-    assert await c.compute(fib(3)) == 2
-    r = await AsyncHTTPClient().fetch(f"http://127.0.0.1:{s.http_server.port}/dask/coroutines")
+    f = c.compute(fib(3))
+    assert await f == 2
+    url = f"http://127.0.0.1:{s.http_server.port}/dask/coroutines"
+    r = await AsyncHTTPClient().fetch(url)
     assert r.code == 200 and function_row(r.body.decode(), "fib") == (5, 5, 0)
+
+    # Once the book counts by function (inline calls too), its counts are shown.
+    plugin = s.plugins[NAME]
+    answers = plugin.handle_progress
+
+    def with_functions(keys):
+        return [{**answer, "functions": {"fib": {"started": 9, "done": 8, "failed": 1}}} for answer in answers(keys)]
+
+    plugin.handle_progress = with_functions
+    r = await AsyncHTTPClient().fetch(url)
+    assert function_row(r.body.decode(), "fib") == (9, 8, 1)
+
+    await c.unregister_scheduler_plugin(NAME)
+    r = await AsyncHTTPClient().fetch(url, raise_error=False)
+    assert r.code == 404 and "&#x27;dask-coro-tree&#x27; that records coroutine trees is not installed" in r.body.decode()
 
 
 @gen_cluster(client=True, nthreads=[("", 1)])  # gen_cluster's scheduler has no dashboard

@@ -71,11 +71,7 @@ class CoroutinesPage(web.RequestHandler):
         plugin = scheduler_plugin(self.scheduler, self.plugin_name)
         key = self.get_argument("key", None)
         if plugin is None:  # removed since the page was installed
-            status, body = 404, (
-                f'<div class="dask-coro"><h2>Coroutines</h2><p>The scheduler plugin '
-                f"{self.plugin_name!r} that records coroutine trees is not installed on this "
-                "scheduler.</p></div>"
-            )
+            status, body = 404, page.render_no_plugin(self.plugin_name)
         elif key is None:
             status, body = 200, _roots(plugin)
         else:

@@ -168,6 +168,14 @@ def render_unknown(key: str, roots: Sequence[Any]) -> str:
     )
 
 
+def render_no_plugin(name: str) -> str:
+    """The answer once the plugin that records the trees was removed."""
+    return (
+        f'<div class="dask-coro"><h2>Coroutines</h2><p>The scheduler plugin {_e(repr(name))} '
+        "that records coroutine trees is not installed on this scheduler.</p></div>"
+    )
+
+
 _STYLE = """<style>
 .dask-coro { padding: 0 1em; font-family: sans-serif; }
 .dask-coro table { border-collapse: collapse; margin: 0.3em 0 1em; }
