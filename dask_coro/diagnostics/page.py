@@ -153,7 +153,7 @@ def render_tree(answer: dict[str, Any], functions: Functions, limit: int = MAX_N
         f'<p><a href="coroutines">All coroutines</a></p>{where}'
         f"{_counts(answer.get('counts'))}{render_functions(functions)}"
         '<table class="dask-coro-tree"><thead><tr><th>task</th><th>function</th><th>state</th>'
-        f"<th>compute</th></tr></thead><tbody>{''.join(rows)}</tbody></table>{more}</div>"
+        f"<th>time</th></tr></thead><tbody>{''.join(rows)}</tbody></table>{more}</div>"
     )
 
 
