@@ -364,3 +364,38 @@ def test_the_validate_option_reaches_worker_processes(pytestconfig):
     ) as lc, Client(lc) as client:
         assert set(client.run(_validates).values()) == {on}
         assert lc.scheduler.validate is on
+
+
+# -- the scheduler's dashboard ---------------------------------------------------
+
+
+@gen_cluster(
+    client=True, nthreads=[], scheduler_kwargs={"dashboard": True, "dashboard_address": "127.0.0.1:0", "http_prefix": "/p"}
+)
+async def test_dashboard_prefix_routes_navigation_and_frame(c, s):
+    from tornado import web
+    from tornado.httpclient import AsyncHTTPClient
+
+    assert pv.dashboard_prefix(s) == "/p"  # the Bokeh app's prefix is the http_prefix
+
+    class Hello(web.RequestHandler):
+        def get(self):
+            self.finish(pv.render_dashboard_page(s, '<p id="hello">hello</p>'))
+
+    pv.add_http_routes(s, [("/p/dask-coro-hello", Hello, {})])  # added after the server started
+    pv.add_dashboard_page(s, "dask-coro-hello")
+    pv.add_dashboard_page(s, "dask-coro-hello")  # once
+    base = f"http://127.0.0.1:{s.http_server.port}/p"
+    hello = (await AsyncHTTPClient().fetch(f"{base}/dask-coro-hello")).body.decode()
+    assert '<p id="hello">hello</p>' in hello and "statics/css/base.css" in hello
+    # The navigation bar of this page and of the Bokeh pages, loaded now, lists it once.
+    status = (await AsyncHTTPClient().fetch(f"{base}/status")).body.decode()
+    for markup in (hello, status):
+        assert markup.count('<a href="dask-coro-hello">') == 1
+        assert markup.index('href="dask-coro-hello"') < markup.index('href="info"')
+
+
+@gen_cluster(client=True, nthreads=[])
+async def test_no_dashboard_prefix_without_a_dashboard(c, s):
+    assert s.http_server is not None  # the HTTP server runs (health, metrics), the dashboard not
+    assert pv.dashboard_prefix(s) is None

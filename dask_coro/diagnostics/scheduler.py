@@ -20,6 +20,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _config
 from .._internals.distributed_private import add_handlers
+from . import dashboard
 from .book import TreeBook
 
 logger = logging.getLogger("dask_coro")
@@ -56,6 +57,10 @@ class TreePlugin(SchedulerPlugin):
             scheduler,
             rpc={"dask_coro_tree": self.handle_tree, "dask_coro_progress": self.handle_progress},
         )
+        try:
+            dashboard.install(scheduler, self.name)
+        except Exception:  # the tree works without its page
+            logger.exception("dask_coro: could not add the Coroutines page to the scheduler's dashboard")
 
     # -- hooks ---------------------------------------------------------------
 
