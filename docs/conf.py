@@ -45,3 +45,5 @@ autodoc_typehints = "description"
 
 html_title = f"dask_coro {release}"
 html_theme = "alabaster"
+# Wide enough for the tables of configuration and misuse.
+html_theme_options = {"page_width": "1100px", "sidebar_width": "240px"}
