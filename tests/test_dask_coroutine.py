@@ -2,15 +2,15 @@
 run as written there once ``dask_coro`` is imported.
 
 ``FIB`` and ``PROCESS_ALL`` below are the code blocks of #1663's description,
-``import dask`` style. Around them the tests define what the issue leaves
+``import dask`` style. Around them the tests define what #1663 leaves
 undefined: the imports (``import dask``, and ``import dask_coro``, which makes
-``dask.coroutine``), and ``random``, which the issue's ``generate_data`` uses
+``dask.coroutine``), and ``random``, which #1663's ``generate_data`` uses
 without importing it; here it is a seeded ``random.Random``, so that the
-list's unknown length is known to the test. The copy of the issue we could
-read stops after ``n = yield my_len(L)``: the last three lines of
-``process_all`` are the pattern its helpers are defined for (``inc`` on each
-item, ``my_sum`` of them) and should be checked against the issue when it is
-quoted again.
+list's unknown length is known to the test. When this test was written, the
+text of #1663 at hand was checked up to ``n = yield my_len(L)``; the last
+three lines of ``process_all`` are the pattern its helpers are defined for
+(``inc`` on each item, ``my_sum`` of them) and are to be compared with #1663
+when it is quoted again.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def process_all():
 
 
 def define(code: str, **names: object) -> dict:
-    """Run the issue's code as a module of its own would, ``import dask``
+    """Run #1663's code as a module of its own would, ``import dask``
     first; its functions then pickle by value, as a script's do."""
     namespace: dict = {"__name__": "dask_distributed_1663", **names}
     exec("import dask\nimport dask_coro\n" + code, namespace)
