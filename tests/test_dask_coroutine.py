@@ -108,7 +108,7 @@ def test_dask_coroutine_is_unset_before_import_dask_coro():
 
 @pytest.mark.inline
 @gen_cluster(client=True, nthreads=[("", 1), ("", 1)])
-async def test_issue_fib_inline(c, s, a, b):
+async def test_1663_fib_inline(c, s, a, b):
     fib = define(FIB)["fib"]
     assert isinstance(fib, dask_coro.CoroutineFunction)
     for i in [0, 1, 2, 10, 18]:
@@ -116,7 +116,7 @@ async def test_issue_fib_inline(c, s, a, b):
 
 
 @gen_cluster(client=True, nthreads=[("", 1), ("", 1)])
-async def test_issue_fib_as_tasks(c, s, a, b):
+async def test_1663_fib_as_tasks(c, s, a, b):
     # Inline calls off (this suite's default): every call is a task.
     fib = define(FIB)["fib"]
     results = await c.gather(c.compute([fib(i) for i in range(11)]))
@@ -125,7 +125,7 @@ async def test_issue_fib_as_tasks(c, s, a, b):
 
 @pytest.mark.parametrize("inline", [pytest.param(True, marks=pytest.mark.inline), False])
 @gen_cluster(client=True, nthreads=[("", 1), ("", 1)])
-async def test_issue_process_all(c, s, a, b, inline):
+async def test_1663_process_all(c, s, a, b, inline):
     lengths = set()
     for seed in range(12):
         process_all = define(PROCESS_ALL, random=random.Random(seed))["process_all"]
@@ -135,7 +135,7 @@ async def test_issue_process_all(c, s, a, b, inline):
     assert 0 in lengths
 
 
-def test_issue_examples_without_a_cluster():
+def test_1663_examples_without_a_cluster():
     # No distributed client: the same code runs in-process.
     assert define(FIB)["fib"](12).compute() == sequential_fib(12)
     process_all = define(PROCESS_ALL, random=random.Random(3))["process_all"]
