@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib as _importlib
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
+import dask as _dask
+
 if _TYPE_CHECKING:
     from typing import Any
 
@@ -23,6 +25,12 @@ from .runtime.call import gather as gather
 from .runtime.result import result as result
 
 __version__ = "0.1.0"
+
+# dask/distributed #1663 sketched coroutine tasks as ``@dask.coroutine``: after
+# ``import dask_coro`` that spelling works, and is this ``coroutine``. A
+# ``dask.coroutine`` that dask (or anyone before us) defined is left alone.
+if not hasattr(_dask, "coroutine"):
+    _dask.coroutine = coroutine  # type: ignore[attr-defined]
 
 # These import distributed, which importing dask_coro does not.
 _LAZY = {

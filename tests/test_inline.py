@@ -384,7 +384,7 @@ async def test_sibling_that_resolves_a_promise_another_waits_on(c, s, a):
 async def test_sibling_that_sets_an_event_another_blocks_on(c, s, a):
     """A documented limit: an inline call that blocks its thread on something
     only a later sibling provides waits out its own timeout, because the
-    sibling is handed out between calls, never during one. The fix the README
+    sibling is handed out between calls, never during one. The fix docs/limitations.md
     names: ``inline=False`` on the waiter, which then is a task (started
     before the inline sibling runs)."""
     name = f"ev-{uuid.uuid4().hex}"

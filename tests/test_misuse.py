@@ -1,7 +1,7 @@
 """The catalogue of misuses: each wrong use of the package gives a clear error
-naming the problem, never a hang or a silent wrong result. README.md's table
-"What a misuse gives you" lists the same cases; a test checks that it shows
-each one's message.
+naming the problem, never a hang or a silent wrong result. The table of
+docs/misuse.md, "What a misuse gives you", lists the same cases; a test
+checks that it shows each one's message.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dask_coro import (
     tie,
 )
 
-README = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+MISUSE_PAGE = (pathlib.Path(__file__).parent.parent / "docs" / "misuse.md").read_text()
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Case:
     name: str
     run: Callable[[], object]
     error: type[BaseException]
-    message: str  # a fragment of the message, as README shows it
+    message: str  # a fragment of the message, as docs/misuse.md shows it
 
 
 @coroutine
@@ -214,9 +214,9 @@ async def test_cluster_misuses(c, s, a):
     assert get_worker  # the worker functions above run on the cluster
 
 
-def test_readme_lists_every_misuse_with_its_message():
+def test_docs_list_every_misuse_with_its_message():
     for case in LOCAL:
-        assert case.message in README, case.name
+        assert case.message in MISUSE_PAGE, case.name
     for name, message in CLUSTER_MESSAGES.items():
-        assert message in README, name
+        assert message in MISUSE_PAGE, name
     assert len(LOCAL) + len(CLUSTER_MESSAGES) >= 20

@@ -17,7 +17,7 @@ last of them is garbage collected or the process exits.
 Segments are named ``dask-coro-<hex>``; ``segments()`` lists those on this
 host, so a leak can be found (``ls /dev/shm/dask-coro-*`` on Linux).
 
-NumPy is needed: ``pip install "dask-coro[shm]"``.
+NumPy is needed: the ``shm`` extra (``pip install ".[shm]"`` from a clone).
 """
 
 from __future__ import annotations
