@@ -1,4 +1,4 @@
-"""The seed's process_all over a list of 1,000 (two yields: its length, then every item incremented
+"""process_all as dask/distributed #1663 writes it, over a list of 1,000 (two yields: its length, then every item incremented
 and summed) as a dask_coro coroutine, with inline on and off, versus the same steps written with
 worker_client(), wall time.
 
@@ -18,17 +18,18 @@ import dask
 from distributed import worker_client
 
 from dask_coro import coroutine
-from dask_coro.examples import inc, my_len  # the seed's, as in examples.process_all
+from dask_coro.examples import inc, my_len  # dask/distributed #1663's, as in examples.process_all
 
 
 @coroutine
 def generate_data(n):
-    return list(range(n))  # the seed's returns a list of random length
+    return list(range(n))  # #1663's returns a list of random length
 
 
 @coroutine
 def process_all(n):
-    """dask_coro.examples.process_all, word for word but for the list's length."""
+    """dask_coro.examples.process_all (dask/distributed #1663's), word for word but for the
+    list's length."""
     L = generate_data(n)  # a lazy call, nothing waits
     n = yield my_len(L)
     processed = [inc(L[i]) for i in range(n)]
@@ -78,17 +79,18 @@ def run_sum(c, n):
 
 
 SEED = "1 + 1 + n getitem + n inc + n add"
+IN_PLACE = "1 root; the rest computed in place (inline)"
 ONE_SUM = "1 + 1 + n getitem + n inc + 1 sum"
 ALTS = {
     "wc": B.Alt("worker_client: submit/result in one task", run_wc),
-    "coro": B.Alt("dask_coro: the seed's process_all, inline on (default)", run_seed, True),
-    "coro_off": B.Alt("dask_coro: the seed's process_all, inline off", run_seed, False),
+    "coro": B.Alt("dask_coro: #1663's process_all, inline on (default)", run_seed, True),
+    "coro_off": B.Alt("dask_coro: #1663's process_all, inline off", run_seed, False),
     "coro_sum": B.Alt("dask_coro: process_all with `dask.delayed(sum)`, inline on (default)",
                       run_sum, True),
     "coro_sum_off": B.Alt("dask_coro: process_all with `dask.delayed(sum)`, inline off",
                           run_sum, False),
 }
-SHAPE = {"wc": ONE_SUM, "coro": SEED, "coro_off": SEED, "coro_sum": ONE_SUM,
+SHAPE = {"wc": ONE_SUM, "coro": IN_PLACE, "coro_off": SEED, "coro_sum": ONE_SUM,
          "coro_sum_off": ONE_SUM}
 
 
@@ -115,16 +117,21 @@ def main(argv=None) -> int:
 NOTES = """\
 Wall time: from submitting the root to its total on the client. "Tasks run"
 counts transitions to memory on the scheduler during one run (the root
-included; the worker_client version's `len` and sum are tasks too). The seed's
-`yield sum(processed)` is Python's `sum` over lazy values, which builds a chain
-of n `add` tasks, each waiting for the one before: the second dask_coro row
-sums in one task, as the worker_client version does. Children of a
-`worker_client` are submitted one `submit` at a time (the client batches the
-messages); a coroutine's children of one yield go in one `update-graph`.
-Every child here has a lazy argument (`L`, `L[i]`, the running sum), so none
-can run inline: with `coro.inline.enabled` on or off they are the same tasks,
-and the two settings differ only by noise and the inline machinery's
-bookkeeping."""
+included; the worker_client version's `len` and sum are tasks too).
+dask/distributed #1663's `yield sum(processed)` is Python's `sum` over lazy
+values, a chain of n adds. With inline on (the default) both yields are
+computed in place (`core.localize`): `my_len(L)` runs `generate_data` and
+`my_len` inline, and `sum(inc(L[i]) ...)` is built on `L`, which the
+coroutine now holds, through dask's own cheap operators (getitem, add), so
+the coroutine evaluates them and runs the `inc` calls inline (handing some
+out as tasks while the other worker is idle). Inline off, every call is a
+task: 1 + 1 + n getitem + n inc + n add, the chain of adds each waiting for
+the one before. The `dask.delayed(sum)` rows sum in one task, as the
+worker_client version does: a plain `dask.delayed` function is never
+computed in place (its cost is unknown), so its arguments are tasks too.
+Children of a `worker_client` are submitted one `submit` at a time (the
+client batches the messages); a coroutine's children of one yield go in one
+`update-graph`."""
 
 
 if __name__ == "__main__":

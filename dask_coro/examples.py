@@ -1,4 +1,4 @@
-"""The seed examples: recursive fib (generator and async) and process_all, a
+"""The examples of dask/distributed #1663: recursive fib (generator and async) and process_all, a
 list of unknown length. Used by ``python -m dask_coro`` and importable by
 workers, so they pickle by reference."""
 

@@ -166,7 +166,7 @@ class _KeyWatcher(WorkerPlugin):
     def transition(self, key: Key, start: str, finish: str, **kwargs: Any) -> None:
         run = self.runs.get(key)
         if run is not None:
-            run.changed.set()
+            run.changed()
 
 
 def _watcher(worker: Worker) -> _KeyWatcher:
@@ -185,7 +185,10 @@ class _Run:
         self.lane = -1  # the lane of our steps while a body is parked
         self.ctx = contextvars.copy_context()
         self.ctx.run(running_key.set, self.key)
-        self.changed = asyncio.Event()
+        # While it waits for its children: what it awaits, cancelled when its
+        # task stops running here (``changed``), and whether we cancelled it.
+        self.waiting: asyncio.Future[Any] | None = None
+        self.stopped = False
         self.root: Scope[Future] = Scope(self.key)
         self.scopes: dict[int, Scope[Future]] = {id(self.root): self.root}
         self.start = time()
@@ -452,23 +455,36 @@ class _Run:
             return await self._step(tramp, tramp.throw, e)
         return await self._step(tramp, tramp.resume, results)
 
+    def changed(self) -> None:
+        """Our task changed state on this worker (a worker plugin's
+        transition hook, on the event loop): stop waiting if it no longer runs."""
+        waiting = self.waiting
+        if waiting is not None and not waiting.done() and not self._alive():
+            self.stopped = True
+            waiting.cancel()
+
     async def _wait(self, client: Client, futures: list[Future]) -> list[Any]:
-        """The results of ``futures``; raises the first error, or ``Released``."""
+        """The results of ``futures``; raises the first error, or ``Released``.
+
+        One task gathers them; we await it through a shield, which ``changed``
+        cancels: no event or extra task per wait (a waiting coroutine's memory
+        is mostly what its waits hold)."""
         if not futures:
             return []
         gathering = asyncio.ensure_future(client.gather(futures, asynchronous=True))
         try:
-            while True:
-                self.changed.clear()
-                if not self._alive():
-                    raise Released
-                changed = asyncio.ensure_future(self.changed.wait())
-                done, _ = await asyncio.wait(
-                    (gathering, changed), return_when=asyncio.FIRST_COMPLETED
-                )
-                changed.cancel()
-                if gathering in done:
-                    return gathering.result()
+            if not self._alive():
+                raise Released
+            self.waiting = waiting = asyncio.shield(gathering)
+            try:
+                return await waiting
+            except asyncio.CancelledError:
+                if self.stopped and not gathering.cancelled():
+                    raise Released from None
+                raise  # the worker is closing
+            finally:
+                self.waiting = None
+                self.stopped = False
         finally:
             if not gathering.done():
                 # Cancelling Client._gather mid-way orphans its inner tasks, which
