@@ -81,7 +81,7 @@ def _connect(args: argparse.Namespace):
     return client
 
 
-def _dashboard(client) -> str:
+def _dashboard(client, timeout: float) -> str:
     """The scheduler's dashboard link, if it serves a dashboard there. Its
     HTTP server is listed as its "dashboard" service even when started with
     --no-dashboard (it serves /health and metrics), so ask the page."""
@@ -92,7 +92,7 @@ def _dashboard(client) -> str:
         return "none"
     link = client.dashboard_link
     try:
-        with urllib.request.urlopen(link, timeout=2):
+        with urllib.request.urlopen(link, timeout=timeout):
             return link
     except urllib.error.HTTPError as e:
         if e.code == 404:
@@ -166,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with client:
         nthreads = sum(client.nthreads().values())
         print(f"dask_coro {dask_coro.__version__} on {len(client.nthreads())} workers, "
-              f"{nthreads} threads; dashboard: {_dashboard(client)}", flush=True)
+              f"{nthreads} threads; dashboard: {_dashboard(client, args.timeout)}", flush=True)
         _timed(f"fib({args.n})", lambda: fib(args.n).compute())
         _timed(f"afib({args.n})", lambda: client.compute(afib(args.n)).result())
         _timed("process_all()", lambda: process_all().compute())

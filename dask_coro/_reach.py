@@ -16,6 +16,7 @@ what it is.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import struct
 from typing import Any
@@ -51,8 +52,9 @@ async def reach(address: str, security: Any, timeout: float) -> None:
         )
     if scheme not in ("tls", "wss") and args.get("require_encryption"):
         raise Unreachable(
-            f"{address} is not a TLS address, and the Dask configuration requires "
-            "encryption (distributed.comm.require-encryption): use tls://"
+            f"{address} is not a TLS address, and encryption is required (TLS "
+            "credentials are given, or distributed.comm.require-encryption is set): "
+            "use tls://"
         )
 
     # The sniff, if needed, gets the last fifth (at most a second); distributed's
@@ -97,8 +99,6 @@ async def reach(address: str, security: Any, timeout: float) -> None:
     except OSError as e:  # distributed's connect gave up: the connection was never made
         if _cause(e, ConnectionRefusedError) is not None:
             raise Unreachable(f"{cannot}: nothing listens there (connection refused)") from None
-        import socket
-
         if (gai := _cause(e, socket.gaierror)) is not None:
             raise Unreachable(f"{cannot}: its host name does not resolve ({gai})") from None
         cause = e.__cause__ or e
@@ -153,32 +153,39 @@ async def _sniff(address: str, scheme: str, budget: float) -> str:
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), left())
     except (OSError, asyncio.TimeoutError):
-        return "and it accepts no second connection"
+        return "it accepts no second connection"
     try:
         first = await read(reader, left(1 / 4))
         if first:
-            if len(first) >= 8 and 0 < struct.unpack("<Q", first[:8])[0] < 2**20:
-                if scheme in ("tls", "wss"):
-                    return "it speaks Dask's protocol without TLS: use a tcp:// address"
-                return "it speaks first, in what looks like Dask's framing"
-            return f"it sends {first[:16]!r}"
+            return _what(first, scheme)
         if first is not None:
             return "it closes a connection without a byte"
         writer.write(f"GET / HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
         reply = await read(reader, left(1 / 2))
     finally:
         writer.close()
-    if reply and reply.startswith(b"HTTP/"):
-        status = reply.split(b"\r\n", 1)[0].decode("latin-1")
+    if reply:  # an HTTP reply, a TLS alert, or what a slow server sends first
+        return _what(reply, scheme)
+    if scheme not in ("tls", "wss") and await _speaks_tls(host, port, left()):
+        return "it is a TLS server: use a tls:// address, with TLS credentials"
+    return "it sends nothing, and answers no HTTP request"
+
+
+def _what(data: bytes, scheme: str) -> str:
+    """What a server is that sent ``data`` first (or in reply to an HTTP request)."""
+    if data.startswith(b"HTTP/"):
+        status = data.split(b"\r\n", 1)[0].decode("latin-1")
         return (
             f"it is an HTTP server (it answers {status[:60]}): a dashboard's port? The "
             "scheduler's address is the one its log shows as 'Scheduler at'"
         )
-    if scheme not in ("tls", "wss") and await _speaks_tls(host, port, left()):
+    if data[:2] == b"\x15\x03":  # a TLS alert record
         return "it is a TLS server: use a tls:// address, with TLS credentials"
-    if reply:
-        return f"to an HTTP request it answers {reply[:16]!r}"
-    return "it sends nothing, and answers no HTTP request"
+    if len(data) >= 8 and 0 < struct.unpack("<Q", data[:8])[0] < 2**20:  # Dask's framing
+        if scheme in ("tls", "wss"):
+            return "it speaks Dask's protocol without TLS: use a tcp:// address"
+        return "it speaks what looks like Dask's protocol, but not as a scheduler does"
+    return f"it sends {data[:16]!r}"
 
 
 async def _speaks_tls(host: str, port: int, timeout: float) -> bool:
