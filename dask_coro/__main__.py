@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import ssl
 import sys
 import time
@@ -44,20 +45,27 @@ def _connect(args: argparse.Namespace):
     if not args.timeout > 0:
         _error(f"--timeout must be a positive number of seconds, not {args.timeout}")
         return None
-    tls = {
-        name: value
-        for name, value in [
-            ("tls_ca_file", args.tls_ca_file),
-            ("tls_client_cert", args.tls_cert),
-            ("tls_client_key", args.tls_key),
-        ]
-        if value
-    }
+    given = [
+        ("--tls-ca-file", "tls_ca_file", args.tls_ca_file),
+        ("--tls-cert", "tls_client_cert", args.tls_cert),
+        ("--tls-key", "tls_client_key", args.tls_key),
+    ]
+    for option, _, path in given:
+        if path and not os.path.isfile(path):
+            _error(f"{option} {path}: no such file")
+            return None
+    tls = {name: path for _, name, path in given if path}
     try:
         security = Security(**tls)
-        security.get_connection_args("client")  # reads the files
+        context = security.get_connection_args("client")["ssl_context"]  # reads the files
     except (OSError, ValueError, ssl.SSLError) as e:
         _error(f"cannot use the TLS credentials given: {e}")
+        return None
+    if tls and context is None:
+        _error(
+            "TLS needs both a CA certificate (--tls-ca-file) and this client's "
+            "certificate (--tls-cert), given or in distributed.comm.tls"
+        )
         return None
     try:
         asyncio.run(reach(args.address, security, args.timeout))
@@ -90,7 +98,10 @@ def _dashboard(client, timeout: float) -> str:
 
     if "dashboard" not in client.scheduler_info().get("services", {}):
         return "none"
-    link = client.dashboard_link
+    try:
+        link = client.dashboard_link
+    except KeyError as e:  # distributed.dashboard.link names an unset variable
+        return f"unknown (distributed.dashboard.link: no {e})"
     try:
         with urllib.request.urlopen(link, timeout=timeout):
             return link

@@ -244,10 +244,18 @@ def test_tls_scheduler(tmp_path, tls_files):
         failed(demo("--address", tls, "--timeout", "3", *ours), tls, "has no workers")
 
 
-def test_tls_credentials_for_a_tcp_address(tls_files):
+def test_bad_tls_options(tls_files, tmp_path):
     address = f"tcp://127.0.0.1:{_free_port()}"
     failed(demo("--address", address, *tls_files[0]), address,
            "is not a TLS address, and encryption is required", "use tls://")
+    tls = address.replace("tcp://", "tls://")
+    ca_file, cert, _ = tls_files[0]
+    failed(demo("--address", tls, ca_file), "", "TLS needs both a CA certificate (--tls-ca-file) and")
+    missing = tmp_path / "missing.pem"
+    failed(demo("--address", tls, ca_file, f"--tls-cert={missing}"), str(missing), "no such file")
+    (tmp_path / "empty.pem").write_text("")
+    failed(demo("--address", tls, f"--tls-ca-file={tmp_path / 'empty.pem'}", cert),
+           "", "cannot use the TLS credentials given")
 
 
 def test_tls_address_of_a_tcp_scheduler(no_dashboard, tls_files):
