@@ -38,9 +38,13 @@ NOTEBOOKS_DIR = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 MAX_OUTPUT = 20_000  # characters of one output (a tree's SVG is about 10,000)
 PER_CELL_TIMEOUT = 100  # seconds
 
-# Absolute paths of this machine in an output (a warning's file, a temporary
-# directory): a reader elsewhere has no use for them.
-_PATH = re.compile(r"(?<![\w.])/(?:tmp|home|root|usr|opt|var|work|private|Users)/")
+def _machine_paths() -> list[str]:
+    """Directories of the machine running the notebooks that an output could
+    name (a warning's file, a temporary directory, the checkout): a reader
+    elsewhere has no use for them."""
+    dirs = {sys.prefix, sys.base_prefix, os.path.expanduser("~"), tempfile.gettempdir(),
+            str(NOTEBOOKS_DIR.parent), os.getcwd()}
+    return sorted(d for d in dirs if len(d) > 1)  # not "/"
 
 
 def notebooks() -> list[pathlib.Path]:
@@ -115,8 +119,9 @@ def problems(nb: Any) -> list[str]:
             text = json.dumps(out)
             if len(text) > MAX_OUTPUT:
                 found.append(f"cell {i}: an output of {len(text)} characters (at most {MAX_OUTPUT})")
-            if m := _PATH.search(text):
-                found.append(f"cell {i}: a path of this machine: {text[max(m.start() - 40, 0):m.end() + 40]!r}")
+            for d in _machine_paths():
+                if (at := text.find(d)) >= 0:
+                    found.append(f"cell {i}: a path of this machine: {text[max(at - 40, 0):at + len(d) + 40]!r}")
     return found
 
 

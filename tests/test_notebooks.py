@@ -83,3 +83,26 @@ def test_notebook_runs(path, tmp_path):
     assert _kinds(scrub(nb)) == stored, (
         f"{path.name}'s stored outputs are not those of its cells: python tests/notebook_run.py {path}"
     )
+
+
+def test_scrub_and_problems():
+    nb = nbformat.v4.new_notebook()
+    log = (
+        "2026-01-02 03:04:05,678 - distributed.worker - ERROR - Compute Failed\n"
+        "Key:       careless-0123\nTraceback: '  File \"/somewhere/engine.py\", line 1'\n\n"
+    )
+    bar = "<code>4/4 tasks done, 0 failed, depth 2, roots 1/1, 2.3 s</code>"
+    cell = nbformat.v4.new_code_cell("x", execution_count=1, outputs=[
+        nbformat.v4.new_output("stream", name="stderr", text=log),
+        nbformat.v4.new_output("display_data", data={"text/html": bar, "text/plain": "bar"}),
+        nbformat.v4.new_output("stream", name="stderr", text="UserWarning: careful\n" + log),
+    ])
+    nb.cells = [cell, nbformat.v4.new_code_cell("y")]
+    scrub(nb)
+    assert [o["output_type"] for o in cell.outputs] == ["display_data", "stream"]
+    assert cell.outputs[0]["data"]["text/html"] == "<code>4/4 tasks done, 0 failed, depth 2, roots 1/1</code>"
+    assert cell.outputs[1]["text"] == "UserWarning: careful\n"
+    assert problems(nb) == [
+        "cell 0 wrote to stderr: 'UserWarning: careful\\n'",
+        "cell 1 did not run",
+    ]
