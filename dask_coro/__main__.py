@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import ssl
 import sys
 import time
 from collections.abc import Sequence
@@ -17,15 +19,131 @@ def _timed(label: str, fn) -> None:
     print(f"{label:<28} = {value!r:<8} {time.perf_counter() - start:7.2f} s", flush=True)
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's default in --help, except those that have none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _error(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def _connect(args: argparse.Namespace):
+    """A client of the scheduler at ``args.address`` that has a worker, or
+    None after one line on stderr saying why not."""
+    import asyncio
+
+    from distributed import Client
+    from distributed.security import Security
+
+    from dask_coro._reach import Unreachable, reach
+
+    if not args.timeout > 0:
+        _error(f"--timeout must be a positive number of seconds, not {args.timeout}")
+        return None
+    given = [
+        ("--tls-ca-file", "tls_ca_file", args.tls_ca_file),
+        ("--tls-cert", "tls_client_cert", args.tls_cert),
+        ("--tls-key", "tls_client_key", args.tls_key),
+    ]
+    for option, _, path in given:
+        if path and not os.path.isfile(path):
+            _error(f"{option} {path}: no such file")
+            return None
+    tls = {name: path for _, name, path in given if path}
+    try:
+        security = Security(**tls)
+        context = security.get_connection_args("client")["ssl_context"]  # reads the files
+    except (OSError, ValueError, ssl.SSLError) as e:
+        _error(f"cannot use the TLS credentials given: {e}")
+        return None
+    if tls and context is None:
+        _error(
+            "TLS needs both a CA certificate (--tls-ca-file) and this client's "
+            "certificate (--tls-cert), given or in distributed.comm.tls"
+        )
+        return None
+    try:
+        asyncio.run(reach(args.address, security, args.timeout))
+    except Unreachable as e:
+        _error(str(e))
+        return None
+    try:  # reach() found a scheduler: what fails now is a scheduler going away
+        client = Client(args.address, timeout=args.timeout, security=security)
+    except OSError as e:
+        _error(f"cannot connect to the scheduler at {args.address}: {e}")
+        return None
+    try:
+        client.wait_for_workers(1, timeout=args.timeout)
+    except TimeoutError:
+        client.close()
+        _error(
+            f"the scheduler at {args.address} has no workers (none joined in "
+            f"{args.timeout:g} s, see --timeout)"
+        )
+        return None
+    return client
+
+
+def _dashboard(client, timeout: float) -> str:
+    """The scheduler's dashboard link, if it serves a dashboard there. Its
+    HTTP server is listed as its "dashboard" service even when started with
+    --no-dashboard (it serves /health and metrics), so ask the page."""
+    import urllib.error
+    import urllib.request
+
+    if "dashboard" not in client.scheduler_info().get("services", {}):
+        return "none"
+    try:
+        link = client.dashboard_link
+    except KeyError as e:  # distributed.dashboard.link names an unset variable
+        return f"unknown (distributed.dashboard.link: no {e})"
+    try:
+        with urllib.request.urlopen(link, timeout=timeout):
+            return link
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return "none (the scheduler runs without one)"
+        return f"{link} (it answers HTTP {e.code})"
+    except (OSError, ValueError) as e:
+        return f"{link} (not reachable from here: {getattr(e, 'reason', e)})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m dask_coro",
         description="Run the dask_coro demo (fib, async fib, process_all, a "
         "promise, shared memory).",
+        formatter_class=_Help,
     )
-    parser.add_argument("--address", help="scheduler address of an existing cluster")
-    parser.add_argument("--workers", type=int, default=2, help="embedded cluster size")
-    parser.add_argument("--threads", type=int, default=1, help="threads per worker")
+    parser.add_argument(
+        "--address",
+        help="scheduler address of an existing cluster, e.g. tcp://127.0.0.1:8786 "
+        "(not its dashboard's port); without it, the demo starts a cluster of its own",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=5.0, metavar="SECONDS",
+        help="for --address: how long to try to reach the scheduler, and then to "
+        "wait for it to have a worker",
+    )
+    parser.add_argument(
+        "--tls-ca-file", help="for a tls:// address: the CA certificate (PEM) "
+        "(default: distributed.comm.tls.ca-file of the Dask configuration)",
+    )
+    parser.add_argument(
+        "--tls-cert", help="for a tls:// address: this client's certificate (PEM) "
+        "(default: distributed.comm.tls.client.cert)",
+    )
+    parser.add_argument(
+        "--tls-key", help="for a tls:// address: this client's key (PEM), if not in "
+        "--tls-cert (default: distributed.comm.tls.client.key)",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="size of the demo's own cluster")
+    parser.add_argument("--threads", type=int, default=1, help="threads per worker of the demo's own cluster")
     parser.add_argument("-n", type=int, default=20, help="fib(n) to compute")
     parser.add_argument(
         "--release-abandoned",
@@ -44,10 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from distributed import Client, LocalCluster
 
     if args.address:
-        try:
-            client = Client(args.address, timeout="10s")
-        except OSError as e:
-            print(f"error: cannot reach a scheduler at {args.address}: {e}", file=sys.stderr)
+        client = _connect(args)
+        if client is None:
             return 2
         cluster = None
     else:
@@ -61,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with client:
         nthreads = sum(client.nthreads().values())
         print(f"dask_coro {dask_coro.__version__} on {len(client.nthreads())} workers, "
-              f"{nthreads} threads; dashboard: {client.dashboard_link}")
+              f"{nthreads} threads; dashboard: {_dashboard(client, args.timeout)}", flush=True)
         _timed(f"fib({args.n})", lambda: fib(args.n).compute())
         _timed(f"afib({args.n})", lambda: client.compute(afib(args.n)).result())
         _timed("process_all()", lambda: process_all().compute())

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
-from distributed import LocalCluster
+from distributed import Client, LocalCluster
+from helpers import dask_cli, start_worker
 from test_cluster import _free_port
 
 pytestmark = pytest.mark.inline  # the demo runs with the shipped defaults
@@ -43,16 +49,229 @@ def test_demo_against_an_existing_cluster():
     ) as cluster:
         out = demo("-n", "8", "--address", cluster.scheduler_address)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "on 1 workers, 2 threads" in out.stdout
+    # its dashboard (or, without bokeh, the page saying to install it) is at /status
+    assert re.search(r"on 1 workers, 2 threads; dashboard: http://\S+/status$", out.stdout, re.M), out.stdout
     check_results(out.stdout)
 
 
-def test_demo_unreachable_address_is_a_clear_error():
+# -- addresses where no usable scheduler answers: one line, exit status 2 ------------
+
+
+def failed(out: subprocess.CompletedProcess, address: str, *found: str) -> None:
+    """``out`` is the CLI giving up on ``address``: status 2, one line on
+    stderr naming the address and saying each of ``found``, no traceback."""
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2, (out.returncode, out.stderr[-3000:])
+    assert len(lines) == 1, out.stderr[-3000:]
+    assert lines[0].startswith("error: ") and address in lines[0], lines[0]
+    for text in found:
+        assert text in lines[0], lines[0]
+    assert out.stdout == ""
+
+
+@contextlib.contextmanager
+def serving(handle):
+    """A TCP server on 127.0.0.1 that calls ``handle(conn)`` in a thread for
+    each connection; yields its address."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    stop = threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        listener.close()
+
+
+def test_closed_port():
     address = f"tcp://127.0.0.1:{_free_port()}"
-    out = demo("--address", address, timeout=60)
-    assert out.returncode == 2
-    assert f"error: cannot reach a scheduler at {address}" in out.stderr
-    assert "Traceback" not in out.stderr
+    failed(demo("--address", address, "--timeout", "1", timeout=60), address,
+           "cannot reach a scheduler at", "nothing listens there (connection refused)")
+
+
+def test_server_sending_garbage():
+    # What it sends first is read as the length of a message: 0x6f6c6c6568 ...
+    # bytes, exabytes, which distributed fails to allocate (a MemoryError).
+    def garbage(conn):
+        with conn:
+            conn.sendall(b"hello, I am not a Dask scheduler\r\n" * 4)
+            conn.recv(1024)
+
+    with serving(garbage) as address:
+        out = demo("--address", address, timeout=60)
+    failed(out, address, "the server answers in another protocol", "it sends b'hello, I am not ")
+
+
+def test_http_server():
+    # http.server waits for a request line: distributed's handshake alone would wait forever.
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    server.RequestHandlerClass.log_message = lambda *a: None
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    address = f"tcp://127.0.0.1:{server.server_address[1]}"
+    try:
+        out = demo("--address", address, timeout=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    failed(out, address, "sent no Dask handshake in 4.0 s", "it is an HTTP server (it answers HTTP/1.0 501")
+
+
+def test_address_syntax():
+    failed(demo("--address", "nonsense://x"), "'nonsense://x'",
+           "is not a scheduler address: unknown address scheme 'nonsense'")
+    failed(demo("--address", "tcp://127.0.0.1"), "'tcp://127.0.0.1'", "missing port number")
+    failed(demo("--address", "tcp://127.0.0.1:1", "--timeout", "0"), "--timeout must be a positive")
+
+
+# -- real schedulers ------------------------------------------------------------
+
+
+def _listening(port: int, proc: subprocess.Popen, log) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, log.read_text()
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def scheduler(tmp_path, *args: str):
+    """A ``dask scheduler`` process on 127.0.0.1; yields its port."""
+    port = _free_port()
+    log = tmp_path / f"s{port}.log"
+    proc = dask_cli("scheduler", "--host", "127.0.0.1", "--port", str(port), *args, log=log)
+    try:
+        _listening(port, proc, log)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def no_dashboard(tmp_path_factory):
+    """A scheduler started with --no-dashboard (its HTTP server still runs, for
+    /health and metrics: distributed lists it as the "dashboard" service) and
+    one worker; yields (scheduler address, worker address)."""
+    tmp_path = tmp_path_factory.mktemp("no-dashboard")
+    with scheduler(tmp_path, "--no-dashboard", "--dashboard-address", "127.0.0.1:0") as port:
+        address = f"tcp://127.0.0.1:{port}"
+        worker = start_worker(address, tmp_path, "--no-nanny")
+        try:
+            with Client(address, timeout=60) as client:
+                client.wait_for_workers(1, timeout=60)
+                assert "dashboard" in client.scheduler_info()["services"]
+                (worker_address,) = client.nthreads()
+            yield address, worker_address
+        finally:
+            worker.terminate()
+            worker.wait(timeout=30)
+
+
+def test_demo_against_a_scheduler_without_dashboard(no_dashboard):
+    address, _ = no_dashboard
+    out = demo("-n", "8", "--address", address)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "on 1 workers, 1 threads; dashboard: none (the scheduler runs without one)" in out.stdout
+    check_results(out.stdout)
+
+
+def test_a_worker_is_not_a_scheduler(no_dashboard):
+    _, worker = no_dashboard
+    failed(demo("--address", worker), worker, "a Dask Worker answers there, not a scheduler")
+
+
+def test_a_scheduler_without_workers(tmp_path):
+    with scheduler(tmp_path, "--dashboard-address", "127.0.0.1:0") as port:
+        address = f"tcp://127.0.0.1:{port}"
+        out = demo("--address", address, "--timeout", "3")
+    failed(out, address, "has no workers (none joined in 3 s, see --timeout)")
+
+
+def test_a_dashboard_port(tmp_path):
+    with scheduler(tmp_path, "--dashboard-address", "127.0.0.1:0") as port:
+        with Client(f"tcp://127.0.0.1:{port}", timeout=60) as client:
+            http_port = client.scheduler_info()["services"]["dashboard"]
+        address = f"tcp://127.0.0.1:{http_port}"
+        out = demo("--address", address)
+    failed(out, address, "it is an HTTP server", "a dashboard's port?")
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    """Two self-signed CAs' certificates and keys (PEM files), as ``--tls-*``
+    options: one the scheduler's, one another's."""
+    pytest.importorskip("cryptography")
+    from distributed.security import Security
+
+    tmp_path = tmp_path_factory.mktemp("tls")
+    options = []
+    for name in ("ours", "other"):
+        sec = Security.temporary()
+        for part, pem in [("ca", sec.tls_ca_file), ("cert", sec.tls_client_cert), ("key", sec.tls_client_key)]:
+            (tmp_path / f"{name}-{part}.pem").write_text(pem)
+        options.append([f"--tls-{opt}={tmp_path / f'{name}-{part}.pem'}"
+                        for opt, part in [("ca-file", "ca"), ("cert", "cert"), ("key", "key")]])
+    return options
+
+
+def test_tls_scheduler(tmp_path, tls_files):
+    ours, other = tls_files
+    with scheduler(tmp_path, "--protocol", "tls", "--dashboard-address", "127.0.0.1:0", *ours) as port:
+        tls, tcp = f"tls://127.0.0.1:{port}", f"tcp://127.0.0.1:{port}"
+        failed(demo("--address", tls), tls, "is a TLS address, and no TLS credentials are given")
+        failed(demo("--address", tls, *other), tls,
+               "the TLS handshake failed: self-signed certificate", "--tls-ca-file")
+        failed(demo("--address", tcp), tcp,
+               "closed the connection at Dask's handshake", "it is a TLS server: use a tls:// address")
+        # the right credentials reach it; it has no worker
+        failed(demo("--address", tls, "--timeout", "3", *ours), tls, "has no workers")
+
+
+def test_bad_tls_options(tls_files, tmp_path):
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    failed(demo("--address", address, *tls_files[0]), address,
+           "is not a TLS address, and encryption is required", "use tls://")
+    tls = address.replace("tcp://", "tls://")
+    ca_file, cert, _ = tls_files[0]
+    failed(demo("--address", tls, ca_file), "", "TLS needs both a CA certificate (--tls-ca-file) and")
+    missing = tmp_path / "missing.pem"
+    failed(demo("--address", tls, ca_file, f"--tls-cert={missing}"), str(missing), "no such file")
+    (tmp_path / "empty.pem").write_text("")
+    failed(demo("--address", tls, f"--tls-ca-file={tmp_path / 'empty.pem'}", cert),
+           "", "cannot use the TLS credentials given")
+
+
+def test_tls_address_of_a_tcp_scheduler(no_dashboard, tls_files):
+    address, _ = no_dashboard
+    tls = address.replace("tcp://", "tls://")
+    failed(demo("--address", tls, *tls_files[0]), tls,
+           "it speaks Dask's protocol without TLS: use a tcp:// address")
+
+
+def test_help_shows_the_defaults():
+    out = demo("--help")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())  # argparse wraps lines
+    assert "--timeout SECONDS" in text and "(default: 5.0)" in text
+    assert "embedded cluster size" not in text and "(default: 2)" in text and "(default: 20)" in text
+    assert "(default: None)" not in text and "(default: False)" not in text
 
 
 def test_console_script_is_installed():

@@ -13,6 +13,7 @@ from typing import Any, TextIO
 from dask.typing import Key
 
 from .._exceptions import DaskCoroError
+from ..core.keys import slot_of
 
 _STATE_COLORS = {
     "memory": "#a6dba0",
@@ -68,6 +69,12 @@ class TreeNode:
     replaces: Key | None = None
 
     @property
+    def name(self) -> str:
+        """What the node ran: its key's prefix, the function's name
+        (``fib`` for ``fib-<slot>-<content>``)."""
+        return _name(self.key)
+
+    @property
     def duration(self) -> float | None:
         return None if self.stop is None else max(self.stop - self.start, 0.0)
 
@@ -121,7 +128,7 @@ class Tree:
         shown = self.nodes[:max_nodes]
         names = {n.key: f"n{i}" for i, n in enumerate(shown)}
         for n in shown:
-            label = _short(n.key)
+            label = n.name
             if n.duration is not None:
                 label += f"\\n{n.duration * 1000:.1f} ms"
             g.node(names[n.key], label=label, fillcolor=_STATE_COLORS.get(n.state, "#ffffff"), tooltip=f"{n.key!r}: {n.state}")
@@ -144,10 +151,15 @@ class Tree:
         return g.render(outfile=filename if dot else f"{filename}.{fmt}", format=fmt, cleanup=True)
 
 
-def _short(key: Key) -> str:
-    text = key if isinstance(key, str) else repr(key)
-    name, _, rest = text.partition("-")
-    return f"{name}-{rest[:6]}" if rest else name
+def _name(key: Key) -> str:
+    """The prefix of a key: a child's key is ``<prefix>-<32 hex>-<16 hex>``
+    (``core.keys``), whatever letters its hex digits are; for others (a
+    root's, a collection's tuple key), ``dask.utils.key_split``'s reading."""
+    if isinstance(key, str) and slot_of(key) is not None:
+        return key[:-50]
+    from dask.utils import key_split
+
+    return key_split(key)
 
 
 def tree(x: Any) -> Any:
