@@ -259,3 +259,37 @@ async def test_futures_are_not_computed_in_place(c, s, a):
 
     assert await c.compute(uses_future(f)) == 5
 
+
+
+@dask.delayed
+def plain_inc(x):
+    return x + 1
+
+
+@coroutine
+def waits(x):
+    y = yield plain_inc(x)  # a task: the inline call waits on the cluster
+    return y
+
+
+@coroutine
+def promoted(n, folder):
+    """A value to compute in place that is handed out before it starts: the
+    first leaf waits on the cluster, so every unstarted leaf becomes a task,
+    planned as the lazy value itself (L, computed inline, as data)."""
+    L = gen(n, folder)
+    first = yield my_len(L)  # computed in place: L is now held
+    a, total = yield [waits(first), sum(inc(L[i]) for i in range(n))]
+    return a, total
+
+
+@cluster(nthreads=[("", 1)])
+async def test_value_handed_out_before_it_starts_is_planned_as_itself(c, s, a, tmp_path):
+    r = recorder(s)
+    folder = str(tmp_path)
+    assert await c.compute(promoted(30, folder)) == (31, sum(range(1, 31)))
+    # The sum went out as tasks: its incs, getitems and adds, on L as data
+    # (computed once, inline, in the first yield).
+    assert len(r.ran("inc")) == 30, r.memory
+    assert r.ran("add") and r.ran("getitem")
+    assert _lines(folder, "gen") == ["30"]

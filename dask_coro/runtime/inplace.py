@@ -114,11 +114,12 @@ def _analyse(leaf: Delayed, values: dict[Key, Any], known: dict[Key, Key]) -> tu
     key) and the objects by name, or None if anything under it must be a task."""
     local = Local(_name(leaf))
     objects: dict[Any, Any] = {}
+    children_of: dict[int, list[Any]] = {}
     stack: list[tuple[Any, bool]] = [(leaf, False)]
     while stack:
         x, expanded = stack.pop()
         if expanded:
-            local.tasks.append(_task(x))
+            local.tasks.append(_task(x, children_of.pop(id(x))))
             continue
         t = type(x)
         if t is CoroutineCall or t is LazyOp:
@@ -135,6 +136,7 @@ def _analyse(leaf: Delayed, values: dict[Key, Any], known: dict[Key, Key]) -> tu
                 if children is None:
                     return None
                 objects[name] = x
+                children_of[id(x)] = children
                 stack.append((x, True))
                 stack.extend((c, False) for c in children)
                 continue
@@ -228,9 +230,9 @@ def _subst(a: Any, have: Mapping[Any, Any]) -> Any:
     return a
 
 
-def _task(x: Any) -> tuple[Any, bool, list[Any], Callable[[Mapping[Any, Any]], Any]]:
+def _task(x: Any, children: list[Any]) -> tuple[Any, bool, list[Any], Callable[[Mapping[Any, Any]], Any]]:
     name = _name(x)
-    deps = [_name(c) for c in _children(x) or ()]
+    deps = [_name(c) for c in children]
     if type(x) is LazyOp:
         return (name, False, deps, partial(_apply, x))
     return (name, True, deps, partial(_call, x))
