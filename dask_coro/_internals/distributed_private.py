@@ -161,6 +161,15 @@ def local_data(worker: Any, keys: list[Key]) -> list[Any] | None:
     return out
 
 
+async def future_settled(future: Any) -> None:
+    """Until ``future``'s client hears that its key finished, erred or was
+    cancelled: the event of its ``FutureState`` (``Future._state``, set by
+    ``finish``/``set_error``/``cancel``, cleared by ``lose``/``reset``), which
+    every waiting path of ``Client`` awaits. One waiter on the event, where
+    ``Client.gather`` waits through a task per future (``utils.All``)."""
+    await future._state._get_event().wait()
+
+
 def send_on_worker_stream(worker: Any, msg: dict[str, Any]) -> None:
     """Send ``msg`` on the worker's batched stream to the scheduler, ordered
     with its task-finished messages (``Worker.batched_stream``)."""

@@ -466,31 +466,47 @@ class _Run:
     async def _wait(self, client: Client, futures: list[Future]) -> list[Any]:
         """The results of ``futures``; raises the first error, or ``Released``.
 
-        One task gathers them; we await it through a shield, which ``changed``
-        cancels: no event or extra task per wait (a waiting coroutine's memory
-        is mostly what its waits hold)."""
+        ``changed`` cancels what we await when our task stops running here.
+        No event or ``asyncio.wait`` per wait, and for one child no gather
+        while it runs: a waiting coroutine's memory is mostly what its wait
+        holds."""
         if not futures:
             return []
+        if len(futures) == 1 and not futures[0].done():
+            # One child (``x = yield f(...)``, the commonest wait): wait on its
+            # client-side state, then gather it (from this worker's memory if
+            # it is here); a key lost meanwhile is pending again, and gather
+            # waits for it.
+            await self._until(asyncio.ensure_future(private.future_settled(futures[0])))
+        # Several: gather raises the first error as soon as it comes.
         gathering = asyncio.ensure_future(client.gather(futures, asynchronous=True))
         try:
-            if not self._alive():
-                raise Released
-            self.waiting = waiting = asyncio.shield(gathering)
-            try:
-                return await waiting
-            except asyncio.CancelledError:
-                if self.stopped and not gathering.cancelled():
-                    raise Released from None
-                raise  # the worker is closing
-            finally:
-                self.waiting = None
-                self.stopped = False
+            result: list[Any] = await self._until(asyncio.shield(gathering))
+            return result
         finally:
             if not gathering.done():
                 # Cancelling Client._gather mid-way orphans its inner tasks, which
                 # then log "Task exception was never retrieved"; it ends on its
                 # own once our futures are released, so only retrieve its end.
                 gathering.add_done_callback(_retrieve)
+
+    async def _until(self, waiting: asyncio.Future[Any]) -> Any:
+        """Await ``waiting``; ``Released`` if our task stops running here
+        meanwhile (``changed`` cancels it)."""
+        if not self._alive():
+            waiting.cancel()
+            raise Released
+        self.waiting = waiting
+        try:
+            return await waiting
+        except asyncio.CancelledError:
+            if self.stopped:
+                raise Released from None
+            waiting.cancel()
+            raise  # the worker is closing
+        finally:
+            self.waiting = None
+            self.stopped = False
 
 
 async def _install(worker: Worker, plugin: Any) -> None:
