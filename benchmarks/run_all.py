@@ -67,6 +67,13 @@ SCENARIOS = [
     Scenario("steal", "A CPU-heavy tree of coroutines: 2 workers versus 1 (inline on), inline off, "
              "sequential", "bench_steal.py", ["--depth", "9", "--leaf-ms", "4", "--repeat", "3"],
              150),
+    Scenario("scale", "Work stealing on 1 to 8 workers: the scheduler pushing idle threads "
+             "versus polling", "bench_scale.py",
+             ["--workers", "1", "2", "4", "8", "--depth", "10", "--leaf-ms", "10", "--repeat", "2"],
+             240,
+             notes="Leaves sleep, so the 8 worker processes need little CPU of the 2 cores: the "
+                   "speed-up measures how well work is handed out. Push is the default "
+                   "(`coro.inline.stealing`); poll is the design it replaced, in the same run."),
     Scenario("profile",
              "Where the time goes per child: fib(14) as tasks under py-spy, fib(22) inline",
              "profile_fib.py", ["--n", "14", "--repeat", "3", "--inline-n", "22"], 120),
@@ -394,6 +401,30 @@ def targets(by: dict[str, Scenario]) -> str:
     else:
         missing("CPU-heavy tree: 2 workers >= 1.6 x faster than 1")
 
+    d = _data(by, "scale")
+    push = d and d["summary"].get("push", {})
+    if push and "8" in push and "2" in push:
+        p8, p2 = push["8"], push["2"]
+        poll = d["summary"].get("poll", {})
+        flat = p8["per_worker"] <= 1.25 * p2["per_worker"]
+        text = (f"**{p8['speedup']:.2f} x** on 8 workers ({push['1']['wall']:.2f} s on 1, "
+                f"{p8['wall']:.2f} s on 8); stealing messages per worker per second "
+                + ", ".join(f"{push[n]['per_worker']:.1f}" for n in sorted(push, key=int))
+                + f" on {', '.join(sorted(push, key=int))} workers (push)")
+        if poll:
+            text += (", polling " + ", ".join(f"{poll[n]['per_worker']:.1f}"
+                                               for n in sorted(poll, key=int)))
+            if "8" in poll:
+                text += f"; polling's speed-up on 8: {poll['8']['speedup']:.2f} x"
+        scale = d.get("at_scale")
+        if scale:
+            text += (f"; on 1,000 workers ~{scale['push']:,.0f} messages/s pushing versus "
+                     f"{scale['poll']:,.0f} polling")
+        row("stealing: speed-up on 8 workers >= 6 x, stealing messages/s flat (per worker, "
+            "2 to 8 workers, push)", text, _yes(p8["speedup"] >= 6 and flat))
+    else:
+        missing("stealing: speed-up on 8 workers >= 6 x, stealing messages/s flat")
+
     # -- no target --
     d = _data(by, "fib")
     r16 = d and d["results"].get("16", {})
@@ -621,11 +652,11 @@ Machine: {psutil.cpu_count()} cores, {mem:.0f} GiB, shared with other work (numb
 noisy; ratios from the same run are what count). Python {platform.python_version()},
 {_versions()}.
 Every scenario runs on an embedded `LocalCluster(n_workers=2, threads_per_worker=1,
-processes=True)` (the CPU-heavy tree also on 1 worker; Ray: `ray.init(num_cpus=2)`),
+processes=True)` (the CPU-heavy tree also on 1 worker, the stealing scenario on 1 to 8; Ray: `ray.init(num_cpus=2)`),
 all alternatives of a scenario in the same run, medians of 3 runs unless a
 section says otherwise. dask_coro runs coroutine calls with plain arguments
 inline by default (`coro.inline.enabled`, work handed out to idle workers as
-tasks, polled every `coro.inline.poll-interval`); "inline off" rows run every
+tasks when the scheduler pushes idle threads, `coro.inline.stealing`); "inline off" rows run every
 coroutine call as a task. The setting is made before each cluster starts
 (`dask.config.set` and `DASK_CORO__INLINE__ENABLED`) and checked on every
 worker. Other processes on the machine used {other:.0f} CPU-s during the suite

@@ -189,22 +189,31 @@ class InlinePlugin(SchedulerPlugin):
     def _push(self, n: int) -> None:
         """Announce ``n`` idle threads to the next subscribers round robin,
         one thread each (more each if there are fewer subscribers than
-        threads), skipping a subscriber with no task processing (its inline
-        runs ended: it unsubscribes soon)."""
+        threads). First those running a task that has not seceded: a worker
+        whose coroutines all wait on the cluster promoted every unstarted
+        call already (and its own thread is among the idle ones); then those,
+        as a coroutine that resumed may run calls inline again. Never one
+        with no task processing (its inline runs ended: it unsubscribes soon)."""
         order = self.order
         workers = self.scheduler.workers
-        chosen: list[str] = []
         k = len(order)
-        for i in range(k):
-            if len(chosen) >= n:
-                break
-            address = order[(self.cursor + i) % k]
+        chosen: list[str] = []
+        waiting: list[str] = []
+        seen = 0
+        while seen < k and len(chosen) < n:
+            address = order[(self.cursor + seen) % k]
+            seen += 1
             ws = workers.get(address)
-            if ws is not None and ws.processing:
+            if ws is None or not ws.processing:
+                continue
+            if len(ws.processing) > len(ws.long_running):
                 chosen.append(address)
+            else:
+                waiting.append(address)
+        chosen += waiting[: n - len(chosen)]
         if not chosen:
             return
-        self.cursor = (order.index(chosen[-1]) + 1) % k
+        self.cursor = (self.cursor + seen) % k
         each, extra = divmod(n, len(chosen))
         for i, address in enumerate(chosen):
             share = each + (i < extra)
