@@ -632,6 +632,21 @@ async def test_scheduler_pushes_to_the_subscribed_worker_when_a_thread_frees(c, 
 
 
 @pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1), ("", 1)])
+async def test_pushes_lost_nothing_hangs(c, s, a, b, monkeypatch):
+    """Every push lost (as to a stream that closed): the root's worker hears
+    of no idle thread and runs the whole tree inline, to the same result."""
+    from dask_coro.runtime import scheduler as inline_scheduler
+
+    monkeypatch.setattr(inline_scheduler.private, "send_to_worker", lambda *args: False)
+    where = await c.compute(sleepy_where(5), workers=[a.address])
+    assert where == [a.address] * 32
+    plugin = s.plugins[INLINE]
+    assert plugin.counts["check"] >= 1 and plugin.counts["push"] == 0
+    assert _pushes_received(a, b) == 0
+
+
+@pytest.mark.timeout(60)
 @cluster(nthreads=[("", 1), ("", 2)], config={"coro": {"inline": {"interval": "1h"}}})
 async def test_pushes_are_rate_limited(c, s, a, b):
     """With an interval longer than the test, the scheduler looks at idle

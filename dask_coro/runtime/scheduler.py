@@ -181,7 +181,7 @@ class InlinePlugin(SchedulerPlugin):
         if n < self._left:
             self._backoff = self.interval
         elif self._left:
-            self._backoff = min(MAX_BACKOFF, max(self._backoff, self.interval) * 2)
+            self._backoff = min(MAX_BACKOFF, max(self._backoff, self.interval, 0.001) * 2)
         self._left = n
         self._push(n)
         self._look(self._backoff)

@@ -67,6 +67,7 @@ logger = logging.getLogger("dask_coro")
 
 _RUNNING_STATES = ("executing", "long-running")
 _QUIET = 1.0  # s without an inline run before a worker stops hearing of idle threads
+_MIN_HOLD = 0.02  # s a push is kept at least (an interval of 0 would drop it unread)
 
 
 def run_if_on_worker(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -192,7 +193,8 @@ class _KeyWatcher(WorkerPlugin):
         self.pushes += 1
         self.idle.n = n
         self.pushed_at = push = self.pushes
-        asyncio.get_running_loop().call_later(self.interval, self._expire, push)
+        hold = max(self.interval, _MIN_HOLD)
+        asyncio.get_running_loop().call_later(hold, self._expire, push)
 
     def _expire(self, push: int) -> None:
         if self.pushed_at == push:
