@@ -189,11 +189,12 @@ class InlinePlugin(SchedulerPlugin):
     def _push(self, n: int) -> None:
         """Announce ``n`` idle threads to the next subscribers round robin,
         one thread each (more each if there are fewer subscribers than
-        threads). First those running a task that has not seceded: a worker
-        whose coroutines all wait on the cluster promoted every unstarted
-        call already (and its own thread is among the idle ones); then those,
-        as a coroutine that resumed may run calls inline again. Never one
-        with no task processing (its inline runs ended: it unsubscribes soon)."""
+        threads). Only those running a task that has not seceded, if any: a
+        worker whose coroutines all wait on the cluster promoted every
+        unstarted call already (and its own thread is among the idle ones);
+        else those, as a coroutine that resumed may run calls inline again.
+        Never one with no task processing (its inline runs ended: it
+        unsubscribes soon)."""
         order = self.order
         workers = self.scheduler.workers
         k = len(order)
@@ -210,7 +211,7 @@ class InlinePlugin(SchedulerPlugin):
                 chosen.append(address)
             else:
                 waiting.append(address)
-        chosen += waiting[: n - len(chosen)]
+        chosen = chosen or waiting[:n]
         if not chosen:
             return
         self.cursor = (self.cursor + seen) % k
