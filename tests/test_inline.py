@@ -260,6 +260,12 @@ def sleepy_where(depth, seconds=0.01):
 
 
 @coroutine
+def blocks_inline(name):
+    """Runs a call inline that blocks its thread until ``name`` is set."""
+    return (yield [event_waiter(name, 30), inc(1)])
+
+
+@coroutine
 def tree_of_tasks(depth):
     if depth == 0:
         return 1
@@ -629,6 +635,41 @@ async def test_scheduler_pushes_to_the_subscribed_worker_when_a_thread_frees(c, 
     # Both unsubscribe once they ran nothing inline for a second.
     await async_poll_for(lambda: not plugin.subscribed, timeout=20)
     assert plugin.counts["unsubscribe"] == plugin.counts["subscribe"]
+
+
+def _received(w):
+    return w.plugins[_KeyWatcher.name].pushes
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1)] * 3)
+async def test_each_idle_thread_is_pushed_to_one_worker_round_robin(c, s, *workers):
+    """Three workers run calls inline, each blocked in one: one idle thread
+    is pushed to one of them, the next to the next; five to all three,
+    shares adding up to five."""
+    go = Event(f"go-{uuid.uuid4().hex}", client=c)
+    futs = [c.compute(blocks_inline(go.name), workers=[w.address]) for w in workers]
+    try:
+        await async_poll_for(
+            lambda: INLINE in s.plugins and len(s.plugins[INLINE].subscribed) == 3, timeout=20)
+        plugin = s.plugins[INLINE]
+        # Whatever was pushed while they started has arrived.
+        await async_poll_for(
+            lambda: _pushes_received(*workers) == plugin.counts["push"], timeout=20)
+        before = [_received(w) for w in workers]
+        for k in (1, 2, 3):
+            plugin._push(1)
+            await async_poll_for(lambda k=k: _pushes_received(*workers) == sum(before) + k,
+                                 timeout=20)
+        assert [_received(w) - n for w, n in zip(workers, before)] == [1, 1, 1]
+        pushed = plugin.counts["pushed"]
+        plugin._push(5)
+        await async_poll_for(lambda: _pushes_received(*workers) == sum(before) + 6, timeout=20)
+        assert [_received(w) - n for w, n in zip(workers, before)] == [2, 2, 2]
+        assert plugin.counts["pushed"] == pushed + 5
+    finally:
+        await go.set()
+    assert await c.gather(futs) == [[True, 2]] * 3
 
 
 @pytest.mark.timeout(60)
