@@ -18,6 +18,7 @@ Prints a Markdown table; --results writes its section of RESULTS.md.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -214,13 +215,20 @@ def main(argv=None) -> int:
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--results", action="store_true", help="write the section of RESULTS.md")
     args = B.parse(p, argv, quick={"workers": [1, 2], "depth": 5, "leaf_ms": 5.0, "repeat": 1})
+    load0 = os.getloadavg()[0]
     res = run(args)
     s = summary(res, args)
     header, rows, note = render(s, args)
+    note += "\n\n" + B.fill(
+        f"Machine load: 1-minute load average {load0:.1f} at the start, "
+        f"{os.getloadavg()[0]:.1f} at the end ({psutil.cpu_count()} cores).")
     B.report(header, rows, note)
     if args.results:
-        command = "python benchmarks/bench_scale.py " + " ".join(
-            argv if argv is not None else sys.argv[1:])
+        given = list(argv if argv is not None else sys.argv[1:])
+        if "--json" in given:  # where this run's numbers went is nobody's business
+            i = given.index("--json")
+            del given[i:i + 2]
+        command = "python benchmarks/bench_scale.py " + " ".join(given)
         B.replace_section(HEADING, f"{HEADING}\n\nCommand: `{command.strip()}`\n\n"
                                    f"{B.table(header, rows)}\n\n{note}\n")
     B.write_json(args.json, {"depth": args.depth, "leaf_ms": args.leaf_ms,

@@ -70,7 +70,7 @@ SCENARIOS = [
     Scenario("scale", "Work stealing on 1 to 8 workers: the scheduler pushing idle threads "
              "versus polling", "bench_scale.py",
              ["--workers", "1", "2", "4", "8", "--depth", "10", "--leaf-ms", "10", "--repeat", "2"],
-             240,
+             300,
              notes="Leaves sleep, so the 8 worker processes need little CPU of the 2 cores: the "
                    "speed-up measures how well work is handed out. Push is the default "
                    "(`coro.inline.stealing`); poll is the design it replaced, in the same run."),
