@@ -235,6 +235,16 @@ async def test_idle_threads_counts_free_threads(c, s, a, b):
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_stream_handlers_inline_plugin_wraps_are_plain_functions(c, s, a):
+    # InlinePlugin wraps them in a plain function, which handle_stream then
+    # calls without awaiting.
+    import inspect
+
+    for op in ("long-running", "worker-status-change"):
+        assert not inspect.iscoroutinefunction(s.stream_handlers[op]), op
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
 async def test_send_to_worker_reaches_its_stream_handler(c, s, a):
     got = []
     pv.add_handlers(a, stream={"test-op": lambda n, **kw: got.append(n)})
