@@ -151,12 +151,12 @@ class _KeyWatcher(WorkerPlugin):
         self.handed_out = time()
 
     async def _installed(self, worker: Worker) -> bool:
-        if self.inline_plugin is None or (
-            self.inline_plugin.done() and self.inline_plugin.exception() is not None
-        ):
-            self.inline_plugin = asyncio.ensure_future(_install(worker, InlinePlugin()))
+        fut = self.inline_plugin
+        if fut is None or (fut.done() and (fut.cancelled() or fut.exception() is not None)):
+            # Not installed yet, or it failed: try again.
+            fut = self.inline_plugin = asyncio.ensure_future(_install(worker, InlinePlugin()))
         try:
-            await asyncio.shield(self.inline_plugin)
+            await asyncio.shield(fut)
         except Exception:
             return False  # logged by _install; calls then run inline, none handed out
         return True
