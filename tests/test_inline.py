@@ -729,10 +729,12 @@ async def test_no_push_while_no_worker_runs_inline(c, s, a, b):
 @pytest.mark.timeout(60)
 @cluster(nthreads=[("", 1), ("", 1)])
 async def test_a_worker_leaving_is_unsubscribed(c, s, a, b):
-    # It stays subscribed for a second after its last inline run: close it then.
-    assert len(await c.compute(sleepy_where(3), workers=[a.address])) == 8
+    # It stays subscribed for a second after its last inline run; stop it
+    # from ever unsubscribing, then close it.
+    assert len(await c.compute(sleepy_where(5), workers=[a.address])) == 32
     plugin = s.plugins[INLINE]
-    assert a.address in plugin.subscribed
+    await async_poll_for(lambda: a.address in plugin.subscribed, timeout=20)
+    a.plugins[_KeyWatcher.name].stealer.cancel()
     unsubscribed = plugin.counts["unsubscribe"]
     address = a.address
     await a.close()
