@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         f"one list, a leaf runs `spin({iters})`, {seq_s / leaves * 1000:.1f} ms of pure "
         f"Python in this process). With inline on, the root's worker runs the calls inline "
         f"and hands unstarted ones out as tasks while the scheduler reports idle threads "
-        f"(polled every `coro.inline.poll-interval`): 2 workers are {speedup:.2f} x as fast "
+        f"(pushed by the scheduler, `coro.inline.stealing`): 2 workers are {speedup:.2f} x as fast "
         f"as 1 here. Inline off, each of the {2 * leaves - 1} calls is a task. Wall time: from "
         "`client.compute` to the value on the client. CPU: user + system time of each worker "
         "process during the run (psutil). The 2 cores are shared with the scheduler (in the "

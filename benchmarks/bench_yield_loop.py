@@ -160,8 +160,8 @@ until it ends, and the number grows with N. Per yield: the median total less the
 the same root run with N = 0 (its own submission and result), over N.
 "Tasks run" counts transitions to memory on the scheduler during a loop (the
 root included). Inline on, a child the loop is about to run may still be
-handed out as a task when a poll finds the other worker idle (every
-`coro.inline.poll-interval`, 20 ms): the loop then waits for that task's
+handed out as a task when the scheduler tells it the other worker is idle
+(at most every `coro.inline.interval`, 20 ms): the loop then waits for that task's
 round trip (milliseconds) instead of running the call (microseconds), which
 is most of the inline row's time per yield here (compare the last row: the
 same loop through the trampoline in one process, where nothing is handed

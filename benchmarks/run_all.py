@@ -67,6 +67,13 @@ SCENARIOS = [
     Scenario("steal", "A CPU-heavy tree of coroutines: 2 workers versus 1 (inline on), inline off, "
              "sequential", "bench_steal.py", ["--depth", "9", "--leaf-ms", "4", "--repeat", "3"],
              150),
+    Scenario("scale", "Work stealing on 1 to 8 workers: the scheduler pushing idle threads "
+             "versus polling", "bench_scale.py",
+             ["--workers", "1", "2", "4", "8", "--depth", "10", "--leaf-ms", "10", "--repeat", "2"],
+             300,
+             notes="Leaves sleep, so the 8 worker processes need little CPU of the 2 cores: the "
+                   "speed-up measures how well work is handed out. Push is the default "
+                   "(`coro.inline.stealing`); poll is the design it replaced, in the same run."),
     Scenario("profile",
              "Where the time goes per child: fib(14) as tasks under py-spy, fib(22) inline",
              "profile_fib.py", ["--n", "14", "--repeat", "3", "--inline-n", "22"], 120),
@@ -401,6 +408,40 @@ def targets(by: dict[str, Scenario]) -> str:
     else:
         missing("CPU-heavy tree: 2 workers >= 1.6 x faster than 1")
 
+    d = _data(by, "scale")
+    push = d and d["summary"].get("push", {})
+    if push and {"1", "4", "8"} <= push.keys():
+        p4, p8 = push["4"], push["8"]
+        poll = d["summary"].get("poll", {})
+        ns = sorted(push, key=int)
+        # Flat: what stealing costs per idle event it serves (a stolen task)
+        # does not grow with the workers; messages a second grow only with
+        # the steals themselves (none while no thread is idle).
+        flat = bool(p8["per_steal"] and p4["per_steal"]
+                    and p8["per_steal"] <= 1.25 * p4["per_steal"])
+        text = (f"**{p8['speedup']:.2f} x** on 8 workers ({push['1']['wall']:.2f} s on 1, "
+                f"{p8['wall']:.2f} s on 8); pushing: "
+                + ", ".join(f"{push[n]['rate']:.0f}" for n in ns)
+                + f" messages/s on {', '.join(ns)} workers, "
+                + ", ".join("-" if push[n]["per_steal"] is None else f"{push[n]['per_steal']:.1f}"
+                            for n in ns)
+                + " per stolen task")
+        if poll:
+            pn = sorted(poll, key=int)
+            text += ("; polling: " + ", ".join(f"{poll[n]['rate']:.0f}" for n in pn)
+                     + " messages/s")
+            if "8" in poll:
+                text += f", speed-up on 8 {poll['8']['speedup']:.2f} x"
+        scale = d.get("at_scale")
+        if scale:
+            text += (f"; 1,000 workers: ~{scale['push']:,.0f} messages/s pushing at the "
+                     f"measured steal rate versus {scale['poll']:,.0f} polling")
+        row("stealing: speed-up on 8 workers >= 6 x, stealing messages/s flat (push: messages "
+            "per stolen task, 8 workers <= 1.25 x 4 workers)", text,
+            _yes(p8["speedup"] >= 6 and flat))
+    else:
+        missing("stealing: speed-up on 8 workers >= 6 x, stealing messages/s flat")
+
     # -- no target --
     d = _data(by, "fib")
     r16 = d and d["results"].get("16", {})
@@ -628,11 +669,11 @@ Machine: {psutil.cpu_count()} cores, {mem:.0f} GiB, shared with other work (numb
 noisy; ratios from the same run are what count). Python {platform.python_version()},
 {_versions()}.
 Every scenario runs on an embedded `LocalCluster(n_workers=2, threads_per_worker=1,
-processes=True)` (the CPU-heavy tree also on 1 worker; Ray: `ray.init(num_cpus=2)`),
+processes=True)` (the CPU-heavy tree also on 1 worker, the stealing scenario on 1 to 8; Ray: `ray.init(num_cpus=2)`),
 all alternatives of a scenario in the same run, medians of 3 runs unless a
 section says otherwise. dask_coro runs coroutine calls with plain arguments
 inline by default (`coro.inline.enabled`, work handed out to idle workers as
-tasks, polled every `coro.inline.poll-interval`); "inline off" rows run every
+tasks when the scheduler pushes idle threads, `coro.inline.stealing`); "inline off" rows run every
 coroutine call as a task. The setting is made before each cluster starts
 (`dask.config.set` and `DASK_CORO__INLINE__ENABLED`) and checked on every
 worker. Other processes on the machine used {other:.0f} CPU-s during the suite

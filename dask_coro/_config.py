@@ -64,3 +64,12 @@ def get_timedelta(key: str, *, allow_none: bool = False) -> float | None:
     if not isinstance(seconds, (int, float)) or not seconds >= 0:  # also NaN
         raise error
     return float(seconds)
+
+
+def get_choice(key: str, choices: tuple[str, ...]) -> str:
+    """The setting ``key``, one of ``choices``; anything else raises a
+    ValueError naming the key and the choices."""
+    value = get(key)
+    if value not in choices:
+        raise ValueError(f"{key}: {value!r} is not one of {', '.join(choices)}")
+    return str(value)

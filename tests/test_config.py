@@ -21,7 +21,8 @@ from dask_coro._config import get_timedelta
 EXPECTED = {
     "coro.client-batch-interval": "2ms",
     "coro.inline.enabled": True,
-    "coro.inline.poll-interval": "20ms",
+    "coro.inline.stealing": "push",
+    "coro.inline.interval": "20ms",
     "coro.durability.hold-children": True,
     "coro.worker-release.enabled": False,
     "coro.lifetimes.retry-delay": "500ms",
@@ -145,6 +146,8 @@ def test_schema_validates_defaults():
         jsonschema.validate({"coro": {"tree": {"max-nodes": "many"}}}, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"coro": {"lifetimes": {"retry-delay": None}}}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"coro": {"inline": {"stealing": "sometimes"}}}, schema)
 
 
 def test_set_takes_effect_at_use_time():

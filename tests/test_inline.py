@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import re
 import signal
 import time
 import traceback
@@ -41,6 +42,9 @@ from workloads import afib, boom, does_not_catch, fib, inc
 import dask_coro
 from dask_coro import Promise, coroutine, current_key
 from dask_coro.core.plan import derive_key
+from dask_coro.runtime.scheduler import NAME as INLINE
+from dask_coro.runtime.scheduler import InlinePlugin
+from dask_coro.runtime.worker import _KeyWatcher
 
 pytestmark = pytest.mark.inline
 
@@ -239,6 +243,33 @@ def where_tree(depth):
         _spin(0.02)
         return [get_worker().address]
     a, b = yield [where_tree(depth - 1), where_tree(depth - 1)]
+    return a + b
+
+
+@coroutine
+def sleepy_where(depth, seconds=0.01):
+    """The addresses of the workers that ran each leaf (sleeping leaves: the
+    workers of a gen_cluster share this process and its GIL)."""
+    if depth == 0:
+        from distributed import get_worker
+
+        time.sleep(seconds)
+        return [get_worker().address]
+    a, b = yield [sleepy_where(depth - 1, seconds), sleepy_where(depth - 1, seconds)]
+    return a + b
+
+
+@coroutine
+def blocks_inline(name):
+    """Runs a call inline that blocks its thread until ``name`` is set."""
+    return (yield [event_waiter(name, 30), inc(1)])
+
+
+@coroutine
+def tree_of_tasks(depth):
+    if depth == 0:
+        return 1
+    a, b = yield [tree_of_tasks(depth - 1), tree_of_tasks(depth - 1)]
     return a + b
 
 
@@ -521,9 +552,11 @@ async def test_same_call_twice_waiting_on_the_cluster_runs_once(c, s, a, tmp_pat
 # processes: stealing, a worker dying
 
 
+@pytest.mark.parametrize("stealing", ["push", "poll"])
 @pytest.mark.timeout(120)
-def test_work_is_stolen_by_an_idle_worker():
+def test_work_is_stolen_by_an_idle_worker(stealing):
     with (
+        dask.config.set({"coro.inline.stealing": stealing}),
         LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
         ) as lc,
@@ -564,3 +597,161 @@ async def test_worker_running_the_root_inline_dies(c, s, a, b, tmp_path):
     assert await fut.result(timeout=60) == sum(i * i for i in range(n))
     # The root ran its body again from the start, elsewhere.
     assert _lines(tmp_path, "starts").count(f"0-{n}") >= 2
+
+
+# --------------------------------------------------------------------------
+# push: the scheduler tells subscribed workers of idle threads
+
+
+def _pushes_received(*workers):
+    return sum(w.plugins[_KeyWatcher.name].pushes for w in workers if _KeyWatcher.name in w.plugins)
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1), ("", 1)])
+async def test_scheduler_pushes_to_the_subscribed_worker_when_a_thread_frees(c, s, a, b):
+    go = Event(f"go-{uuid.uuid4().hex}", client=c)
+    blocker = c.submit(_wait_event, go.name, 60, workers=[b.address], pure=False)
+    await async_poll_for(lambda: b.state.executing_count == 1, timeout=20)
+    fut = c.compute(sleepy_where(6), workers=[a.address])
+    await async_poll_for(lambda: INLINE in s.plugins and a.address in s.plugins[INLINE].subscribed,
+                         timeout=20)
+    plugin = s.plugins[INLINE]
+    # Subscribing made the scheduler look: both threads busy, nothing to tell.
+    await async_poll_for(lambda: plugin.counts["check"] >= 1, timeout=20)
+    assert plugin.counts["push"] == 0 and _pushes_received(a, b) == 0
+    assert not fut.done()
+    await go.set()  # b's thread frees
+    assert await blocker is True
+    where = await fut
+    assert len(where) == 64
+    # The push made a hand a subtree to b.
+    assert b.address in where and a.address in where
+    assert plugin.counts["push"] >= 1
+    assert plugin.counts["pushed"] >= plugin.counts["push"]
+    # Every push sent was received (the streams may still carry the last ones).
+    await async_poll_for(lambda: _pushes_received(a, b) == plugin.counts["push"], timeout=20)
+    assert plugin.counts["poll"] == 0
+    # Both unsubscribe once they ran nothing inline for a second.
+    await async_poll_for(lambda: not plugin.subscribed, timeout=20)
+    assert plugin.counts["unsubscribe"] == plugin.counts["subscribe"]
+
+
+def _received(w):
+    return w.plugins[_KeyWatcher.name].pushes
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1)] * 3)
+async def test_each_idle_thread_is_pushed_to_one_worker_round_robin(c, s, *workers):
+    """Three workers run calls inline, each blocked in one: one idle thread
+    is pushed to one of them, the next to the next; five to all three,
+    shares adding up to five."""
+    go = Event(f"go-{uuid.uuid4().hex}", client=c)
+    futs = [c.compute(blocks_inline(go.name), workers=[w.address]) for w in workers]
+    try:
+        await async_poll_for(
+            lambda: INLINE in s.plugins and len(s.plugins[INLINE].subscribed) == 3, timeout=20)
+        plugin = s.plugins[INLINE]
+        # Whatever was pushed while they started has arrived.
+        await async_poll_for(
+            lambda: _pushes_received(*workers) == plugin.counts["push"], timeout=20)
+        before = [_received(w) for w in workers]
+        for k in (1, 2, 3):
+            plugin._push(1)
+            await async_poll_for(lambda k=k: _pushes_received(*workers) == sum(before) + k,
+                                 timeout=20)
+        assert [_received(w) - n for w, n in zip(workers, before)] == [1, 1, 1]
+        pushed = plugin.counts["pushed"]
+        plugin._push(5)
+        await async_poll_for(lambda: _pushes_received(*workers) == sum(before) + 6, timeout=20)
+        assert [_received(w) - n for w, n in zip(workers, before)] == [2, 2, 2]
+        assert plugin.counts["pushed"] == pushed + 5
+    finally:
+        await go.set()
+    assert await c.gather(futs) == [[True, 2]] * 3
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1), ("", 1)])
+async def test_pushes_lost_nothing_hangs(c, s, a, b, monkeypatch):
+    """Every push lost (as to a stream that closed): the root's worker hears
+    of no idle thread and runs the whole tree inline, to the same result."""
+    from dask_coro.runtime import scheduler as inline_scheduler
+
+    monkeypatch.setattr(inline_scheduler.private, "send_to_worker", lambda *args: False)
+    where = await c.compute(sleepy_where(5), workers=[a.address])
+    assert where == [a.address] * 32
+    plugin = s.plugins[INLINE]
+    assert plugin.counts["check"] >= 1 and plugin.counts["push"] == 0
+    assert _pushes_received(a, b) == 0
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1), ("", 2)], config={"coro": {"inline": {"interval": "1h"}}})
+async def test_pushes_are_rate_limited(c, s, a, b):
+    """With an interval longer than the test, the scheduler looks at idle
+    threads once, at the first idle event (a's subscription), and pushes
+    once, whatever the events after it (b's tasks ending, b subscribing)."""
+    where = await c.compute(sleepy_where(6), workers=[a.address])
+    assert len(where) == 64
+    plugin = s.plugins[INLINE]
+    assert plugin.counts["event"] >= 2
+    assert plugin.counts["check"] == 1
+    assert plugin.counts["push"] == 1
+    # b got work from that one push.
+    assert b.address in where
+    await async_poll_for(lambda: _pushes_received(a, b) == 1, timeout=20)
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1), ("", 1)])
+async def test_no_push_while_no_worker_runs_inline(c, s, a, b):
+    await c.register_plugin(InlinePlugin())
+    plugin = s.plugins[INLINE]
+    # Plain tasks, and coroutines with inline off (a coroutine task that starts
+    # with it on subscribes, whatever it yields): idle threads come and go, no
+    # worker subscribes, the scheduler neither looks nor sends.
+    with dask.config.set({"coro.inline.enabled": False}):
+        assert await c.compute(tree_of_tasks(4)) == 16
+    assert await c.gather(c.map(_double, range(20), pure=False)) == [2 * i for i in range(20)]
+    assert plugin.counts == dict.fromkeys(plugin.counts, 0)
+    # A run inline subscribes its worker; once it unsubscribed, idle events
+    # again cost nothing.
+    assert len(await c.compute(sleepy_where(3))) == 8
+    assert plugin.counts["subscribe"] >= 1
+    await async_poll_for(lambda: not plugin.subscribed, timeout=20)
+    before = dict(plugin.counts)
+    await c.gather(c.map(_double, range(20), pure=False))
+    assert plugin.counts == before
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1), ("", 1)])
+async def test_a_worker_leaving_is_unsubscribed(c, s, a, b):
+    # It stays subscribed for a second after its last inline run; stop it
+    # from ever unsubscribing, then close it.
+    assert len(await c.compute(sleepy_where(5), workers=[a.address])) == 32
+    plugin = s.plugins[INLINE]
+    await async_poll_for(lambda: a.address in plugin.subscribed, timeout=20)
+    a.plugins[_KeyWatcher.name].stealer.cancel()
+    unsubscribed = plugin.counts["unsubscribe"]
+    address = a.address
+    await a.close()
+    await async_poll_for(lambda: address not in s.workers, timeout=20)
+    assert address not in plugin.subscribed and address not in plugin.order
+    assert plugin.counts["unsubscribe"] == unsubscribed  # removed with the worker
+    # b still runs inline and gets its own subscription.
+    assert len(await c.compute(sleepy_where(3))) == 8
+    assert plugin.order == [b.address]
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1)], config={"coro": {"inline": {"stealing": "sometimes"}}})
+async def test_a_bad_stealing_setting_fails_the_coroutine(c, s, a):
+    message = "coro.inline.stealing: 'sometimes' is not one of push, poll"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        await c.compute(fib(3))
+    assert not a.plugins[_KeyWatcher.name].runs  # nothing left behind
+    with dask.config.set({"coro.inline.stealing": "push"}):
+        assert await c.compute(fib(3)) == 2

@@ -235,6 +235,27 @@ async def test_idle_threads_counts_free_threads(c, s, a, b):
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_stream_handlers_inline_plugin_wraps_are_plain_functions(c, s, a):
+    # InlinePlugin wraps them in a plain function, which handle_stream then
+    # calls without awaiting.
+    import inspect
+
+    for op in ("long-running", "worker-status-change"):
+        assert not inspect.iscoroutinefunction(s.stream_handlers[op]), op
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_send_to_worker_reaches_its_stream_handler(c, s, a):
+    got = []
+    pv.add_handlers(a, stream={"test-op": lambda n, **kw: got.append(n)})
+    assert pv.send_to_worker(s, a.address, {"op": "test-op", "n": 3})
+    while not got:
+        await asyncio.sleep(0.01)
+    assert got == [3]
+    assert not pv.send_to_worker(s, "tcp://127.0.0.1:1", {"op": "test-op", "n": 4})
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
 async def test_wrap_stream_handler_wraps_update_graph_once(c, s, a):
     calls = []
 

@@ -93,8 +93,13 @@ def _unpack():
 
 
 def _bad_setting():
-    with dask.config.set({"coro.inline.poll-interval": "soon"}):
-        dask_coro._config.get_timedelta("coro.inline.poll-interval")
+    with dask.config.set({"coro.inline.interval": "soon"}):
+        dask_coro._config.get_timedelta("coro.inline.interval")
+
+
+def _bad_choice():
+    with dask.config.set({"coro.inline.stealing": "sometimes"}):
+        dask_coro._config.get_choice("coro.inline.stealing", ("push", "poll"))
 
 
 def _result_on_loop():
@@ -136,7 +141,9 @@ LOCAL = [
     Case("Promise() without a cluster", Promise, PromiseError,
          "a Promise is a node on a distributed scheduler"),
     Case("a setting that is not a time", _bad_setting, ValueError,
-         "coro.inline.poll-interval: 'soon' is not a time interval"),
+         "coro.inline.interval: 'soon' is not a time interval"),
+    Case("a setting that is not one of its choices", _bad_choice, ValueError,
+         "coro.inline.stealing: 'sometimes' is not one of push, poll"),
     Case("shm array of Python objects", lambda: shm.empty(10, dtype=object), TypeError,
          "holds Python objects, which cannot live in shared memory"),
     Case("shm array of a negative shape", lambda: shm.empty(-1), ValueError,

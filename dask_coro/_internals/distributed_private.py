@@ -17,6 +17,7 @@ from time import time
 from typing import Any
 
 from dask.typing import Key
+from distributed.comm import CommClosedError
 from distributed.core import Status, error_message
 from distributed.worker import _worker_cvar, thread_state
 from distributed.worker_state_machine import SecedeEvent
@@ -233,6 +234,21 @@ def store_worker_plugin(scheduler: Any, name: str, pickled: bytes) -> None:
     """Give every worker joining from now on this worker plugin
     (``Scheduler.worker_plugins``, sent by ``Scheduler.add_worker``)."""
     scheduler.worker_plugins[name] = pickled
+
+
+def send_to_worker(scheduler: Any, worker: str, msg: dict[str, Any]) -> bool:
+    """Send ``msg`` on the scheduler's batched stream to ``worker``
+    (``Scheduler.stream_comms``, a ``BatchedSend``); False if it has none
+    or it is closed (the worker is going). The worker must have a stream
+    handler for ``msg["op"]``: an op it has none for closes the stream."""
+    stream = scheduler.stream_comms.get(worker)
+    if stream is None:
+        return False
+    try:
+        stream.send(msg)
+    except CommClosedError:
+        return False
+    return True
 
 
 def idle_threads(scheduler: Any) -> int:

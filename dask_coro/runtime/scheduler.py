@@ -1,33 +1,223 @@
-"""Scheduler side of inline execution: how many more tasks the cluster could
-start right now, for workers deciding whether to hand inline work out."""
+"""Scheduler side of inline execution: telling workers that run coroutine
+calls inline when threads are idle, so they hand unstarted calls out as tasks.
+
+Two ways, chosen on each worker by ``coro.inline.stealing``:
+
+* ``push`` (the default): a worker that starts running calls inline
+  *subscribes* on its own stream (``SUBSCRIBE``, once its handler of
+  ``IDLE`` is registered: an op with no handler closes a stream). The plugin
+  looks at the idle threads only after an *idle event* (a task leaves
+  ``processing``, a task secedes, a queued or unrunnable task goes, a worker
+  joins or runs again, a worker subscribes), at most once per
+  ``coro.inline.interval``, and when some are idle it sends ``{op: IDLE, n}``
+  to as few subscribers as it takes: round robin, one idle thread each (the
+  ``n`` split among them when there are more threads than subscribers), so one
+  freed thread makes one worker hand out one task, whatever the number of
+  workers. While threads stay idle (the chosen workers had nothing to hand out)
+  it looks again, backing off to once a second. The worker unsubscribes
+  (``UNSUBSCRIBE``) a second after its last inline run ended. The scheduler's
+  cost grows with idle events, not with workers times time.
+* ``poll``: each worker running inline asks ``IDLE`` (an RPC) every
+  ``coro.inline.interval``; kept to compare against, and for workers of
+  earlier versions.
+
+``counts`` says what the plugin did (messages sent and received, checks).
+"""
 
 from __future__ import annotations
 
+import asyncio
+from time import monotonic
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from .._internals.distributed_private import add_handlers, idle_threads
+from .. import _config
+from .._internals import distributed_private as private
 
 NAME = "dask-coro-inline"
+IDLE = "dask_coro_idle"  # the push to a worker, and the RPC of poll mode
+SUBSCRIBE = "dask-coro-inline-subscribe"
+UNSUBSCRIBE = "dask-coro-inline-unsubscribe"
+MODES = ("push", "poll")
+
+#: Longest wait between two looks at threads that stay idle with no new event.
+MAX_BACKOFF = 1.0
+
+#: Transitions out of these states may leave a thread idle: a task done or
+#: released from a worker, a queued or unrunnable task gone (idle threads are
+#: counted less the tasks waiting for one).
+_FREEING = frozenset({"processing", "queued", "no-worker"})
 
 
 class InlinePlugin(SchedulerPlugin):
-    """Answers ``dask_coro_idle`` for workers running coroutines inline.
+    """Tells workers running coroutines inline when threads are idle.
 
     Installed by the first worker that runs a coroutine inline (one round
-    trip), by ``client.register_plugin(InlinePlugin())`` or by
-    ``dask scheduler --preload dask_coro``; installing it again is a no-op."""
+    trip per worker), by ``client.register_plugin(InlinePlugin())`` or by
+    ``dask scheduler --preload dask_coro``; installing it again is a no-op.
+    ``coro.inline.interval`` is read when it starts."""
 
     name = NAME
     idempotent = True
 
     def __init__(self) -> None:
         self.scheduler: Any = None
+        self.interval = 0.0
+        self.order: list[str] = []  # subscribed workers, round robin
+        self.subscribed: set[str] = set()
+        self.cursor = 0
+        #: What the plugin did: ``subscribe``/``unsubscribe`` (stream messages
+        #: received), ``push`` (messages sent), ``pushed`` (idle threads they
+        #: announced), ``poll`` (RPCs answered), ``event`` (idle events seen
+        #: while a worker was subscribed), ``check`` (looks at the idle threads).
+        self.counts = dict.fromkeys(
+            ("subscribe", "unsubscribe", "push", "pushed", "poll", "event", "check"), 0
+        )
+        self._timer: asyncio.TimerHandle | None = None
+        self._due = 0.0  # when the timer fires
+        self._last = -float("inf")  # when the last check ran
+        self._backoff = 0.0
+        self._left = 0  # idle threads at the last check
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
-        add_handlers(scheduler, rpc={"dask_coro_idle": self.handle_idle})
+        self.interval = _config.get_timedelta("coro.inline.interval")
+        self._backoff = self.interval
+        private.add_handlers(
+            scheduler,
+            rpc={IDLE: self.handle_idle},
+            stream={SUBSCRIBE: self.handle_subscribe, UNSUBSCRIBE: self.handle_unsubscribe},
+        )
+        for op in ("long-running", "worker-status-change"):
+            private.wrap_stream_handler(scheduler, op, self._then_event, "_dask_coro_inline")
+
+    async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # -- poll mode -------------------------------------------------------------
 
     def handle_idle(self) -> int:
-        return idle_threads(self.scheduler)
+        self.counts["poll"] += 1
+        return private.idle_threads(self.scheduler)
+
+    # -- push mode: subscriptions -------------------------------------------------
+
+    def handle_subscribe(self, worker: str, **kwargs: Any) -> None:
+        self.counts["subscribe"] += 1
+        if worker in self.subscribed or worker not in self.scheduler.workers:
+            return
+        self.subscribed.add(worker)
+        self.order.append(worker)
+        self._event()  # threads may be idle already
+
+    def handle_unsubscribe(self, worker: str, **kwargs: Any) -> None:
+        self.counts["unsubscribe"] += 1
+        self._drop(worker)
+
+    def _drop(self, worker: str) -> None:
+        if worker in self.subscribed:
+            self.subscribed.discard(worker)
+            i = self.order.index(worker)
+            del self.order[i]
+            if i < self.cursor:
+                self.cursor -= 1
+
+    # -- idle events -------------------------------------------------------------
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        # Every transition of every task: keep it to two tests.
+        if self.subscribed and start in _FREEING and finish != "processing":
+            self._event()
+
+    def add_worker(self, scheduler: Any, worker: str) -> None:
+        self._event()
+
+    def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        self._drop(worker)
+
+    def _then_event(self, handler: Any) -> Any:
+        def wrapped(**kwargs: Any) -> Any:
+            out = handler(**kwargs)
+            self._event()
+            return out
+
+        return wrapped
+
+    def _event(self) -> None:
+        """Something may have left a thread idle: look, once the current
+        transitions are done (a queued task may take the thread at once), and
+        no sooner than ``interval`` after the last look."""
+        if not self.subscribed:
+            return
+        self.counts["event"] += 1
+        self._look(max(0.0, self._last + self.interval - monotonic()))
+
+    def _look(self, delay: float) -> None:
+        due = monotonic() + delay
+        if self._timer is not None:
+            if self._due <= due:
+                return
+            self._timer.cancel()
+        self._due = due
+        self._timer = asyncio.get_running_loop().call_later(delay, self._check)
+
+    def _check(self) -> None:
+        self._timer = None
+        if not self.subscribed:
+            return
+        self._last = monotonic()
+        self.counts["check"] += 1
+        n = private.idle_threads(self.scheduler)
+        if n <= 0:
+            self._backoff = self.interval
+            self._left = 0
+            return
+        # Threads are still idle that the last push announced: the workers it
+        # went to had nothing to hand out, or their tasks are on their way.
+        # Look again later, backing off while nothing changes.
+        if n < self._left:
+            self._backoff = self.interval
+        elif self._left:
+            self._backoff = min(MAX_BACKOFF, max(self._backoff, self.interval, 0.001) * 2)
+        self._left = n
+        self._push(n)
+        self._look(self._backoff)
+
+    def _push(self, n: int) -> None:
+        """Announce ``n`` idle threads to the next subscribers round robin,
+        one thread each (more each if there are fewer subscribers than
+        threads). Only those running a task that has not seceded, if any: a
+        worker whose coroutines all wait on the cluster promoted every
+        unstarted call already (and its own thread is among the idle ones);
+        else those, as a coroutine that resumed may run calls inline again.
+        Never one with no task processing (its inline runs ended: it
+        unsubscribes soon)."""
+        order = self.order
+        workers = self.scheduler.workers
+        k = len(order)
+        chosen: list[str] = []
+        waiting: list[str] = []
+        seen = 0
+        while seen < k and len(chosen) < n:
+            address = order[(self.cursor + seen) % k]
+            seen += 1
+            ws = workers.get(address)
+            if ws is None or not ws.processing:
+                continue
+            if len(ws.processing) > len(ws.long_running):
+                chosen.append(address)
+            else:
+                waiting.append(address)
+        chosen = chosen or waiting[:n]
+        if not chosen:
+            return
+        self.cursor = (self.cursor + seen) % k
+        each, extra = divmod(n, len(chosen))
+        for i, address in enumerate(chosen):
+            share = each + (i < extra)
+            if private.send_to_worker(self.scheduler, address, {"op": IDLE, "n": share}):
+                self.counts["push"] += 1
+                self.counts["pushed"] += share

@@ -21,8 +21,9 @@ distributed awaits ``CoroutineTask.__call__`` on the worker's event loop
    the task (root future cancelled, client closed), it stops, closes every
    open body (``finally`` blocks run) and releases its children, whose own
    runners then see their keys cancelled in turn;
-6. while any run on the worker runs calls inline, polls the scheduler for idle
-   threads (``InlinePlugin``), which trampolines read to hand work out.
+6. while any run on the worker runs calls inline, hears from the scheduler
+   how many threads are idle (``InlinePlugin``: pushed to a subscribed
+   worker, or polled), which trampolines read to hand work out.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from ..release.worker import ReleaseWorkerPlugin
 from .call import trampoline
 from .inplace import localizer
 from .lanes import Lanes
-from .scheduler import InlinePlugin
+from .scheduler import IDLE, MODES, SUBSCRIBE, UNSUBSCRIBE, InlinePlugin
 
 if TYPE_CHECKING:
     from distributed import Client, Worker
@@ -66,6 +67,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("dask_coro")
 
 _RUNNING_STATES = ("executing", "long-running")
+_QUIET = 1.0  # s without an inline run before a worker stops hearing of idle threads
+_MIN_HOLD = 0.02  # s a push is kept at least (an interval of 0 would drop it unread)
 
 
 def run_if_on_worker(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -103,11 +106,18 @@ class _KeyWatcher(WorkerPlugin):
         self.tree: asyncio.Future[None] | None = None  # TreePlugin installed
         self.durable: asyncio.Future[None] | None = None  # DurablePlugin installed
         self.release: asyncio.Future[None] | None = None  # ReleasePlugin installed
-        # Inline runs: the scheduler's count of idle threads, polled while any
-        # run on this worker runs calls inline; trampolines read it.
+        # Inline runs: idle threads in the cluster as the scheduler last told
+        # (pushed, or polled) while any run on this worker runs calls inline;
+        # trampolines read it.
         self.idle = Idle()
         self.inline_runs = 0
-        self.poller: asyncio.Task[None] | None = None
+        self.inline_ended_at = 0.0  # when the last inline run ended
+        self.stealer: asyncio.Task[None] | None = None  # subscribed, or polling
+        self.inline_plugin: asyncio.Future[None] | None = None  # InlinePlugin installed
+        self.handler_added = False  # our handler of the scheduler's IDLE pushes
+        self.pushes = 0  # pushes received
+        self.interval = 0.0  # coro.inline.interval, read when subscribing
+        self.pushed_at = 0  # the push idle.n came from (expiry)
         self.handed_out = 0.0  # when a run last handed work out
         self.lanes: Lanes | None = None  # made on first use, nthreads of them
 
@@ -121,38 +131,83 @@ class _KeyWatcher(WorkerPlugin):
             self.lanes.close()
 
     def inline_started(self, worker: Worker) -> None:
+        # Raises, failing the task, on a bad setting: before anything runs.
+        mode = _config.get_choice("coro.inline.stealing", MODES)
         # The last count was taken before this task took its thread: only a
-        # poll sent from now on says whether a thread is idle.
+        # count sent from now on says whether a thread is idle.
         self.handed(self.idle.n)
         self.inline_runs += 1
-        if self.poller is None or self.poller.done():
-            self.poller = asyncio.ensure_future(self._poll(worker))
+        if self.stealer is None or self.stealer.done():
+            steal = self._subscribed if mode == "push" else self._poll
+            self.stealer = asyncio.ensure_future(steal(worker))
 
     def inline_ended(self) -> None:
         self.inline_runs -= 1
+        self.inline_ended_at = time()
 
     def handed(self, n: int) -> None:
-        """A run handed ``n`` calls out: they take idle threads the last poll
-        counted, until a poll sent after this says otherwise."""
+        """A run handed ``n`` calls out: they take idle threads the last count
+        announced, until a count sent after this says otherwise."""
         self.idle.n = max(0, self.idle.n - n)
         self.handed_out = time()
 
-    async def _poll(self, worker: Worker) -> None:
-        interval = _config.get_timedelta("coro.inline.poll-interval")
+    async def _installed(self, worker: Worker) -> bool:
+        fut = self.inline_plugin
+        if fut is None or (fut.done() and (fut.cancelled() or fut.exception() is not None)):
+            # Not installed yet, or it failed: try again.
+            fut = self.inline_plugin = asyncio.ensure_future(_install(worker, InlinePlugin()))
         try:
-            await _install(worker, InlinePlugin())
+            await asyncio.shield(fut)
         except Exception:
-            return  # logged by _install; calls then run inline, none handed out
-        # Polling ends a little after the last inline run ends: a worker that
-        # runs many short coroutines asks once per interval, not once per task.
-        quiet_since = None
-        while True:
-            if self.inline_runs > 0:
-                quiet_since = None
-            elif quiet_since is None:
-                quiet_since = time()
-            elif time() - quiet_since > 1.0:
-                break
+            return False  # logged by _install; calls then run inline, none handed out
+        return True
+
+    def _quiet(self) -> bool:
+        """No inline run here for a second: a worker running many short
+        coroutines stays subscribed (or polling) between them."""
+        return self.inline_runs == 0 and time() - self.inline_ended_at > _QUIET
+
+    async def _subscribed(self, worker: Worker) -> None:
+        """Push mode: subscribe to the scheduler's IDLE pushes while any run
+        here runs calls inline (``InlinePlugin``)."""
+        if not await self._installed(worker):
+            return
+        if not self.handler_added:
+            # Before subscribing: an op with no handler closes the stream.
+            private.add_handlers(worker, stream={IDLE: lambda n, **kw: self._pushed(n)})
+            self.handler_added = True
+        self.interval = _config.get_timedelta("coro.inline.interval")
+        try:
+            private.send_on_worker_stream(worker, {"op": SUBSCRIBE})
+            while True:
+                await asyncio.sleep(_QUIET)
+                if self._quiet():
+                    break
+            private.send_on_worker_stream(worker, {"op": UNSUBSCRIBE})
+        except Exception as e:  # the stream is closed: the worker is going
+            logger.debug("dask_coro inline subscription ended: %r", e)
+        self.idle.n = 0
+
+    def _pushed(self, n: int) -> None:
+        """The scheduler says ``n`` threads are idle: hand out up to that many
+        calls, for one interval (a count not used by then is out of date)."""
+        self.pushes += 1
+        self.idle.n = n
+        self.pushed_at = push = self.pushes
+        hold = max(self.interval, _MIN_HOLD)
+        asyncio.get_running_loop().call_later(hold, self._expire, push)
+
+    def _expire(self, push: int) -> None:
+        if self.pushed_at == push:
+            self.idle.n = 0
+
+    async def _poll(self, worker: Worker) -> None:
+        """Poll mode: ask the scheduler for idle threads every interval while
+        any run here runs calls inline."""
+        interval = _config.get_timedelta("coro.inline.interval")
+        if not await self._installed(worker):
+            return
+        while not self._quiet():
             sent = time()
             try:
                 n = await worker.scheduler.dask_coro_idle()
@@ -278,10 +333,10 @@ class _Run:
                 "graph optimization? Compute coroutine calls without low-level fusion."
             )
         watcher = self.watcher = _watcher(self.worker)
-        watcher.runs[self.key] = self
         inline = bool(_config.get("coro.inline.enabled"))
         if inline:
-            watcher.inline_started(self.worker)
+            watcher.inline_started(self.worker)  # raises on a bad setting
+        watcher.runs[self.key] = self
         tramp = trampoline(
             self.name,
             inline=inline,
