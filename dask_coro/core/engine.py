@@ -270,6 +270,8 @@ class Trampoline:
         (resumed, or abandoned by an error) or whose body ended, so the caller
         can release what that yield needed; by default such frames are
         appended to ``ended``.
+    count
+        Count the calls run inline, per function (``call_counts``).
     """
 
     def __init__(
@@ -282,6 +284,7 @@ class Trampoline:
         cancelled: Callable[[], bool] | None = None,
         check_every: int = 256,
         on_ended: Callable[[Frame], None] | None = None,
+        count: bool = False,
     ):
         self.name = name
         self.call_type: Any = call_type
@@ -299,6 +302,35 @@ class Trampoline:
         self.parked = 0
         self._closing = False
         self._root_scope: Scope[Any] | None = None
+        #: With ``count``: per function run inline, ``[started, failed]``
+        #: (the loop adds runs of calls of one function every ``check_every``
+        #: calls and whenever it stops; see ``call_counts``).
+        self.calls: dict[Any, list[int]] | None = {} if count else None
+
+    def call_counts(self) -> dict[Any, tuple[int, int, int]]:
+        """``{func: (started, done, failed)}`` of the calls run inline (not
+        the root): done is started, less failed, less those on the stack.
+        Safe to read from another thread while the loop runs (the figures
+        then trail by up to ``check_every`` calls); exact once it stopped.
+        A body closed before it ended (``close``) counts as failed."""
+        calls = self.calls
+        if calls is None:
+            return {}
+        running: dict[Any, int] = {}
+        for frame in self.stack[1:]:  # a copy (atomic): the loop may push meanwhile
+            running[frame.func] = running.get(frame.func, 0) + 1
+        return {
+            f: (c[0], c[0] - c[1] - running.get(f, 0), c[1]) for f, c in list(calls.items())
+        }
+
+    def _failed(self, func: Any) -> None:
+        """A call of ``func`` run inline raised (or was closed)."""
+        calls = self.calls
+        if calls is not None:
+            c = calls.get(func)
+            if c is None:
+                c = calls[func] = [0, 0]
+            c[1] += 1
 
     # -- the caller's side ---------------------------------------------------
 
@@ -357,6 +389,8 @@ class Trampoline:
                     if error is not None:
                         errors.append(error)
                     body = body.body  # finished by the unwinding, unless it ignored it
+                if not frame.done and frame.up is not None:
+                    self._failed(frame.func)  # a call that never ended
                 if body is not None and not frame.done:
                     frame.done = True
                     try:
@@ -487,13 +521,36 @@ class Trampoline:
     # -- the loop ------------------------------------------------------------
 
     def _loop(self, method: Callable[[Any], Any] | None, arg: Any) -> Outcome:
+        """Run the loop (``_steps``); with ``count``, add the calls it
+        started to ``calls`` when it stops."""
+        if self.calls is None:
+            return self._steps(method, arg, None)
+        run = [None, 0]
+        try:
+            return self._steps(method, arg, run)
+        finally:
+            if run[1]:
+                self._started(run[0], run[1])
+
+    def _started(self, func: Any, n: int) -> None:
+        calls = self.calls
+        assert calls is not None
+        c = calls.get(func)
+        if c is None:
+            c = calls[func] = [0, 0]
+        c[0] += n
+
+    def _steps(self, method: Callable[[Any], Any] | None, arg: Any, run: list[Any] | None) -> Outcome:
         """``method(arg)`` steps the top frame's body (its ``send`` or
         ``throw``); None: go on with the top frame's current yield.
 
         The one place bodies are stepped, and the hot path of fine-grained
         recursion: a call that returns without yielding never gets a frame
         (``fresh`` is its position in the top frame's yield while its first
-        step runs), and no step object is made per yield or return."""
+        step runs; that step is taken right where the call is made, and a
+        body that returns at once is recorded there), and no step object is
+        made per yield or return. With ``run`` (counting), the calls started
+        are counted in runs of one function: ``run`` is ``[func, n]``."""
         stack = self.stack
         push = stack.append
         idle = self.idle
@@ -504,47 +561,61 @@ class Trampoline:
         fresh = -1  # >= 0: the body stepped is a call of top's leaf ``fresh``, no frame yet
         body: Any = None  # with fresh: that body, made by calling ``func``
         func: Any = None
+        out: Any = None
+        ended = 0
         while True:
             if method is not None:
                 # -- step a body: the one place ------------------------------
-                try:
-                    out = method(arg)
-                except StopIteration as stop:
-                    out = stop.value
-                    ended = _RETURNED
-                except BaseException as e:  # a body may raise anything
-                    if type(e) is _Transfer:
-                        # ``top`` is parked: hand back to its greenlet.
-                        top.body = e.parked.body
-                        self.parked -= 1
-                        return e  # type: ignore[return-value]
-                    if self._closing:
-                        raise  # unwinding a parked body (close)
-                    if (
-                        type(e) is RuntimeError
-                        and isinstance(arg, StopIteration)
-                        and e.__cause__ is arg
-                    ):
-                        # PEP 479 turned the StopIteration we threw, which the
-                        # body did not catch, into RuntimeError: report ours.
-                        e = arg
-                    out = e
-                    ended = _RAISED
-                else:
-                    ended = 0
-                    if type(out) is Request:
-                        out = out.value
-                    elif type(method.__self__) is _COROUTINE:  # type: ignore[attr-defined]
-                        # An async body awaited something foreign (an asyncio
-                        # future, ...): raise at that await, as it would see.
-                        method = method.__self__.throw  # type: ignore[attr-defined]
-                        arg = _foreign_await(func if fresh >= 0 else top.func, out)
-                        continue
+                if method is not _STEPPED:
+                    try:
+                        out = method(arg)
+                    except StopIteration as stop:
+                        out = stop.value
+                        ended = _RETURNED
+                    except BaseException as e:  # a body may raise anything
+                        if type(e) is _Transfer:
+                            # ``top`` is parked: hand back to its greenlet.
+                            top.body = e.parked.body
+                            self.parked -= 1
+                            return e  # type: ignore[return-value]
+                        if self._closing:
+                            raise  # unwinding a parked body (close)
+                        if (
+                            type(e) is RuntimeError
+                            and isinstance(arg, StopIteration)
+                            and e.__cause__ is arg
+                        ):
+                            # PEP 479 turned the StopIteration we threw, which the
+                            # body did not catch, into RuntimeError: report ours.
+                            e = arg
+                        out = e
+                        ended = _RAISED
+                    else:
+                        ended = 0
+                        if type(out) is Request:
+                            out = out.value
+                        elif type(method.__self__) is _COROUTINE:  # type: ignore[attr-defined]
+                            # An async body awaited something foreign (an asyncio
+                            # future, ...): raise at that await, as it would see.
+                            method = method.__self__.throw  # type: ignore[attr-defined]
+                            arg = _foreign_await(func if fresh >= 0 else top.func, out)
+                            continue
                 method = None
                 if not ended:
                     if fresh >= 0:
                         if stack[-1] is top:
-                            top = Frame(func, top, fresh, body)
+                            # Its first yield: it gets its frame (``Frame``, made here).
+                            new = _new_frame(Frame)
+                            new.body = body
+                            new.func = func
+                            new.done = False
+                            new.up = top
+                            new.at = fresh
+                            new.index = -1
+                            new.scope = None
+                            new.remote = _EMPTY
+                            new.sent = 0
+                            top = new
                             push(top)
                         else:  # it waited in wait() before this yield: it has a frame
                             top = stack[-1]
@@ -561,11 +632,12 @@ class Trampoline:
                             ):
                                 break
                         else:
+                            n = len(out)
                             top.index += 1
                             top.shape = vt
                             top.leaves = out
-                            top.results = [_PENDING] * len(out)
-                            top.todo = range(len(out))
+                            top.results = [_PENDING] * n
+                            top.todo = _RANGES[n] if n < _NRANGES else range(n)
                             top.next = 0
                             vt = None
                     if vt is not None:
@@ -585,6 +657,8 @@ class Trampoline:
                         at, fresh, body = fresh, -1, None
                         if stack[-1] is not top:
                             self._call_ended()
+                        if ended is _RAISED and run is not None:
+                            self._failed(func)
                     else:
                         stack.pop()
                         top.done = True
@@ -593,6 +667,8 @@ class Trampoline:
                             self._ended(top)
                         if not stack:
                             return Done(Raised(out) if ended is _RAISED else Returned(out))
+                        if ended is _RAISED and run is not None:
+                            self._failed(top.func)
                         at = top.at
                         top = stack[-1]
                     if ended is _RAISED:
@@ -605,6 +681,8 @@ class Trampoline:
             # -- go on with top's current yield: the next inline leaf, else
             # wait for the remote ones, else resume it ----------------------
             todo = top.todo
+            leaves = top.leaves
+            results = top.results
             while top.next < len(todo):
                 calm -= 1
                 if idle.n > 0 and calm <= 0:
@@ -615,10 +693,10 @@ class Trampoline:
                     calm = 64  # nothing to hand out: look again in 64 calls
                 pos = todo[top.next]
                 top.next += 1
-                leaf = top.leaves[pos]
+                leaf = leaves[pos]
                 done = leaf.__dask_coro_done__
                 if done is not None:
-                    top.results[pos] = done[0]
+                    results[pos] = done[0]
                     continue
                 spec = leaf.__dask_coro_inline__
                 if spec is None:
@@ -629,21 +707,67 @@ class Trampoline:
                 countdown -= 1
                 if not countdown:
                     countdown = self.check_every
+                    if run is not None and run[1]:
+                        # What call_counts reads, now and then while we run.
+                        self._started(run[0], run[1])
+                        run[1] = 0
                     if self.cancelled is not None and self.cancelled():
                         return Stopped()
                 func, args, kwargs = spec
+                if run is not None:
+                    if func is run[0]:
+                        run[1] += 1
+                    else:
+                        if run[1]:
+                            self._started(run[0], run[1])
+                        run[0] = func
+                        run[1] = 1
                 try:
                     out = func(*args, **kwargs) if kwargs else func(*args)
                 except BaseException as e:
                     if self._closing:
                         raise  # unwinding a parked body (close)
+                    if run is not None:
+                        self._failed(func)
                     if stack[-1] is not top:
                         self._call_ended()
                     self._abandon(top)
                     method, arg = top.body.throw, e
                     break
                 typ = type(out)
-                if typ is _GENERATOR or typ is _COROUTINE:
+                if typ is _GENERATOR:
+                    if stack[-1] is not top:
+                        # It waited, then returned a body: run that in its frame.
+                        fresh, body = -1, None
+                        top = stack[-1]
+                        top.body = out
+                        method, arg = out.send, None
+                        break
+                    # Its first step, here: most calls of fine-grained
+                    # recursion return at once, with no frame and no trip
+                    # through the step above.
+                    try:
+                        y = out.send(None)
+                    except StopIteration as stop:
+                        if stack[-1] is not top:  # it waited in wait(), then returned
+                            fresh, body, method = pos, out, _STEPPED
+                            out, ended = stop.value, _RETURNED
+                            break
+                        out = stop.value
+                        results[pos] = out
+                        leaf.__dask_coro_done__ = (out,)
+                        continue
+                    except BaseException as e:
+                        if self._closing:
+                            raise  # unwinding a parked body (close)
+                        fresh, body, method = pos, out, _STEPPED
+                        out, ended = e, _RAISED
+                        break
+                    fresh, body, method = pos, out, _STEPPED
+                    ended = 0
+                    out = y.value if type(y) is Request else y
+                    break
+                if typ is _COROUTINE:
                     if stack[-1] is not top:
                         # It waited, then returned a body: run that in its frame.
                         fresh, body = -1, None
@@ -659,7 +783,9 @@ class Trampoline:
                     # loops may have promoted top's later leaves.
                     self._call_ended()
                     todo = top.todo
-                top.results[pos] = out
+                    leaves = top.leaves
+                    results = top.results
+                results[pos] = out
                 leaf.__dask_coro_done__ = (out,)
             else:
                 if top.remote:
@@ -667,7 +793,6 @@ class Trampoline:
                         return Submit(self._promote_all(), True, top)
                     return Submit([], True, top)
                 shape = top.shape
-                results = top.results
                 value: Any
                 if shape is list:
                     value = results
@@ -934,5 +1059,9 @@ _FOLD = 100  # levels of a frame name nested before it is folded
 _GENERATOR = types.GeneratorType
 _COROUTINE = types.CoroutineType
 _ONE = range(1)
+_NRANGES = 64
+_RANGES = [range(n) for n in range(_NRANGES)]  # a yield's positions, made once
+_STEPPED: Any = object()  # as ``method``: the body was stepped already, ``out`` is what came of it
+_new_frame = object.__new__
 _RETURNED = 1
 _RAISED = 2

@@ -58,14 +58,27 @@ class CoroutineCall(Delayed):
     the result.
     """
 
+    # Made by ``CoroutineFunction.__call__``, which stores five slots for a
+    # call that may run inline: ``_name`` and ``_ann`` only when set (read them
+    # with ``getattr(call, slot, None)``), ``_length`` comes from the function.
     __slots__ = ("_fn", "_args", "_kwargs", "_name", "__dask_coro_inline__", "__dask_coro_done__", "_ann")
-    _fn: CoroutineFunction
+    _fn: CoroutineFunction | None
     _args: tuple[Any, ...]
     _kwargs: dict[str, Any]
     _name: Key | None
     __dask_coro_inline__: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None
     __dask_coro_done__: tuple[Any] | None
     _ann: dict[str, Any] | None
+
+    # No Delayed.__init__: ``CoroutineCall()`` makes an empty call, in C.
+    __init__ = object.__init__
+
+    @property
+    def _length(self) -> int | None:
+        fn = self._fn
+        if fn is not None:
+            return fn.nout
+        return _LENGTH.__get__(self)
 
     @property
     def _key(self) -> Any:
@@ -92,11 +105,12 @@ class CoroutineCall(Delayed):
                 return _KEY.__get__(self)
             except AttributeError:
                 pass
-            fn: CoroutineFunction = self._fn
+            fn = self._fn
+            assert fn is not None  # an unpickled call has its key already
             args, kwargs = self._args, self._kwargs
             # Any dask key; HighLevelGraph.from_collections is annotated for str
             # names only, but takes any key as Delayed's own graphs do.
-            key: Any = self._name
+            key: Any = getattr(self, "_name", None)
             if key is None:
                 if fn.pure:
                     key = f"{fn.prefix}-{tokenize(fn.__wrapped__, args, kwargs)}"
@@ -108,10 +122,10 @@ class CoroutineCall(Delayed):
                 graph = HighLevelGraph.from_collections(
                     key, {key: DataNode(key, done[0])}, dependencies=()
                 )
-            elif self._ann:
+            elif ann := getattr(self, "_ann", None):
                 # The annotations in effect where the call was made, as a
                 # Delayed's layer takes them when it is made.
-                with dask.annotate(**self._ann):
+                with dask.annotate(**ann):
                     graph = _graph(fn, key, args, kwargs)
             else:
                 graph = _graph(fn, key, args, kwargs)
@@ -133,16 +147,13 @@ class CoroutineCall(Delayed):
 
 
 def _built_call(key: Any, graph: Any, length: int | None) -> CoroutineCall:
-    call = _new_call(CoroutineCall)
+    call = CoroutineCall()
     _KEY.__set__(call, key)
     _DASK.__set__(call, graph)
     _LENGTH.__set__(call, length)
     for slot in CoroutineCall.__slots__:
         setattr(call, slot, None)
     return call
-
-
-_new_call = object.__new__
 
 
 def _graph(fn: CoroutineFunction, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> HighLevelGraph:
@@ -274,32 +285,49 @@ class CoroutineFunction:
             raise TypeError(f"@coroutine(inline=...) expects True or False, got {inline!r}")
         self.inline = inline
 
+    @property
+    def inline(self) -> bool:
+        return self._inline is not None
+
+    @inline.setter
+    def inline(self, value: bool) -> None:
+        # What __call__ reads: the function to run inline, or None.
+        self._inline = self.__wrapped__ if value else None
+
     def __call__(self, *args: Any, **kwargs: Any) -> CoroutineCall:
         # The hot path of fine-grained recursion: no key, no graph, no
-        # tokenizing here (CoroutineCall._build does that when asked).
-        name = kwargs.pop("dask_key_name", None) if kwargs else None
+        # tokenizing here (CoroutineCall._build does that when asked), five
+        # slot stores for a call that may run inline.
+        call = CoroutineCall()
+        call._fn = self
+        call._args = args
+        call._kwargs = kwargs
+        call.__dask_coro_done__ = None
+        func = self._inline
+        if kwargs:
+            name = kwargs.pop("dask_key_name", None)
+            if name is not None:
+                call._name = name
+                func = None
+            elif not _plain_values(kwargs):
+                func = None
         # What dask.annotate set here, as a layer would take it: an annotated
         # call is a task, its annotations are for the scheduler. But for the
         # span: Worker.execute runs every task of a named span inside
         # dask.annotate(span=...), and its children belong to it anyway.
-        ann = annotations_in_effect.get() or None
-        spec = None
-        if self.inline and name is None and (not ann or ann.keys() == _SPAN_ONLY):
+        ann = annotations_in_effect.get()
+        if ann:
+            call._ann = ann
+            if ann.keys() != _SPAN_ONLY:
+                func = None
+        if func is not None:
             for a in args:
                 if type(a) not in _PLAIN:
                     break
             else:
-                if not kwargs or _plain_values(kwargs):
-                    spec = (self.__wrapped__, args, kwargs)
-        call = _new_call(CoroutineCall)
-        call._length = self.nout
-        call._fn = self
-        call._args = args
-        call._kwargs = kwargs
-        call._name = name
-        call.__dask_coro_done__ = None
-        call.__dask_coro_inline__ = spec
-        call._ann = ann
+                call.__dask_coro_inline__ = (func, args, kwargs)
+                return call
+        call.__dask_coro_inline__ = None
         return call
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
@@ -401,6 +429,7 @@ def trampoline(
     cancelled: Callable[[], bool] | None = None,
     on_ended: Callable[[Frame], None] | None = None,
     check_every: int = 256,
+    count: bool = False,
 ) -> Trampoline:
     """The engine wired for coroutine calls, as both runners use it: with
     ``inline``, ``CoroutineCall`` objects run inline (see ``Trampoline``)."""
@@ -412,4 +441,5 @@ def trampoline(
         cancelled=cancelled,
         on_ended=on_ended,
         check_every=check_every,
+        count=count,
     )
