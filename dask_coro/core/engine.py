@@ -44,6 +44,7 @@ costs one greenlet switch per call into the trampoline.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 import types
@@ -57,24 +58,42 @@ from .._exceptions import BadYieldError
 from .scope import Scope
 from .structure import Path, Structure
 
-#: How to run a call inline: ``(func, args, kwargs)``.
-InlineSpec = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+class _NotDone:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOT_DONE"
+
+
+#: ``InlineCall.__dask_coro_value__`` of a call not computed inline (yet).
+NOT_DONE: Any = _NotDone()
 
 
 class InlineCall(Protocol):
     """What the engine needs of a call object (``Trampoline(call_type=...)``)
-    to run it inline. ``runtime.call.CoroutineCall`` implements it.
+    to run it inline. ``runtime.call.CoroutineCall`` implements it. Plain
+    slots, no tuple: the engine reads them once per call, and making a tuple
+    per call costs more than the reads (fine-grained recursion makes one
+    call object per call).
 
     ``__dask_coro_inline__``
-        ``(func, args, kwargs)`` if the call may run here, else None (it has
-        a key: compute it as a task).
-    ``__dask_coro_done__``
-        ``(value,)`` once the call computed ``value`` inline (the engine sets
-        it), so yielding the same call object again reuses the value.
+        What to call if the call may run here, with ``*__dask_coro_args__``
+        (keyword arguments bound in a ``functools.partial``), else None: it
+        has a key (compute it as a task), or it was computed inline.
+    ``__dask_coro_value__``
+        The value, once the call computed it inline (the engine sets it, and
+        clears ``__dask_coro_inline__``), so yielding the same call object
+        again reuses it; ``NOT_DONE`` before.
+
+    Read ``__dask_coro_inline__`` first: a call that may run inline is not
+    done. (A ``dask.delayed.Delayed`` has ``__getattr__``, so each read of a
+    ``CoroutineCall`` slot goes through it, some 250 machine instructions.)
     """
 
-    __dask_coro_inline__: InlineSpec | None
-    __dask_coro_done__: tuple[Any] | None
+    __dask_coro_inline__: Callable[..., Any] | None
+    __dask_coro_args__: tuple[Any, ...]
+    __dask_coro_value__: Any
 
 
 class Request:
@@ -174,7 +193,7 @@ class Frame:
     @property
     def label(self) -> str:
         """The body's name for messages."""
-        func = self.func
+        func = _unwrap(self.func)
         return func if type(func) is str else getattr(func, "__name__", "coroutine")
 
     def path(self, pos: int) -> Path:
@@ -318,7 +337,8 @@ class Trampoline:
             return {}
         running: dict[Any, int] = {}
         for frame in self.stack[1:]:  # a copy (atomic): the loop may push meanwhile
-            running[frame.func] = running.get(frame.func, 0) + 1
+            func = _unwrap(frame.func)
+            running[func] = running.get(func, 0) + 1
         return {
             f: (c[0], c[0] - c[1] - running.get(f, 0), c[1]) for f, c in list(calls.items())
         }
@@ -327,6 +347,7 @@ class Trampoline:
         """A call of ``func`` run inline raised (or was closed)."""
         calls = self.calls
         if calls is not None:
+            func = _unwrap(func)
             c = calls.get(func)
             if c is None:
                 c = calls[func] = [0, 0]
@@ -427,8 +448,7 @@ class Trampoline:
                 # A call of top's current yield is running (the one started
                 # last): it gets its frame now, as it would at its first yield.
                 pos = top.todo[top.next - 1]
-                spec = top.leaves[pos].__dask_coro_inline__
-                frame = Frame(spec[0] if spec is not None else None, top, pos, None)
+                frame = Frame(top.leaves[pos].__dask_coro_inline__, top, pos, None)
                 made = True
         if made:
             stack.append(frame)
@@ -438,7 +458,7 @@ class Trampoline:
         call_type = self.call_type
         if (vt is list or vt is tuple) and all(
             type(x) is call_type
-            and (x.__dask_coro_inline__ is not None or x.__dask_coro_done__ is not None)
+            and (x.__dask_coro_inline__ is not None or x.__dask_coro_value__ is not NOT_DONE)
             for x in value
         ):
             # The common wait, set up as the loop sets up the common yield.
@@ -535,6 +555,7 @@ class Trampoline:
     def _started(self, func: Any, n: int) -> None:
         calls = self.calls
         assert calls is not None
+        func = _unwrap(func)
         c = calls.get(func)
         if c is None:
             c = calls[func] = [0, 0]
@@ -628,7 +649,8 @@ class Trampoline:
                         # The common yield, set up here: inline calls only.
                         for x in out:
                             if type(x) is not call_type or (
-                                x.__dask_coro_inline__ is None and x.__dask_coro_done__ is None
+                                x.__dask_coro_inline__ is None
+                                and x.__dask_coro_value__ is NOT_DONE
                             ):
                                 break
                         else:
@@ -676,30 +698,106 @@ class Trampoline:
                         method, arg = top.body.throw, out
                         continue
                     top.results[at] = out
-                    top.leaves[at].__dask_coro_done__ = (out,)
+                    leaf = top.leaves[at]
+                    leaf.__dask_coro_value__ = out
+                    leaf.__dask_coro_inline__ = None
                     out = None
             # -- go on with top's current yield: the next inline leaf, else
             # wait for the remote ones, else resume it ----------------------
             todo = top.todo
             leaves = top.leaves
             results = top.results
-            while top.next < len(todo):
-                calm -= 1
-                if idle.n > 0 and calm <= 0:
-                    batches = self._steal(idle.n)
-                    if batches:
-                        return Submit(batches, False, top)
-                    todo = top.todo
-                    calm = 64  # nothing to hand out: look again in 64 calls
+            while True:
+                if top.next >= len(todo):
+                    # -- top's yield is done: resume it ----------------------
+                    if top.remote:
+                        if top.sent < len(top.remote) or self._has_unstarted():
+                            return Submit(self._promote_all(), True, top)
+                        return Submit([], True, top)
+                    shape = top.shape
+                    value: Any
+                    if shape is list:
+                        value = results
+                    elif shape is tuple:
+                        value = tuple(results)
+                    elif shape is None:
+                        value = results[0]
+                    else:
+                        value = shape.rebuild(results)
+                    # The next yield resets the rest of the frame.
+                    top.leaves = top.results = _EMPTY
+                    if top.scope is not None:
+                        self._ended(top)
+                        method, arg = top.body.send, value
+                        break
+                    if type(top.body) is not _GENERATOR:  # async, or parked
+                        method, arg = top.body.send, value
+                        break
+                    # The common case, stepped here: a generator with no
+                    # scope, whose next step yields inline calls or returns.
+                    try:
+                        y = top.body.send(value)
+                    except StopIteration as stop:
+                        value = stop.value
+                        stack.pop()
+                        top.done = True
+                        top.body = None
+                        if not stack:
+                            return Done(Returned(value))
+                        at = top.at
+                        top = stack[-1]
+                        leaf = top.leaves[at]
+                        leaf.__dask_coro_value__ = value
+                        leaf.__dask_coro_inline__ = None
+                        todo = top.todo
+                        leaves = top.leaves
+                        results = top.results
+                        results[at] = value
+                        continue
+                    except BaseException as e:
+                        if self._closing:
+                            raise  # unwinding a parked body (close)
+                        method, out, ended = _STEPPED, e, _RAISED
+                        break
+                    del value
+                    if type(y) is list:
+                        for x in y:
+                            if type(x) is not call_type or (
+                                x.__dask_coro_inline__ is None
+                                and x.__dask_coro_value__ is NOT_DONE
+                            ):
+                                break
+                        else:
+                            n = len(y)
+                            top.index += 1
+                            top.shape = list
+                            top.leaves = leaves = y
+                            top.results = results = [_PENDING] * n
+                            top.todo = todo = _RANGES[n] if n < _NRANGES else tuple(range(n))
+                            top.next = 0
+                            continue
+                    method, out, ended = _STEPPED, y, 0
+                    if type(out) is Request:
+                        out = out.value
+                    break
+                # -- the next inline leaf -----------------------------------
+                if idle.n > 0:
+                    calm -= 1
+                    if calm <= 0:
+                        batches = self._steal(idle.n)
+                        if batches:
+                            return Submit(batches, False, top)
+                        todo = top.todo
+                        calm = 64  # nothing to hand out: look again in 64 calls
                 pos = todo[top.next]
                 top.next += 1
                 leaf = leaves[pos]
-                done = leaf.__dask_coro_done__
-                if done is not None:
-                    results[pos] = done[0]
-                    continue
-                spec = leaf.__dask_coro_inline__
-                if spec is None:
+                func = leaf.__dask_coro_inline__
+                if func is None:
+                    done = leaf.__dask_coro_value__
+                    if done is not NOT_DONE:
+                        results[pos] = done
+                        continue
                     # Handed out meanwhile at another position (the same call
                     # object yielded twice, stolen there): wait for that task.
                     self._to_remote(top, (pos,))
@@ -713,7 +811,7 @@ class Trampoline:
                         run[1] = 0
                     if self.cancelled is not None and self.cancelled():
                         return Stopped()
-                func, args, kwargs = spec
+                args = leaf.__dask_coro_args__
                 if run is not None:
                     if func is run[0]:
                         run[1] += 1
@@ -723,7 +821,7 @@ class Trampoline:
                         run[0] = func
                         run[1] = 1
                 try:
-                    out = func(*args, **kwargs) if kwargs else func(*args)
+                    out = func(*args)
                 except BaseException as e:
                     if self._closing:
                         raise  # unwinding a parked body (close)
@@ -734,8 +832,7 @@ class Trampoline:
                     self._abandon(top)
                     method, arg = top.body.throw, e
                     break
-                typ = type(out)
-                if typ is _GENERATOR:
+                if type(out) is _GENERATOR:
                     if stack[-1] is not top:
                         # It waited, then returned a body: run that in its frame.
                         fresh, body = -1, None
@@ -745,7 +842,8 @@ class Trampoline:
                         break
                     # Its first step, here: most calls of fine-grained
                     # recursion return at once, with no frame and no trip
-                    # through the step above.
+                    # through the step above; the rest mostly yield inline
+                    # calls, and get their frame here.
                     try:
                         y = out.send(None)
                     except StopIteration as stop:
@@ -755,7 +853,8 @@ class Trampoline:
                             break
                         out = stop.value
                         results[pos] = out
-                        leaf.__dask_coro_done__ = (out,)
+                        leaf.__dask_coro_value__ = out
+                        leaf.__dask_coro_inline__ = None
                         continue
                     except BaseException as e:
                         if self._closing:
@@ -763,11 +862,39 @@ class Trampoline:
                         fresh, body, method = pos, out, _STEPPED
                         out, ended = e, _RAISED
                         break
+                    if type(y) is list and stack[-1] is top:
+                        for x in y:
+                            if type(x) is not call_type or (
+                                x.__dask_coro_inline__ is None
+                                and x.__dask_coro_value__ is NOT_DONE
+                            ):
+                                break
+                        else:
+                            # Its frame (as made above), with this yield.
+                            new = _new_frame(Frame)
+                            new.body = out
+                            new.func = func
+                            new.done = False
+                            new.up = top
+                            new.at = pos
+                            new.index = 0
+                            new.scope = None
+                            new.remote = _EMPTY
+                            new.sent = 0
+                            n = len(y)
+                            new.shape = list
+                            new.leaves = leaves = y
+                            new.results = results = [_PENDING] * n
+                            new.todo = todo = _RANGES[n] if n < _NRANGES else tuple(range(n))
+                            new.next = 0
+                            top = new
+                            push(new)
+                            continue
                     fresh, body, method = pos, out, _STEPPED
                     ended = 0
                     out = y.value if type(y) is Request else y
                     break
-                if typ is _COROUTINE:
+                if type(out) is _COROUTINE:
                     if stack[-1] is not top:
                         # It waited, then returned a body: run that in its frame.
                         fresh, body = -1, None
@@ -786,29 +913,8 @@ class Trampoline:
                     leaves = top.leaves
                     results = top.results
                 results[pos] = out
-                leaf.__dask_coro_done__ = (out,)
-            else:
-                if top.remote:
-                    if top.sent < len(top.remote) or self._has_unstarted():
-                        return Submit(self._promote_all(), True, top)
-                    return Submit([], True, top)
-                shape = top.shape
-                value: Any
-                if shape is list:
-                    value = results
-                elif shape is tuple:
-                    value = tuple(results)
-                elif shape is None:
-                    value = results[0]
-                else:
-                    value = shape.rebuild(results)
-                # The next yield resets the rest of the frame.
-                top.leaves = top.results = _EMPTY
-                if top.scope is not None:
-                    self._ended(top)
-                del results
-                method, arg = top.body.send, value
-                del value
+                leaf.__dask_coro_value__ = out
+                leaf.__dask_coro_inline__ = None
 
     def _yielded(self, frame: Frame, value: Any) -> Exception | None:
         """Set up ``frame``'s new yield. Returns the error to raise at the
@@ -819,7 +925,7 @@ class Trampoline:
         frame.sent = 0
         call_type = self.call_type
         if type(value) is call_type and (
-            value.__dask_coro_inline__ is not None or value.__dask_coro_done__ is not None
+            value.__dask_coro_inline__ is not None or value.__dask_coro_value__ is not NOT_DONE
         ):
             frame.shape = None
             frame.leaves = (value,)
@@ -839,7 +945,7 @@ class Trampoline:
         remote: list[int] = []
         for pos, leaf in enumerate(structure.leaves):
             if type(leaf) is call_type and (
-                leaf.__dask_coro_inline__ is not None or leaf.__dask_coro_done__ is not None
+                leaf.__dask_coro_inline__ is not None or leaf.__dask_coro_value__ is not NOT_DONE
             ):
                 todo.append(pos)
             else:
@@ -912,9 +1018,9 @@ class Trampoline:
         assert isinstance(remote, list)
         n = 0
         for p in positions:
-            done = frame.leaves[p].__dask_coro_done__
-            if done is not None:
-                frame.results[p] = done[0]
+            done = frame.leaves[p].__dask_coro_value__
+            if done is not NOT_DONE:
+                frame.results[p] = done
             else:
                 remote.append(p)
                 n += 1
@@ -931,6 +1037,13 @@ class Trampoline:
         frame.shape = None
         if frame.scope is not None:
             self._ended(frame)
+
+
+def _unwrap(func: Any) -> Any:
+    """The function of a call with keyword arguments (a ``functools.partial``)."""
+    while type(func) is functools.partial:
+        func = func.func
+    return func
 
 
 def _foreign_await(func: Any, obj: Any) -> BadYieldError:
@@ -1060,7 +1173,8 @@ _GENERATOR = types.GeneratorType
 _COROUTINE = types.CoroutineType
 _ONE = range(1)
 _NRANGES = 64
-_RANGES = [range(n) for n in range(_NRANGES)]  # a yield's positions, made once
+#: A yield's positions, made once; tuples (indexing a range is slower).
+_RANGES = [tuple(range(n)) for n in range(_NRANGES)]
 _STEPPED: Any = object()  # as ``method``: the body was stepped already, ``out`` is what came of it
 _new_frame = object.__new__
 _RETURNED = 1
