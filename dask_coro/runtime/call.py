@@ -265,6 +265,9 @@ def _task_by_name(module: str, qualname: str, key: Key) -> CoroutineTask:
 
 
 _SPAN_ONLY = {"span": None}.keys()
+#: The annotations in effect last seen holding only a span (dask.annotate
+#: makes a new dict each time; nobody changes one after).
+_span_only: list[Any] = [None]
 # Bound once: ``annotations_in_effect.get()`` looks the method up on each call,
 # some 500 machine instructions of a ~4,000 call in CPython 3.11.
 _annotations_now = annotations_in_effect.get
@@ -336,14 +339,25 @@ class CoroutineFunction:
         ann = _annotations_now()
         if ann:
             call._ann = ann
-            if ann.keys() != _SPAN_ONLY:
-                func = None
+            if ann is not _span_only[0]:
+                if ann.keys() != _SPAN_ONLY:
+                    func = None
+                else:
+                    # On a worker every call sees the dict its task's span
+                    # put in effect: compare its keys once, not per call.
+                    _span_only[0] = ann
         if func is not None:
-            for a in args:
-                t = type(a)
-                if t is not int and t not in _PLAIN:
-                    break
+            if len(args) == 1:  # the common case, without a loop
+                t = type(args[0])
+                plain = t is int or t in _PLAIN
             else:
+                plain = True
+                for a in args:
+                    t = type(a)
+                    if t is not int and t not in _PLAIN:
+                        plain = False
+                        break
+            if plain:
                 call.__dask_coro_inline__ = functools.partial(func, **kwargs) if kwargs else func
                 return call
         call.__dask_coro_inline__ = None
