@@ -705,10 +705,12 @@ class Trampoline:
             # -- go on with top's current yield: the next inline leaf, else
             # wait for the remote ones, else resume it ----------------------
             todo = top.todo
+            end = len(todo)
             leaves = top.leaves
             results = top.results
             while True:
-                if top.next >= len(todo):
+                i = top.next
+                if i >= end:
                     # -- top's yield is done: resume it ----------------------
                     if top.remote:
                         if top.sent < len(top.remote) or self._has_unstarted():
@@ -750,6 +752,7 @@ class Trampoline:
                         leaf.__dask_coro_value__ = value
                         leaf.__dask_coro_inline__ = None
                         todo = top.todo
+                        end = len(todo)
                         leaves = top.leaves
                         results = top.results
                         results[at] = value
@@ -775,6 +778,7 @@ class Trampoline:
                             top.results = results = [_PENDING] * n
                             top.todo = todo = _RANGES[n] if n < _NRANGES else tuple(range(n))
                             top.next = 0
+                            end = n
                             continue
                     method, out, ended = _STEPPED, y, 0
                     if type(out) is Request:
@@ -788,9 +792,10 @@ class Trampoline:
                         if batches:
                             return Submit(batches, False, top)
                         todo = top.todo
+                        end = len(todo)
                         calm = 64  # nothing to hand out: look again in 64 calls
-                pos = todo[top.next]
-                top.next += 1
+                pos = todo[i]
+                top.next = i + 1
                 leaf = leaves[pos]
                 func = leaf.__dask_coro_inline__
                 if func is None:
@@ -887,6 +892,7 @@ class Trampoline:
                             new.results = results = [_PENDING] * n
                             new.todo = todo = _RANGES[n] if n < _NRANGES else tuple(range(n))
                             new.next = 0
+                            end = n
                             top = new
                             push(new)
                             continue
@@ -910,6 +916,7 @@ class Trampoline:
                     # loops may have promoted top's later leaves.
                     self._call_ended()
                     todo = top.todo
+                    end = len(todo)
                     leaves = top.leaves
                     results = top.results
                 results[pos] = out
