@@ -118,7 +118,7 @@ def read_raw(path: str) -> list[tuple[tuple[int, str], list[str], int]]:
             m = re.match(r"^thread \((\w+)\):? ?(.*)$", frames[0])
             tid = int(m.group(1), 0) if m else 0
             name = re.sub(r"^\d+-|-\d+(-\d+)?$", "", m.group(2)) if m else "?"
-            out.append(((tid, name), frames[1:], int(count)))
+            out.append(((tid, name), frames[1:] if m else frames, int(count)))
     return out
 
 
@@ -469,10 +469,7 @@ def profile_inline(spy: str | None, args) -> tuple[str, dict]:
     for _, frames_, k in stacks:
         # Only the timed loop: not the child's imports, nor py-spy's start.
         # The loop runs on a greenlet of its own: its stacks start at _serve.
-        if not frames_ or not (
-            frames_[0].startswith("_serve ")
-            or any(f.startswith("inline_child ") for f in frames_)
-        ):
+        if not any(f.startswith(("inline_child ", "_serve (")) for f in frames_):
             continue
         bucket = _inline_bucket(frames_[-1])
         by[bucket] += k

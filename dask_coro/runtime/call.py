@@ -414,7 +414,8 @@ def coroutine(
     threads (work stealing, so every worker gets work), and before the
     coroutine running it waits on the cluster. Results, exceptions and
     cancellation are the same; ``current_key()`` inside an inline call is the
-    key of the task running it, and progress and tree show real tasks only.
+    key of the task running it, and progress and tree count inline calls
+    per function (not one node per call).
 
     Errors: a child's exception is raised at the yield with its own type,
     message and traceback. Its siblings are released as soon as the coroutine

@@ -368,18 +368,6 @@ class _Run:
         """Send what changed in the counts of inline calls, by function name,
         to the scheduler's TreePlugin (once it is installed: a stream message
         nobody handles closes the stream)."""
-        watcher = self.watcher
-        if watcher.tree is None:
-            watcher.tree = asyncio.ensure_future(_install(self.worker, TreePlugin()))
-        if not watcher.tree.done():
-            if not final:
-                return
-            try:
-                await asyncio.shield(watcher.tree)
-            except Exception:
-                return
-        if watcher.tree.cancelled() or watcher.tree.exception() is not None:
-            return
         totals: dict[str, tuple[int, int, int]] = {}
         for func, (started, done, failed) in tramp.call_counts().items():
             name = funcname(func)
@@ -390,7 +378,21 @@ class _Run:
             before = self.reported.get(name, (0, 0, 0))
             if now != before:
                 delta[name] = [a - b for a, b in zip(now, before, strict=True)]
-        if not delta or not private.scheduler_stream_open(self.worker):
+        if not delta:
+            return
+        watcher = self.watcher
+        if watcher.tree is None:
+            watcher.tree = asyncio.ensure_future(_install(self.worker, TreePlugin()))
+        if not watcher.tree.done():
+            if not final:
+                return  # sent with the next report
+            try:
+                await asyncio.shield(watcher.tree)
+            except Exception:
+                return  # logged once, by _install
+        if watcher.tree.cancelled() or watcher.tree.exception() is not None:
+            return
+        if not private.scheduler_stream_open(self.worker):
             return
         self.reported.update(totals)
         private.send_on_worker_stream(
