@@ -330,7 +330,8 @@ class Trampoline:
         """``{func: (started, done, failed)}`` of the calls run inline (not
         the root): done is started, less failed, less those on the stack.
         Safe to read from another thread while the loop runs (the figures
-        then trail by up to ``check_every`` calls); exact once it stopped.
+        then trail by up to ``check_every`` calls, done never below 0);
+        exact once it stopped.
         A body closed before it ended (``close``) counts as failed."""
         calls = self.calls
         if calls is None:
@@ -340,7 +341,8 @@ class Trampoline:
             func = _unwrap(frame.func)
             running[func] = running.get(func, 0) + 1
         return {
-            f: (c[0], c[0] - c[1] - running.get(f, 0), c[1]) for f, c in list(calls.items())
+            f: (c[0], max(c[0] - c[1] - running.get(f, 0), 0), c[1])
+            for f, c in list(calls.items())
         }
 
     def _failed(self, func: Any) -> None:
