@@ -4,7 +4,8 @@ process.
 
 Run: python benchmarks/bench_fib_seq.py [--n 25] [--repeat 3] [--small 14] [--timeout 0] [--quick]
 Sequential Python: median of --repeat x 5 runs in this process. Inline on:
---repeat runs of fib(--n) on 2 worker processes x 1 thread, then on 1 worker.
+--repeat runs of fib(--n) on 2 worker processes x 1 thread (with progress and tree's
+counting of inline calls, the default, and with coro.tree.enabled off), then on 1 worker.
 Inline off: fib(--n) is some 243,000 tasks (minutes on this machine), so its
 time is extrapolated from --repeat runs of fib(--small); with --timeout > 0 it
 also attempts fib(--n) itself, given up after that many seconds.
@@ -13,6 +14,7 @@ also attempts fib(--n) itself, given up after that many seconds.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 
@@ -24,10 +26,31 @@ seq_fib = B.seq_fib
 tasks_of = B.fib_calls
 
 
+TREE_ENV = "DASK_CORO__TREE__ENABLED"
+
+
+@contextlib.contextmanager
+def tree_setting(on: bool):
+    """``coro.tree.enabled`` (progress and tree, and their counts of inline
+    calls) here and for worker processes started meanwhile."""
+    import dask
+
+    old = os.environ.get(TREE_ENV)
+    os.environ[TREE_ENV] = str(on)
+    try:
+        with dask.config.set({"coro.tree.enabled": on}):
+            yield
+    finally:
+        if old is None:
+            os.environ.pop(TREE_ENV, None)
+        else:
+            os.environ[TREE_ENV] = old
+
+
 def timed_runs(n: int, repeat: int, inline: bool, n_workers: int = B.N_WORKERS,
-               sampled: bool = True) -> dict:
+               sampled: bool = True, tree: bool = True) -> dict:
     """--repeat runs of fib(n) on a fresh cluster: walls, tasks run, peaks."""
-    with B.cluster(inline=inline, n_workers=n_workers) as client:
+    with tree_setting(tree), B.cluster(inline=inline, n_workers=n_workers) as client:
         assert client.compute(coro_fib(5)).result() == 5
         sampler = B.worker_sampler(client)
         base = sampler.sample()
@@ -112,6 +135,7 @@ def main(argv=None) -> int:
     B.log(f"sequential fib({n}): {seq_s * 1000:.1f} ms")
 
     on2 = timed_runs(n, args.repeat, inline=True)
+    off2 = timed_runs(n, args.repeat, inline=True, tree=False)
     on1 = timed_runs(n, args.repeat, inline=True, n_workers=1)
     small = timed_runs(args.small, args.repeat, inline=False, sampled=False)["walls"]
     small_s = B.median(small)
@@ -128,6 +152,10 @@ def main(argv=None) -> int:
         [f"dask_coro fib({n}), inline on (default), 2 workers", B.fmt_s(on2["wall"]) + " s",
          f"median of {args.repeat}: {B.runs(on2['walls'])}", B.counts(on2["tasks_run"]),
          f"**{on2['wall'] / seq_s:.0f}**"],
+        [f"the same, `coro.tree.enabled` off (no counting of inline calls for progress and "
+         f"tree): counting costs {on2['wall'] / off2['wall'] - 1:+.0%} here",
+         B.fmt_s(off2["wall"]) + " s", f"median of {args.repeat}: {B.runs(off2['walls'])}",
+         B.counts(off2["tasks_run"]), f"{off2['wall'] / seq_s:.0f}"],
         [f"dask_coro fib({n}), inline on (default), 1 worker", B.fmt_s(on1["wall"]) + " s",
          f"median of {args.repeat}: {B.runs(on1['walls'])}", B.counts(on1["tasks_run"]),
          f"{on1['wall'] / seq_s:.0f}"],
@@ -167,7 +195,7 @@ def main(argv=None) -> int:
     B.report(["", "wall", "runs", "tasks run per run (counted)",
               f"/ sequential fib({n}) (the fib({args.small}) row: per call)"], rows, *notes)
     B.write_json(args.json, {"n": n, "tasks": total, "seq_s": seq_s, "seqs": seq,
-                             "inline2": on2, "inline1": on1,
+                             "inline2": on2, "inline2_tree_off": off2, "inline1": on1,
                              "small": args.small, "small_s": small_s, "smalls": small,
                              "small_rate": rate, "tasks_s": off_s,
                              "tasks_extrapolated": not (run and run["finished"]),

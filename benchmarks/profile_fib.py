@@ -118,7 +118,7 @@ def read_raw(path: str) -> list[tuple[tuple[int, str], list[str], int]]:
             m = re.match(r"^thread \((\w+)\):? ?(.*)$", frames[0])
             tid = int(m.group(1), 0) if m else 0
             name = re.sub(r"^\d+-|-\d+(-\d+)?$", "", m.group(2)) if m else "?"
-            out.append(((tid, name), frames[1:], int(count)))
+            out.append(((tid, name), frames[1:] if m else frames, int(count)))
     return out
 
 
@@ -274,13 +274,14 @@ def main(argv=None) -> int:
 # -- the inline path ----------------------------------------------------------
 
 
-def _tramp_fib(n: int) -> int:
+def _tramp_fib(n: int, count: bool = False) -> int:
     """fib(n) through the trampoline, as a worker runs it inline (no cluster:
-    nothing is ever handed out)."""
+    nothing is ever handed out); ``count``: counting the calls per function,
+    as a worker does for progress and tree (``coro.tree.enabled``)."""
     from dask_coro.core.engine import Done
     from dask_coro.runtime.call import trampoline
 
-    out = trampoline("fib", inline=True).start(fib.__wrapped__, (n,), {})
+    out = trampoline("fib", inline=True, count=count).start(fib.__wrapped__, (n,), {})
     assert type(out) is Done
     return out.step.value
 
@@ -358,9 +359,9 @@ def _best(fn, k: int = 7) -> float:
     return B.median_of(fn, k, warm=True)[0]
 
 
-ENGINE = "dask_coro/core/engine.py"  # the trampoline: Trampoline._loop steps every body
+ENGINE = "dask_coro/core/engine.py"  # the trampoline: Trampoline._steps steps every body
 
-# Innermost frame -> bucket. Lines of Trampoline._loop are told apart by their
+# Innermost frame -> bucket. Lines of Trampoline._steps are told apart by their
 # source text: the generator sends (``method(arg)``, the one place a body is
 # stepped), the StopIteration of a body that returns,
 # the call of the body function (which creates the generator), the rest.
@@ -372,6 +373,8 @@ INLINE_BUCKETS = [
     ("starting a body: `func(*args)` in the trampoline creates the generator", "start"),
     ("generator send: the trampoline resuming a body (`send`)", "send"),
     ("a body's return: its `StopIteration` raised, caught and its value taken", "return"),
+    (("reading and writing the call objects' slots in the trampoline (each read goes "
+      "through `Delayed.__getattr__`'s slow attribute path)"), "slots"),
     (("trampoline bookkeeping: the stack, a `Frame` per body that yields, results (the "
       "engine records an inline call's result itself)"), "tramp"),
     ("the benchmark's own loop, other", "other"),
@@ -390,7 +393,7 @@ def _inline_bucket(frame: str) -> str:
     if path.endswith("dask_coro/examples.py") and func == "fib":
         return "body"
     if path.endswith(ENGINE):
-        if func in ("Trampoline._loop", "_loop"):
+        if func in ("Trampoline._steps", "_steps"):
             import dask_coro.core.engine as engine
 
             src = linecache.getline(engine.__file__, line)
@@ -400,6 +403,8 @@ def _inline_bucket(frame: str) -> str:
                 return "return"
             if "func(*args" in src:
                 return "start"
+            if "__dask_coro_" in src:  # a slot of a CoroutineCall (Delayed's __getattr__)
+                return "slots"
         return "tramp"
     return "other"
 
@@ -412,11 +417,13 @@ def profile_inline(spy: str | None, args) -> tuple[str, dict]:
     frames = _fib(n + 1) - 1  # calls that yield (i >= 2): a Frame each
     seq = _best(lambda: _fib(n), 15)
     tramp = _best(lambda: _tramp_fib(n))
+    counted = _best(lambda: _tramp_fib(n, count=True))
     floor = _best(lambda: _floor_run(_floor_body, (n,)))
     make = _best(lambda: _make_calls(calls)) - _best(lambda: _make_calls(calls, None))
     per = tramp / calls
     data = {"n": n, "calls": calls, "frames": frames, "seq_s": seq, "tramp_s": tramp,
-            "floor_s": floor, "make_s": make, "per_call_us": per * 1e6, "buckets": {}}
+            "floor_s": floor, "make_s": make, "per_call_us": per * 1e6, "counted_s": counted,
+            "buckets": {}}
     lines = [
         f"### Where the time goes per inline call: fib({n}) run by `Trampoline` in one process",
         "",
@@ -427,6 +434,9 @@ def profile_inline(spy: str | None, args) -> tuple[str, dict]:
             [f"dask_coro: `trampoline(...).start(fib.__wrapped__, ({n},), {{}})`, every call "
              "a `@coroutine` call run inline", f"{tramp * 1000:.1f}", f"{per * 1e9:.0f}",
              f"**{tramp / seq:.1f}**"],
+            ["the same, counting the inline calls per function (`count=True`, as a worker does "
+             f"for progress and tree): {counted / tramp - 1:+.1%}", f"{counted * 1000:.1f}",
+             f"{counted / calls * 1e9:.0f}", f"{counted / seq:.1f}"],
             ["floor: a 30-line generator trampoline, calls as `(func, args)` tuples, no "
              "dask_coro object", f"{floor * 1000:.1f}", f"{floor / calls * 1e9:.0f}",
              f"{floor / seq:.1f}"],
@@ -458,11 +468,12 @@ def profile_inline(spy: str | None, args) -> tuple[str, dict]:
     lines_: collections.Counter[int] = collections.Counter()
     for _, frames_, k in stacks:
         # Only the timed loop: not the child's imports, nor py-spy's start.
-        if not any(f.startswith("inline_child ") for f in frames_):
+        # The loop runs on a greenlet of its own: its stacks start at _serve.
+        if not any(f.startswith(("inline_child ", "_serve (")) for f in frames_):
             continue
         bucket = _inline_bucket(frames_[-1])
         by[bucket] += k
-        m = re.match(r"^(Trampoline\.)?_loop \(.*:(\d+)\)$", frames_[-1])
+        m = re.match(r"^(Trampoline\.)?_steps \(.*:(\d+)\)$", frames_[-1])
         if m:
             lines_[int(m.group(2))] += k
     total = sum(by.values()) or 1
@@ -487,7 +498,7 @@ def profile_inline(spy: str | None, args) -> tuple[str, dict]:
         B.table(["where (innermost Python frame of each py-spy sample)", "share of samples",
                  "ns per call"], rows),
         "",
-        "The 10 busiest lines of `Trampoline._loop` (of all samples: "
+        "The 10 busiest lines of `Trampoline._steps` (of all samples: "
         f"{sum(lines_.values()) / total:.0%}):",
         "",
         B.table(["line", "source", "share of samples", "ns per call"], top),
@@ -497,7 +508,7 @@ def profile_inline(spy: str | None, args) -> tuple[str, dict]:
             f"{child['runs']} times in {child['wall']:.1f} s ({total} samples at "
             f"{max(args.rate, 500)} Hz in that loop; its imports not counted); each sample "
             "goes to the innermost Python frame, and "
-            "the lines of `Trampoline._loop` are told apart by their source (the `send` "
+            "the lines of `Trampoline._steps` are told apart by their source (the `send` "
             "lines, the `StopIteration` ones, the one calling the body function). C work "
             "shows under the Python line that asked for it: creating a generator under "
             "`func(*args)`, resuming one under `send` until the body's first line runs. ns "

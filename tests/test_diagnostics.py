@@ -6,9 +6,12 @@ block), and gen_cluster where the scheduler's plugin is inspected."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import re
 import shutil
+import threading
+import time
 
 import dask
 import pytest
@@ -16,7 +19,7 @@ from distributed import Client, Event, LocalCluster
 from distributed.utils_test import async_poll_for, gen_cluster
 
 import dask_coro
-from dask_coro import coroutine
+from dask_coro import DaskCoroError, coroutine
 from dask_coro.core.keys import child_key, derive_key
 from dask_coro.diagnostics.book import TreeBook
 from dask_coro.diagnostics.client import Tree, TreeNode, _html, _TextBar
@@ -130,7 +133,7 @@ def test_progress_text_grows_and_returns_the_totals(client):
     assert f.result() == 34
     assert totals == {
         "roots": 1, "roots_done": 1, "spawned": fib_calls(9) - 1,
-        "done": fib_calls(9) - 1, "failed": 0, "depth": 8,
+        "done": fib_calls(9) - 1, "failed": 0, "depth": 8, "functions": {},
     }
     lines = [line for line in out.getvalue().split("\r") if line]
     assert lines[-1].startswith("[" + "#" * 30 + "]") and lines[-1].endswith("s\n")
@@ -231,6 +234,8 @@ def test_bad_input(client):
     with pytest.raises(TypeError, match="one root"):
         dask_coro.tree([a, b])
     assert dask_coro.progress([a, b], file=io.StringIO())["roots"] == 2
+    with pytest.raises(DaskCoroError, match="asynchronous Client"):
+        asyncio.run(dask_coro.progress_async(a))
 
 
 def test_text_and_html_bars():
@@ -314,3 +319,141 @@ async def test_a_tree_lives_in_the_span_of_its_root(c, s, a, b):
     default = {tg.name for sp in spans.spans_search_by_name[("default",)] for tg in sp.groups}
     assert not groups & default
     assert mine.cumulative_worker_metrics  # the tree's fine metrics are booked there
+
+
+# -- inline calls ----------------------------------------------------------------
+
+GO = threading.Event()
+
+
+@coroutine
+def leaf(i):
+    return i
+
+
+@coroutine
+def wait_go():
+    GO.wait(30)  # an inline call that blocks the run until the test says go
+    return 0
+
+
+@coroutine
+def grows(n):
+    values = yield [leaf(i) for i in range(n)]
+    last = yield wait_go()
+    return sum(values) + last
+
+
+@pytest.mark.inline
+def test_tree_counts_inline_calls_while_they_run(client):
+    GO.clear()
+    f = client.compute(grows(300))
+    try:
+        t = None
+        for _ in range(600):  # the worker reports every 0.5 s
+            t = dask_coro.tree(f)
+            if "leaf" in t.functions:
+                break
+            time.sleep(0.02)
+        assert not f.done()
+        # Calls handed to the idle worker are tasks (nodes), the rest inline.
+        tasks = sum(1 for n in t if n.key != f.key and str(n.key).startswith("leaf"))
+        assert t.functions["leaf"] == {"started": 300 - tasks, "done": 300 - tasks, "failed": 0}
+    finally:
+        GO.set()
+    assert f.result(timeout=30) == sum(range(300))
+    t = dask_coro.tree(f)
+    counted = {name: c["done"] for name, c in t.functions.items()}
+    for node in t:
+        if node.key != f.key:
+            name = str(node.key).split("-")[0]
+            counted[name] = counted.get(name, 0) + 1
+    assert counted == {"leaf": 300, "wait_go": 1}
+    assert all(c["started"] == c["done"] and c["failed"] == 0 for c in t.functions.values())
+    assert f"{t.functions['leaf']['done'] + t.functions.get('wait_go', {}).get('done', 0)} " \
+        "inline calls done (leaf" in repr(t)
+
+
+@pytest.mark.inline
+def test_progress_counts_inline_calls_and_tasks_add_up(client):
+    n = 18
+    out = io.StringIO()
+    f = client.compute(fib(n))
+    totals = dask_coro.progress(f, interval=0.05, file=out)
+    assert f.result() == 2584
+    calls = totals["functions"]["fib"]
+    # Stolen calls become tasks: inline + tasks (+ the root) = every call.
+    assert calls["started"] + totals["spawned"] + 1 == fib_calls(n)
+    assert calls == {"started": calls["started"], "done": calls["started"], "failed": 0}
+    assert totals["done"] == totals["spawned"]
+    last = out.getvalue().split("\r")[-1]
+    assert f"{calls['done']:,} inline calls done (fib {calls['done']:,})" in last
+    done = [int(line.split(" inline calls done")[0].rsplit(", ", 1)[-1].replace(",", ""))
+            for line in out.getvalue().split("\r") if "inline calls done" in line]
+    assert done == sorted(done)  # the count only grows
+
+
+@coroutine
+def bad(i):
+    if i == 3:
+        raise ValueError("three")
+    return i
+
+
+@coroutine
+def some_fail():
+    out = []
+    for i in range(5):
+        try:
+            out.append((yield bad(i)))
+        except ValueError:
+            out.append(None)
+    return out
+
+
+@pytest.mark.inline
+def test_inline_failures_are_counted(client):
+    f = client.compute(some_fail())
+    totals = dask_coro.progress(f, interval=0.02, file=io.StringIO())
+    assert f.result() == [0, 1, 2, None, 4]
+    assert totals["functions"] == {"bad": {"started": 5, "done": 4, "failed": 1}}
+    g = client.compute(fails_deep(3))
+    totals = dask_coro.progress(g, interval=0.02, file=io.StringIO())
+    assert g.status == "error"
+    # fails_deep(0) raised, and each caller above it raised it on.
+    assert totals["functions"] == {"fails_deep": {"started": 3, "done": 0, "failed": 3}}
+    assert "0 inline calls done (fails_deep 0), 3 failed" in repr(dask_coro.tree(g))
+
+
+@pytest.mark.inline
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_progress_async_counts_inline_calls(c, s, a):
+    f = c.compute(fib(10))
+    totals = await dask_coro.progress(f, interval=0.02, file=io.StringIO())
+    assert await f == 55
+    assert totals["functions"]["fib"]["done"] + totals["spawned"] + 1 == fib_calls(10)
+    again = await dask_coro.progress_async(f, file=io.StringIO())
+    assert again == totals
+    assert s.plugins[NAME].book.functions(f.key) == totals["functions"]
+    with pytest.raises(TypeError, match="pass a Future"):
+        await dask_coro.progress_async(42)
+
+
+@pytest.mark.inline
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_inline_calls_not_counted_with_the_tree_off(c, s, a):
+    with dask.config.set({"coro.tree.enabled": False}):
+        f = c.compute(fib(10))
+        assert await f == 55
+    assert NAME not in s.plugins  # nothing installed, so nothing was sent
+
+
+def test_trampoline_counts_only_when_asked():
+    from dask_coro.runtime.call import trampoline
+
+    off = trampoline("fib", inline=True)
+    off.start(fib.__wrapped__, (6,), {})
+    assert off.calls is None and off.call_counts() == {}
+    on = trampoline("fib", inline=True, count=True)
+    on.start(fib.__wrapped__, (6,), {})
+    assert on.call_counts() == {fib.__wrapped__: (fib_calls(6) - 1,) * 2 + (0,)}

@@ -57,6 +57,7 @@ def test_all_exact():
         "current_key",
         "gather",
         "progress",
+        "progress_async",
         "release_abandoned",
         "result",
         "tie",

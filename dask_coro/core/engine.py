@@ -44,6 +44,7 @@ costs one greenlet switch per call into the trampoline.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 import types
@@ -57,24 +58,42 @@ from .._exceptions import BadYieldError
 from .scope import Scope
 from .structure import Path, Structure
 
-#: How to run a call inline: ``(func, args, kwargs)``.
-InlineSpec = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+class _NotDone:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOT_DONE"
+
+
+#: ``InlineCall.__dask_coro_value__`` of a call not computed inline (yet).
+NOT_DONE: Any = _NotDone()
 
 
 class InlineCall(Protocol):
     """What the engine needs of a call object (``Trampoline(call_type=...)``)
-    to run it inline. ``runtime.call.CoroutineCall`` implements it.
+    to run it inline. ``runtime.call.CoroutineCall`` implements it. Plain
+    slots, no tuple: the engine reads them once per call, and making a tuple
+    per call costs more than the reads (fine-grained recursion makes one
+    call object per call).
 
     ``__dask_coro_inline__``
-        ``(func, args, kwargs)`` if the call may run here, else None (it has
-        a key: compute it as a task).
-    ``__dask_coro_done__``
-        ``(value,)`` once the call computed ``value`` inline (the engine sets
-        it), so yielding the same call object again reuses the value.
+        What to call if the call may run here, with ``*__dask_coro_args__``
+        (keyword arguments bound in a ``functools.partial``), else None: it
+        has a key (compute it as a task), or it was computed inline.
+    ``__dask_coro_value__``
+        The value, once the call computed it inline (the engine sets it, and
+        clears ``__dask_coro_inline__``), so yielding the same call object
+        again reuses it; ``NOT_DONE`` before.
+
+    Read ``__dask_coro_inline__`` first: a call that may run inline is not
+    done. (A ``dask.delayed.Delayed`` has ``__getattr__``, so each read of a
+    ``CoroutineCall`` slot goes through it, some 250 machine instructions.)
     """
 
-    __dask_coro_inline__: InlineSpec | None
-    __dask_coro_done__: tuple[Any] | None
+    __dask_coro_inline__: Callable[..., Any] | None
+    __dask_coro_args__: tuple[Any, ...]
+    __dask_coro_value__: Any
 
 
 class Request:
@@ -174,7 +193,7 @@ class Frame:
     @property
     def label(self) -> str:
         """The body's name for messages."""
-        func = self.func
+        func = _unwrap(self.func)
         return func if type(func) is str else getattr(func, "__name__", "coroutine")
 
     def path(self, pos: int) -> Path:
@@ -276,6 +295,8 @@ class Trampoline:
         in place, see ``core.localize``; handed out, it must plan as the leaf
         itself), or None to compute the leaf remotely. What it raises is
         raised at the yield.
+    count
+        Count the calls run inline, per function (``call_counts``).
     """
 
     def __init__(
@@ -289,6 +310,7 @@ class Trampoline:
         check_every: int = 256,
         on_ended: Callable[[Frame], None] | None = None,
         localize: Callable[[Frame, Any], Any] | None = None,
+        count: bool = False,
     ):
         self.name = name
         self.call_type: Any = call_type
@@ -307,6 +329,39 @@ class Trampoline:
         self.parked = 0
         self._closing = False
         self._root_scope: Scope[Any] | None = None
+        #: With ``count``: per function run inline, ``[started, failed]``
+        #: (the loop adds runs of calls of one function every ``check_every``
+        #: calls and whenever it stops; see ``call_counts``).
+        self.calls: dict[Any, list[int]] | None = {} if count else None
+
+    def call_counts(self) -> dict[Any, tuple[int, int, int]]:
+        """``{func: (started, done, failed)}`` of the calls run inline (not
+        the root): done is started, less failed, less those on the stack.
+        Safe to read from another thread while the loop runs (the figures
+        then trail by up to ``check_every`` calls, done never below 0);
+        exact once it stopped.
+        A body closed before it ended (``close``) counts as failed."""
+        calls = self.calls
+        if calls is None:
+            return {}
+        running: dict[Any, int] = {}
+        for frame in self.stack[1:]:  # a copy (atomic): the loop may push meanwhile
+            func = _unwrap(frame.func)
+            running[func] = running.get(func, 0) + 1
+        return {
+            f: (c[0], max(c[0] - c[1] - running.get(f, 0), 0), c[1])
+            for f, c in list(calls.items())
+        }
+
+    def _failed(self, func: Any) -> None:
+        """A call of ``func`` run inline raised (or was closed)."""
+        calls = self.calls
+        if calls is not None:
+            func = _unwrap(func)
+            c = calls.get(func)
+            if c is None:
+                c = calls[func] = [0, 0]
+            c[1] += 1
 
     # -- the caller's side ---------------------------------------------------
 
@@ -365,6 +420,8 @@ class Trampoline:
                     if error is not None:
                         errors.append(error)
                     body = body.body  # finished by the unwinding, unless it ignored it
+                if not frame.done and frame.up is not None:
+                    self._failed(frame.func)  # a call that never ended
                 if body is not None and not frame.done:
                     frame.done = True
                     try:
@@ -401,8 +458,7 @@ class Trampoline:
                 # A call of top's current yield is running (the one started
                 # last): it gets its frame now, as it would at its first yield.
                 pos = top.todo[top.next - 1]
-                spec = top.leaves[pos].__dask_coro_inline__
-                frame = Frame(spec[0] if spec is not None else None, top, pos, None)
+                frame = Frame(top.leaves[pos].__dask_coro_inline__, top, pos, None)
                 made = True
         if made:
             stack.append(frame)
@@ -412,7 +468,7 @@ class Trampoline:
         call_type = self.call_type
         if (vt is list or vt is tuple) and all(
             type(x) is call_type
-            and (x.__dask_coro_inline__ is not None or x.__dask_coro_done__ is not None)
+            and (x.__dask_coro_inline__ is not None or x.__dask_coro_value__ is not NOT_DONE)
             for x in value
         ):
             # The common wait, set up as the loop sets up the common yield.
@@ -495,13 +551,37 @@ class Trampoline:
     # -- the loop ------------------------------------------------------------
 
     def _loop(self, method: Callable[[Any], Any] | None, arg: Any) -> Outcome:
+        """Run the loop (``_steps``); with ``count``, add the calls it
+        started to ``calls`` when it stops."""
+        if self.calls is None:
+            return self._steps(method, arg, None)
+        run = [None, 0]
+        try:
+            return self._steps(method, arg, run)
+        finally:
+            if run[1]:
+                self._started(run[0], run[1])
+
+    def _started(self, func: Any, n: int) -> None:
+        calls = self.calls
+        assert calls is not None
+        func = _unwrap(func)
+        c = calls.get(func)
+        if c is None:
+            c = calls[func] = [0, 0]
+        c[0] += n
+
+    def _steps(self, method: Callable[[Any], Any] | None, arg: Any, run: list[Any] | None) -> Outcome:
         """``method(arg)`` steps the top frame's body (its ``send`` or
         ``throw``); None: go on with the top frame's current yield.
 
         The one place bodies are stepped, and the hot path of fine-grained
         recursion: a call that returns without yielding never gets a frame
         (``fresh`` is its position in the top frame's yield while its first
-        step runs), and no step object is made per yield or return."""
+        step runs; that step is taken right where the call is made, and a
+        body that returns at once is recorded there), and no step object is
+        made per yield or return. With ``run`` (counting), the calls started
+        are counted in runs of one function: ``run`` is ``[func, n]``."""
         stack = self.stack
         push = stack.append
         idle = self.idle
@@ -512,47 +592,61 @@ class Trampoline:
         fresh = -1  # >= 0: the body stepped is a call of top's leaf ``fresh``, no frame yet
         body: Any = None  # with fresh: that body, made by calling ``func``
         func: Any = None
+        out: Any = None
+        ended = 0
         while True:
             if method is not None:
                 # -- step a body: the one place ------------------------------
-                try:
-                    out = method(arg)
-                except StopIteration as stop:
-                    out = stop.value
-                    ended = _RETURNED
-                except BaseException as e:  # a body may raise anything
-                    if type(e) is _Transfer:
-                        # ``top`` is parked: hand back to its greenlet.
-                        top.body = e.parked.body
-                        self.parked -= 1
-                        return e  # type: ignore[return-value]
-                    if self._closing:
-                        raise  # unwinding a parked body (close)
-                    if (
-                        type(e) is RuntimeError
-                        and isinstance(arg, StopIteration)
-                        and e.__cause__ is arg
-                    ):
-                        # PEP 479 turned the StopIteration we threw, which the
-                        # body did not catch, into RuntimeError: report ours.
-                        e = arg
-                    out = e
-                    ended = _RAISED
-                else:
-                    ended = 0
-                    if type(out) is Request:
-                        out = out.value
-                    elif type(method.__self__) is _COROUTINE:  # type: ignore[attr-defined]
-                        # An async body awaited something foreign (an asyncio
-                        # future, ...): raise at that await, as it would see.
-                        method = method.__self__.throw  # type: ignore[attr-defined]
-                        arg = _foreign_await(func if fresh >= 0 else top.func, out)
-                        continue
+                if method is not _STEPPED:
+                    try:
+                        out = method(arg)
+                    except StopIteration as stop:
+                        out = stop.value
+                        ended = _RETURNED
+                    except BaseException as e:  # a body may raise anything
+                        if type(e) is _Transfer:
+                            # ``top`` is parked: hand back to its greenlet.
+                            top.body = e.parked.body
+                            self.parked -= 1
+                            return e  # type: ignore[return-value]
+                        if self._closing:
+                            raise  # unwinding a parked body (close)
+                        if (
+                            type(e) is RuntimeError
+                            and isinstance(arg, StopIteration)
+                            and e.__cause__ is arg
+                        ):
+                            # PEP 479 turned the StopIteration we threw, which the
+                            # body did not catch, into RuntimeError: report ours.
+                            e = arg
+                        out = e
+                        ended = _RAISED
+                    else:
+                        ended = 0
+                        if type(out) is Request:
+                            out = out.value
+                        elif type(method.__self__) is _COROUTINE:  # type: ignore[attr-defined]
+                            # An async body awaited something foreign (an asyncio
+                            # future, ...): raise at that await, as it would see.
+                            method = method.__self__.throw  # type: ignore[attr-defined]
+                            arg = _foreign_await(func if fresh >= 0 else top.func, out)
+                            continue
                 method = None
                 if not ended:
                     if fresh >= 0:
                         if stack[-1] is top:
-                            top = Frame(func, top, fresh, body)
+                            # Its first yield: it gets its frame (``Frame``, made here).
+                            new = _new_frame(Frame)
+                            new.body = body
+                            new.func = func
+                            new.done = False
+                            new.up = top
+                            new.at = fresh
+                            new.index = -1
+                            new.scope = None
+                            new.remote = _EMPTY
+                            new.sent = 0
+                            top = new
                             push(top)
                         else:  # it waited in wait() before this yield: it has a frame
                             top = stack[-1]
@@ -565,15 +659,17 @@ class Trampoline:
                         # The common yield, set up here: inline calls only.
                         for x in out:
                             if type(x) is not call_type or (
-                                x.__dask_coro_inline__ is None and x.__dask_coro_done__ is None
+                                x.__dask_coro_inline__ is None
+                                and x.__dask_coro_value__ is NOT_DONE
                             ):
                                 break
                         else:
+                            n = len(out)
                             top.index += 1
                             top.shape = vt
                             top.leaves = out
-                            top.results = [_PENDING] * len(out)
-                            top.todo = range(len(out))
+                            top.results = [_PENDING] * n
+                            top.todo = _RANGES[n] if n < _NRANGES else range(n)
                             top.next = 0
                             vt = None
                     if vt is not None:
@@ -593,6 +689,8 @@ class Trampoline:
                         at, fresh, body = fresh, -1, None
                         if stack[-1] is not top:
                             self._call_ended()
+                        if ended is _RAISED and run is not None:
+                            self._failed(func)
                     else:
                         stack.pop()
                         top.done = True
@@ -601,6 +699,8 @@ class Trampoline:
                             self._ended(top)
                         if not stack:
                             return Done(Raised(out) if ended is _RAISED else Returned(out))
+                        if ended is _RAISED and run is not None:
+                            self._failed(top.func)
                         at = top.at
                         top = stack[-1]
                     if ended is _RAISED:
@@ -608,28 +708,111 @@ class Trampoline:
                         method, arg = top.body.throw, out
                         continue
                     top.results[at] = out
-                    top.leaves[at].__dask_coro_done__ = (out,)
+                    leaf = top.leaves[at]
+                    leaf.__dask_coro_value__ = out
+                    leaf.__dask_coro_inline__ = None
                     out = None
             # -- go on with top's current yield: the next inline leaf, else
             # wait for the remote ones, else resume it ----------------------
             todo = top.todo
-            while top.next < len(todo):
-                calm -= 1
-                if idle.n > 0 and calm <= 0:
-                    batches = self._steal(idle.n)
-                    if batches:
-                        return Submit(batches, False, top)
-                    todo = top.todo
-                    calm = 64  # nothing to hand out: look again in 64 calls
-                pos = todo[top.next]
-                top.next += 1
-                leaf = top.leaves[pos]
-                done = leaf.__dask_coro_done__
-                if done is not None:
-                    top.results[pos] = done[0]
-                    continue
-                spec = leaf.__dask_coro_inline__
-                if spec is None:
+            end = len(todo)
+            leaves = top.leaves
+            results = top.results
+            while True:
+                i = top.next
+                if i >= end:
+                    # -- top's yield is done: resume it ----------------------
+                    if top.remote:
+                        if top.sent < len(top.remote) or self._has_unstarted():
+                            return Submit(self._promote_all(), True, top)
+                        return Submit([], True, top)
+                    shape = top.shape
+                    value: Any
+                    if shape is list:
+                        value = results
+                    elif shape is tuple:
+                        value = tuple(results)
+                    elif shape is None:
+                        value = results[0]
+                    else:
+                        value = shape.rebuild(results)
+                    # The next yield resets the rest of the frame.
+                    top.leaves = top.results = _EMPTY
+                    if top.scope is not None:
+                        self._ended(top)
+                        method, arg = top.body.send, value
+                        break
+                    if type(top.body) is not _GENERATOR:  # async, or parked
+                        method, arg = top.body.send, value
+                        break
+                    # The common case, stepped here: a generator with no
+                    # scope, whose next step yields inline calls or returns.
+                    try:
+                        y = top.body.send(value)
+                    except StopIteration as stop:
+                        value = stop.value
+                        stack.pop()
+                        top.done = True
+                        top.body = None
+                        if not stack:
+                            return Done(Returned(value))
+                        at = top.at
+                        top = stack[-1]
+                        leaf = top.leaves[at]
+                        leaf.__dask_coro_value__ = value
+                        leaf.__dask_coro_inline__ = None
+                        todo = top.todo
+                        end = len(todo)
+                        leaves = top.leaves
+                        results = top.results
+                        results[at] = value
+                        continue
+                    except BaseException as e:
+                        if self._closing:
+                            raise  # unwinding a parked body (close)
+                        method, out, ended = _STEPPED, e, _RAISED
+                        break
+                    del value
+                    if type(y) is list:
+                        for x in y:
+                            if type(x) is not call_type or (
+                                x.__dask_coro_inline__ is None
+                                and x.__dask_coro_value__ is NOT_DONE
+                            ):
+                                break
+                        else:
+                            n = len(y)
+                            top.index += 1
+                            top.shape = list
+                            top.leaves = leaves = y
+                            top.results = results = [_PENDING] * n
+                            top.todo = todo = _RANGES[n] if n < _NRANGES else tuple(range(n))
+                            top.next = 0
+                            end = n
+                            continue
+                    method, out, ended = _STEPPED, y, 0
+                    if type(out) is Request:
+                        out = out.value
+                    break
+                # -- the next inline leaf -----------------------------------
+                if idle.n > 0:
+                    calm -= 1
+                    if calm <= 0:
+                        batches = self._steal(idle.n)
+                        if batches:
+                            return Submit(batches, False, top)
+                        todo = top.todo
+                        end = len(todo)
+                        calm = 64  # nothing to hand out: look again in 64 calls
+                pos = todo[i]
+                top.next = i + 1
+                leaf = leaves[pos]
+                func = leaf.__dask_coro_inline__
+                if func is None:
+                    done = leaf.__dask_coro_value__
+                    if done is not NOT_DONE:
+                        results[pos] = done
+                        continue
                     # Handed out meanwhile at another position (the same call
                     # object yielded twice, stolen there): wait for that task.
                     self._to_remote(top, (pos,))
@@ -637,21 +820,97 @@ class Trampoline:
                 countdown -= 1
                 if not countdown:
                     countdown = self.check_every
+                    if run is not None and run[1]:
+                        # What call_counts reads, now and then while we run.
+                        self._started(run[0], run[1])
+                        run[1] = 0
                     if self.cancelled is not None and self.cancelled():
                         return Stopped()
-                func, args, kwargs = spec
+                args = leaf.__dask_coro_args__
+                if run is not None:
+                    if func is run[0]:
+                        run[1] += 1
+                    else:
+                        if run[1]:
+                            self._started(run[0], run[1])
+                        run[0] = func
+                        run[1] = 1
                 try:
-                    out = func(*args, **kwargs) if kwargs else func(*args)
+                    out = func(*args)
                 except BaseException as e:
                     if self._closing:
                         raise  # unwinding a parked body (close)
+                    if run is not None:
+                        self._failed(func)
                     if stack[-1] is not top:
                         self._call_ended()
                     self._abandon(top)
                     method, arg = top.body.throw, e
                     break
-                typ = type(out)
-                if typ is _GENERATOR or typ is _COROUTINE:
+                if type(out) is _GENERATOR:
+                    if stack[-1] is not top:
+                        # It waited, then returned a body: run that in its frame.
+                        fresh, body = -1, None
+                        top = stack[-1]
+                        top.body = out
+                        method, arg = out.send, None
+                        break
+                    # Its first step, here: most calls of fine-grained
+                    # recursion return at once, with no frame and no trip
+                    # through the step above; the rest mostly yield inline
+                    # calls, and get their frame here.
+                    try:
+                        y = out.send(None)
+                    except StopIteration as stop:
+                        if stack[-1] is not top:  # it waited in wait(), then returned
+                            fresh, body, method = pos, out, _STEPPED
+                            out, ended = stop.value, _RETURNED
+                            break
+                        out = stop.value
+                        results[pos] = out
+                        leaf.__dask_coro_value__ = out
+                        leaf.__dask_coro_inline__ = None
+                        continue
+                    except BaseException as e:
+                        if self._closing:
+                            raise  # unwinding a parked body (close)
+                        fresh, body, method = pos, out, _STEPPED
+                        out, ended = e, _RAISED
+                        break
+                    if type(y) is list and stack[-1] is top:
+                        for x in y:
+                            if type(x) is not call_type or (
+                                x.__dask_coro_inline__ is None
+                                and x.__dask_coro_value__ is NOT_DONE
+                            ):
+                                break
+                        else:
+                            # Its frame (as made above), with this yield.
+                            new = _new_frame(Frame)
+                            new.body = out
+                            new.func = func
+                            new.done = False
+                            new.up = top
+                            new.at = pos
+                            new.index = 0
+                            new.scope = None
+                            new.remote = _EMPTY
+                            new.sent = 0
+                            n = len(y)
+                            new.shape = list
+                            new.leaves = leaves = y
+                            new.results = results = [_PENDING] * n
+                            new.todo = todo = _RANGES[n] if n < _NRANGES else tuple(range(n))
+                            new.next = 0
+                            end = n
+                            top = new
+                            push(new)
+                            continue
+                    fresh, body, method = pos, out, _STEPPED
+                    ended = 0
+                    out = y.value if type(y) is Request else y
+                    break
+                if type(out) is _COROUTINE:
                     if stack[-1] is not top:
                         # It waited, then returned a body: run that in its frame.
                         fresh, body = -1, None
@@ -667,31 +926,12 @@ class Trampoline:
                     # loops may have promoted top's later leaves.
                     self._call_ended()
                     todo = top.todo
-                top.results[pos] = out
-                leaf.__dask_coro_done__ = (out,)
-            else:
-                if top.remote:
-                    if top.sent < len(top.remote) or self._has_unstarted():
-                        return Submit(self._promote_all(), True, top)
-                    return Submit([], True, top)
-                shape = top.shape
-                results = top.results
-                value: Any
-                if shape is list:
-                    value = results
-                elif shape is tuple:
-                    value = tuple(results)
-                elif shape is None:
-                    value = results[0]
-                else:
-                    value = shape.rebuild(results)
-                # The next yield resets the rest of the frame.
-                top.leaves = top.results = _EMPTY
-                if top.scope is not None:
-                    self._ended(top)
-                del results
-                method, arg = top.body.send, value
-                del value
+                    end = len(todo)
+                    leaves = top.leaves
+                    results = top.results
+                results[pos] = out
+                leaf.__dask_coro_value__ = out
+                leaf.__dask_coro_inline__ = None
 
     def _yielded(self, frame: Frame, value: Any) -> Exception | None:
         """Set up ``frame``'s new yield. Returns the error to raise at the
@@ -702,7 +942,7 @@ class Trampoline:
         frame.sent = 0
         call_type = self.call_type
         if type(value) is call_type and (
-            value.__dask_coro_inline__ is not None or value.__dask_coro_done__ is not None
+            value.__dask_coro_inline__ is not None or value.__dask_coro_value__ is not NOT_DONE
         ):
             frame.shape = None
             frame.leaves = (value,)
@@ -724,7 +964,7 @@ class Trampoline:
         leaves = structure.leaves
         for pos, leaf in enumerate(leaves):
             if type(leaf) is call_type and (
-                leaf.__dask_coro_inline__ is not None or leaf.__dask_coro_done__ is not None
+                leaf.__dask_coro_inline__ is not None or leaf.__dask_coro_value__ is not NOT_DONE
             ):
                 todo.append(pos)
                 continue
@@ -810,9 +1050,9 @@ class Trampoline:
         assert isinstance(remote, list)
         n = 0
         for p in positions:
-            done = frame.leaves[p].__dask_coro_done__
-            if done is not None:
-                frame.results[p] = done[0]
+            done = frame.leaves[p].__dask_coro_value__
+            if done is not NOT_DONE:
+                frame.results[p] = done
             else:
                 remote.append(p)
                 n += 1
@@ -829,6 +1069,13 @@ class Trampoline:
         frame.shape = None
         if frame.scope is not None:
             self._ended(frame)
+
+
+def _unwrap(func: Any) -> Any:
+    """The function of a call with keyword arguments (a ``functools.partial``)."""
+    while type(func) is functools.partial:
+        func = func.func
+    return func
 
 
 def _foreign_await(func: Any, obj: Any) -> BadYieldError:
@@ -957,5 +1204,10 @@ _FOLD = 100  # levels of a frame name nested before it is folded
 _GENERATOR = types.GeneratorType
 _COROUTINE = types.CoroutineType
 _ONE = range(1)
+_NRANGES = 64
+#: A yield's positions, made once; tuples (indexing a range is slower).
+_RANGES = [tuple(range(n)) for n in range(_NRANGES)]
+_STEPPED: Any = object()  # as ``method``: the body was stepped already, ``out`` is what came of it
+_new_frame = object.__new__
 _RETURNED = 1
 _RAISED = 2

@@ -8,6 +8,10 @@ kept until the root is forgotten, with at most ``max_nodes`` nodes recorded;
 beyond that a task is only counted as spawned (and its root and depth kept, so
 that its own children are counted too).
 
+Inline calls. Calls a coroutine ran inline (no task, no key) are counted per
+function name under the root of the task that ran them: ``calls`` adds what
+a worker counted since its last report (started, done, failed).
+
 Replays. A parent that re-runs (its worker died) submits its children again;
 the same calls have the same keys. A child whose key has the slot of an
 earlier child of the same parent but another content token (``core.keys``)
@@ -49,7 +53,9 @@ class Node:
 
 
 class Root:
-    __slots__ = ("depth", "done", "failed", "hidden", "keys", "replayed", "spawned", "untracked")
+    __slots__ = (
+        "depth", "done", "failed", "functions", "hidden", "keys", "replayed", "spawned", "untracked"
+    )
 
     def __init__(self) -> None:
         self.spawned = 0  # tasks submitted under this root, at any depth
@@ -60,6 +66,8 @@ class Root:
         self.replayed = 0  # children that differ from the first run's at their slot
         self.keys: list[Key] = []
         self.hidden: list[Key] = []  # the untracked ones: their children still count
+        #: Inline calls under this root: function name -> [started, done, failed].
+        self.functions: dict[str, list[int]] = {}
 
     def counts(self) -> dict[str, int]:
         return {
@@ -69,6 +77,13 @@ class Root:
             "depth": self.depth,
             "untracked": self.untracked,
             "replayed": self.replayed,
+        }
+
+    def function_counts(self) -> dict[str, dict[str, int]]:
+        """``{func_name: {"started", "done", "failed"}}`` of the inline calls."""
+        return {
+            name: {"started": c[0], "done": c[1], "failed": c[2]}
+            for name, c in self.functions.items()
         }
 
 
@@ -120,6 +135,35 @@ class TreeBook:
                     replays.append((old, key))
                 self.slots[slot] = key
         return replays
+
+    def calls(self, key: Key, delta: dict[str, list[int]], now: float) -> None:
+        """The task ``key`` ran calls inline: ``delta`` is, per function name,
+        ``[started, done, failed]`` since its last report. A key not in any
+        tree is a root (all its calls ran inline so far)."""
+        node = self.nodes.get(key)
+        if node is not None:
+            root_key = node.root
+        elif key in self.hidden:
+            root_key = self.hidden[key][0]
+        else:
+            node = self.nodes[key] = Node(key, None, key, 0, now)
+            node.state = "processing"
+            self.roots[key] = Root()
+            self.roots[key].keys.append(key)
+            root_key = key
+        functions = self.roots[root_key].functions
+        for name, (started, done, failed) in delta.items():
+            c = functions.get(name)
+            if c is None:
+                c = functions[name] = [0, 0, 0]
+            c[0] += started
+            c[1] += done
+            c[2] += failed
+
+    def functions(self, key: Key) -> dict[str, dict[str, int]] | None:
+        """The inline calls under root ``key`` (see ``Root.function_counts``)."""
+        root = self.roots.get(key)
+        return None if root is None else root.function_counts()
 
     def state(self, key: Key, state: str, now: float, compute: tuple[float, float] | None = None) -> None:
         node = self.nodes.get(key)

@@ -5,7 +5,8 @@ The runner annotates every task a coroutine submits with
 ``dask_coro_parent=<its key>`` (``dask.annotate``, applied by
 ``Client._graph_to_futures`` to the whole submission); the scheduler hands
 annotations to ``SchedulerPlugin.update_graph``. States and compute times come
-from ``transition``.
+from ``transition``. Calls run inline (no task) are counted by the workers,
+which send what changed on their stream (``CALLS_OP``, ``handle_calls``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ logger = logging.getLogger("dask_coro")
 
 NAME = "dask-coro-tree"
 ANNOTATION = "dask_coro_parent"
+#: Worker stream op: ``{"key": task, "calls": {func_name: [started, done, failed]}}``,
+#: the inline calls a run counted since its last report.
+CALLS_OP = "dask_coro_calls"
 
 
 def children_by_parent(annotations: dict[str, dict[Key, Any]] | None) -> dict[Key, list[Key]]:
@@ -56,6 +60,7 @@ class TreePlugin(SchedulerPlugin):
         add_handlers(
             scheduler,
             rpc={"dask_coro_tree": self.handle_tree, "dask_coro_progress": self.handle_progress},
+            stream={CALLS_OP: self.handle_calls},
         )
         try:
             dashboard.install(scheduler, self.name)
@@ -95,6 +100,15 @@ class TreePlugin(SchedulerPlugin):
 
     # -- handlers ------------------------------------------------------------
 
+    def handle_calls(self, key: Key, calls: dict[str, list[int]], **kwargs: Any) -> None:
+        """A worker's report of the calls the run of ``key`` ran inline."""
+        if key not in self.scheduler.tasks:
+            return  # forgotten meanwhile (a root's tree went with it)
+        try:
+            self.book.calls(key, calls, time())
+        except Exception:  # a bad message must not close the worker's stream
+            logger.exception("dask_coro: bad inline-call counts for %r: %r", key, calls)
+
     def _state(self, key: Key) -> str:
         ts = self.scheduler.tasks.get(key)
         return "forgotten" if ts is None else ts.state
@@ -111,10 +125,23 @@ class TreePlugin(SchedulerPlugin):
             nodes = [(key, None, 0, state, time(), None, None)]
             counts = {"spawned": 0, "done": 0, "failed": 0, "depth": 0, "untracked": 0, "replayed": 0}
             root = key
-        return {"key": key, "state": state, "nodes": nodes, "counts": counts, "root": root}
+        functions = (self.book.functions(root) if root is not None else None) or {}
+        return {
+            "key": key,
+            "state": state,
+            "nodes": nodes,
+            "counts": counts,
+            "root": root,
+            "functions": functions,
+        }
 
     def handle_progress(self, keys: list[Key]) -> list[dict[str, Any]]:
         return [
-            {"key": key, "state": self._state(key), "counts": self.book.counts(key)}
+            {
+                "key": key,
+                "state": self._state(key),
+                "counts": self.book.counts(key),
+                "functions": self.book.functions(key) or {},
+            }
             for key in keys
         ]

@@ -21,7 +21,7 @@ from dask.utils import funcname
 from .._exceptions import Rejected
 from .._internals.dask_private import DataNode, Task, annotations_in_effect, delayed_slot
 from ..core.classify import classifier, is_lazy
-from ..core.engine import Frame, Idle, Request, Trampoline
+from ..core.engine import NOT_DONE, Frame, Idle, Request, Trampoline
 from ..core.plan import func_token
 from .ops import bind_operators
 
@@ -54,20 +54,47 @@ class CoroutineCall(Delayed):
     Making one costs a few attribute stores: its key and graph are built the
     first time anything asks for them. A call nobody asked the key of, whose
     arguments hold no lazy value, may run inline: it is an
-    ``core.engine.InlineCall``, ``__dask_coro_inline__`` is then
-    ``(func, args, kwargs)``; after it ran, ``__dask_coro_done__`` holds
-    ``(result,)``, so yielding it again, or building a graph on it, reuses
-    the result.
+    ``core.engine.InlineCall``, ``__dask_coro_inline__`` is then the
+    function; after it ran, ``__dask_coro_value__`` holds the result
+    (``__dask_coro_done__`` is ``(result,)``, else None), so yielding it
+    again, or building a graph on it, reuses the result.
     """
 
-    __slots__ = ("_fn", "_args", "_kwargs", "_name", "__dask_coro_inline__", "__dask_coro_done__", "_ann")
-    _fn: CoroutineFunction
-    _args: tuple[Any, ...]
+    # Made by ``CoroutineFunction.__call__``, which stores five slots for a
+    # call that may run inline: ``_name`` and ``_ann`` only when set (read them
+    # with ``getattr(call, slot, None)``), ``_length`` comes from the function.
+    __slots__ = (
+        "_fn",
+        "__dask_coro_args__",
+        "_kwargs",
+        "_name",
+        "__dask_coro_inline__",
+        "__dask_coro_value__",
+        "_ann",
+    )
+    _fn: CoroutineFunction | None
+    __dask_coro_args__: tuple[Any, ...]
     _kwargs: dict[str, Any]
     _name: Key | None
-    __dask_coro_inline__: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None
-    __dask_coro_done__: tuple[Any] | None
+    __dask_coro_inline__: Callable[..., Any] | None
+    __dask_coro_value__: Any
     _ann: dict[str, Any] | None
+
+    @property
+    def __dask_coro_done__(self) -> tuple[Any] | None:
+        """``(value,)`` once the call computed ``value`` inline, else None."""
+        value = self.__dask_coro_value__
+        return None if value is NOT_DONE else (value,)
+
+    # No Delayed.__init__: ``CoroutineCall()`` makes an empty call, in C.
+    __init__ = object.__init__
+
+    @property
+    def _length(self) -> int | None:
+        fn = self._fn
+        if fn is not None:
+            return fn.nout
+        return _LENGTH.__get__(self)
 
     @property
     def _key(self) -> Any:
@@ -94,11 +121,12 @@ class CoroutineCall(Delayed):
                 return _KEY.__get__(self)
             except AttributeError:
                 pass
-            fn: CoroutineFunction = self._fn
-            args, kwargs = self._args, self._kwargs
+            fn = self._fn
+            assert fn is not None  # an unpickled call has its key already
+            args, kwargs = self.__dask_coro_args__, self._kwargs
             # Any dask key; HighLevelGraph.from_collections is annotated for str
             # names only, but takes any key as Delayed's own graphs do.
-            key: Any = self._name
+            key: Any = getattr(self, "_name", None)
             if key is None:
                 if fn.pure:
                     key = f"{fn.prefix}-{tokenize(fn.__wrapped__, args, kwargs)}"
@@ -110,10 +138,10 @@ class CoroutineCall(Delayed):
                 graph = HighLevelGraph.from_collections(
                     key, {key: DataNode(key, done[0])}, dependencies=()
                 )
-            elif self._ann:
+            elif ann := getattr(self, "_ann", None):
                 # The annotations in effect where the call was made, as a
                 # Delayed's layer takes them when it is made.
-                with dask.annotate(**self._ann):
+                with dask.annotate(**ann):
                     graph = _graph(fn, key, args, kwargs)
             else:
                 graph = _graph(fn, key, args, kwargs)
@@ -138,16 +166,14 @@ bind_operators(CoroutineCall)  # x[i], x + y, sum(calls): LazyOp, built lazily t
 
 
 def _built_call(key: Any, graph: Any, length: int | None) -> CoroutineCall:
-    call = _new_call(CoroutineCall)
+    call = CoroutineCall()
     _KEY.__set__(call, key)
     _DASK.__set__(call, graph)
     _LENGTH.__set__(call, length)
     for slot in CoroutineCall.__slots__:
         setattr(call, slot, None)
+    call.__dask_coro_value__ = NOT_DONE
     return call
-
-
-_new_call = object.__new__
 
 
 def _graph(fn: CoroutineFunction, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> HighLevelGraph:
@@ -244,6 +270,12 @@ def _task_by_name(module: str, qualname: str, key: Key) -> CoroutineTask:
 
 
 _SPAN_ONLY = {"span": None}.keys()
+#: The annotations in effect last seen holding only a span (dask.annotate
+#: makes a new dict each time; nobody changes one after).
+_span_only: list[Any] = [None]
+# Bound once: ``annotations_in_effect.get()`` looks the method up on each call,
+# some 500 machine instructions of a ~4,000 call in CPython 3.11.
+_annotations_now = annotations_in_effect.get
 #: Argument types that hold no dask collection (exact types: a subclass could).
 _PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})
 
@@ -280,32 +312,61 @@ class CoroutineFunction:
             raise TypeError(f"@coroutine(inline=...) expects True or False, got {inline!r}")
         self.inline = inline
 
+    @property
+    def inline(self) -> bool:
+        return self._inline is not None
+
+    @inline.setter
+    def inline(self, value: bool) -> None:
+        # What __call__ reads: the function to run inline, or None.
+        self._inline = self.__wrapped__ if value else None
+
     def __call__(self, *args: Any, **kwargs: Any) -> CoroutineCall:
         # The hot path of fine-grained recursion: no key, no graph, no
-        # tokenizing here (CoroutineCall._build does that when asked).
-        name = kwargs.pop("dask_key_name", None) if kwargs else None
+        # tokenizing here (CoroutineCall._build does that when asked), five
+        # slot stores for a call that may run inline.
+        call = CoroutineCall()
+        call._fn = self
+        call.__dask_coro_args__ = args
+        call._kwargs = kwargs
+        call.__dask_coro_value__ = NOT_DONE
+        func = self._inline
+        if kwargs:
+            name = kwargs.pop("dask_key_name", None)
+            if name is not None:
+                call._name = name
+                func = None
+            elif not _plain_values(kwargs):
+                func = None
         # What dask.annotate set here, as a layer would take it: an annotated
         # call is a task, its annotations are for the scheduler. But for the
         # span: Worker.execute runs every task of a named span inside
         # dask.annotate(span=...), and its children belong to it anyway.
-        ann = annotations_in_effect.get() or None
-        spec = None
-        if self.inline and name is None and (not ann or ann.keys() == _SPAN_ONLY):
-            for a in args:
-                if type(a) not in _PLAIN:
-                    break
+        ann = _annotations_now()
+        if ann:
+            call._ann = ann
+            if ann is not _span_only[0]:
+                if ann.keys() != _SPAN_ONLY:
+                    func = None
+                else:
+                    # On a worker every call sees the dict its task's span
+                    # put in effect: compare its keys once, not per call.
+                    _span_only[0] = ann
+        if func is not None:
+            if len(args) == 1:  # the common case, without a loop
+                t = type(args[0])
+                plain = t is int or t in _PLAIN
             else:
-                if not kwargs or _plain_values(kwargs):
-                    spec = (self.__wrapped__, args, kwargs)
-        call = _new_call(CoroutineCall)
-        call._length = self.nout
-        call._fn = self
-        call._args = args
-        call._kwargs = kwargs
-        call._name = name
-        call.__dask_coro_done__ = None
-        call.__dask_coro_inline__ = spec
-        call._ann = ann
+                plain = True
+                for a in args:
+                    t = type(a)
+                    if t is not int and t not in _PLAIN:
+                        plain = False
+                        break
+            if plain:
+                call.__dask_coro_inline__ = functools.partial(func, **kwargs) if kwargs else func
+                return call
+        call.__dask_coro_inline__ = None
         return call
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
@@ -359,7 +420,8 @@ def coroutine(
     threads (work stealing, so every worker gets work), and before the
     coroutine running it waits on the cluster. Results, exceptions and
     cancellation are the same; ``current_key()`` inside an inline call is the
-    key of the task running it, and progress and tree show real tasks only.
+    key of the task running it, and progress and tree count inline calls
+    per function (not one node per call).
 
     Errors: a child's exception is raised at the yield with its own type,
     message and traceback. Its siblings are released as soon as the coroutine
@@ -408,6 +470,7 @@ def trampoline(
     on_ended: Callable[[Frame], None] | None = None,
     check_every: int = 256,
     localize: Callable[[Frame, Any], Any] | None = None,
+    count: bool = False,
 ) -> Trampoline:
     """The engine wired for coroutine calls, as both runners use it: with
     ``inline``, ``CoroutineCall`` objects run inline (see ``Trampoline``),
@@ -424,6 +487,7 @@ def trampoline(
         on_ended=on_ended,
         check_every=check_every,
         localize=localize,
+        count=count,
     )
 
 

@@ -7,13 +7,14 @@ operands, a call computed inline its value. A leaf made only of those, of
 plain values, and of ``Delayed`` graphs ``core.localize.analyse`` accepts,
 runs as a ``LocalCall``: an inline call of ``core.localize.evaluate``.
 Every value computed is kept where a task's would be: on the object
-(``__dask_coro_done__``, so a graph built on it later holds the value), or,
+(``__dask_coro_value__``, so a graph built on it later holds the value), or,
 for a graph's task, in the frame's result cache for as long as its layer
 lives.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import Any
@@ -24,7 +25,7 @@ from dask.typing import Key
 from dask.utils import key_split
 
 from .._internals.dask_private import delayed_slot
-from ..core.engine import Frame
+from ..core.engine import NOT_DONE, Frame
 from ..core.localize import Local, analyse, evaluate
 from ..core.scope import Scope
 from .call import (
@@ -34,7 +35,6 @@ from .call import (
     CoroutineCall,
     CoroutineFunction,
     CoroutineTask,
-    _new_call,
 )
 from .ops import LazyOp
 
@@ -52,17 +52,19 @@ class LocalCall(Delayed):
     value's ``Delayed``, with its key and graph: handed out as a task (work
     stealing, or before its coroutine waits), it is planned as the value."""
 
-    __slots__ = ("leaf", "__dask_coro_inline__", "__dask_coro_done__")
+    __slots__ = ("leaf", "__dask_coro_inline__", "__dask_coro_args__", "__dask_coro_value__")
     leaf: Delayed
-    __dask_coro_inline__: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None
-    __dask_coro_done__: tuple[Any] | None
+    __dask_coro_inline__: Callable[..., Any] | None
+    __dask_coro_args__: tuple[Any, ...]
+    __dask_coro_value__: Any
 
     def __init__(self, leaf: Delayed, local: Local, fetched: dict[Key, Any]):
         # The leaf's key and graph are built only if asked (handed out).
         self.leaf = leaf
         _LENGTH.__set__(self, getattr(leaf, "_length", None))
-        self.__dask_coro_inline__ = (evaluate, (local, fetched), {})
-        self.__dask_coro_done__ = None
+        self.__dask_coro_inline__ = evaluate
+        self.__dask_coro_args__ = (local, fetched)
+        self.__dask_coro_value__ = NOT_DONE
 
     @property
     def _key(self) -> Any:
@@ -127,9 +129,8 @@ def _analyse(leaf: Delayed, values: dict[Key, Any], known: dict[Key, Key]) -> tu
             if name in local.seen:
                 continue
             local.seen.add(name)
-            done = x.__dask_coro_done__
-            if done is not None:
-                local.start[name] = done[0]
+            if x.__dask_coro_inline__ is None and x.__dask_coro_value__ is not NOT_DONE:
+                local.start[name] = x.__dask_coro_value__
                 continue
             if not _built(x):
                 children = _children(x)
@@ -160,7 +161,8 @@ def _record(
     task, in the result cache while its layer lives."""
     obj = objects.get(name)
     if obj is not None:
-        obj.__dask_coro_done__ = (value,)
+        obj.__dask_coro_value__ = value
+        obj.__dask_coro_inline__ = None
     elif put is not None and name in layers:
         put(layers[name], name, value)
 
@@ -183,11 +185,18 @@ def _built(x: Any) -> bool:
 def _children(x: Any) -> list[Any] | None:
     """The lazy objects ``x`` needs, or None if it must be a task."""
     if type(x) is CoroutineCall:
-        fn: CoroutineFunction = x._fn
-        ann = x._ann
-        if not fn.inline or x._name is not None or (ann and ann.keys() != _SPAN_ONLY):
+        fn: CoroutineFunction | None = x._fn
+        ann = getattr(x, "_ann", None)
+        if (
+            fn is None
+            or not fn.inline
+            or getattr(x, "_name", None) is not None
+            or (ann and ann.keys() != _SPAN_ONLY)
+        ):
             return None
-        args: Any = (*x._args, *x._kwargs.values()) if x._kwargs else x._args
+        args: Any = x.__dask_coro_args__
+        if x._kwargs:
+            args = (*args, *x._kwargs.values())
     else:
         args = x.operands
     out: list[Any] = []
@@ -247,7 +256,8 @@ def _call(x: CoroutineCall, have: Mapping[Any, Any]) -> CoroutineCall:
     they were plain values (so it is computed once, wherever it is yielded)."""
     if x.__dask_coro_inline__ is not None:
         return x
-    args = tuple(_subst(a, have) for a in x._args)
+    assert x._fn is not None
+    args = tuple(_subst(a, have) for a in x.__dask_coro_args__)
     kwargs = {k: _subst(v, have) for k, v in x._kwargs.items()} if x._kwargs else {}
     return _inline(x._fn, args, kwargs)
 
@@ -275,13 +285,11 @@ def _make_call(func: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any
 def _inline(fn: CoroutineFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CoroutineCall:
     """A call of ``fn`` that runs inline, whatever its arguments hold (they
     are values: nothing lazy is left in them)."""
-    call = _new_call(CoroutineCall)
-    call._length = fn.nout
+    call = CoroutineCall()
     call._fn = fn
-    call._args = args
+    call.__dask_coro_args__ = args
     call._kwargs = kwargs
-    call._name = None
-    call.__dask_coro_done__ = None
-    call.__dask_coro_inline__ = (fn.__wrapped__, args, kwargs)
-    call._ann = None
+    call.__dask_coro_value__ = NOT_DONE
+    func = fn.__wrapped__
+    call.__dask_coro_inline__ = functools.partial(func, **kwargs) if kwargs else func
     return call

@@ -24,7 +24,7 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.utils import funcname
 
 from .._internals.dask_private import DataNode, Task, TaskRef, annotations_in_effect, delayed_slot
-from ..core.engine import Request
+from ..core.engine import NOT_DONE, Request
 
 _KEY = delayed_slot("_key")
 _DASK = delayed_slot("_dask")
@@ -55,13 +55,16 @@ class LazyOp(Delayed):
     """``op(*operands)`` on coroutine calls or other ``LazyOp``s: a full
     ``Delayed`` (compute, persist, pass it to other calls), built lazily.
 
-    ``__dask_coro_done__`` is ``(value,)`` once it was computed in place: a
-    graph built on it then holds the value, not the operation."""
+    ``__dask_coro_value__`` is its value once it was computed in place
+    (``NOT_DONE`` before; ``__dask_coro_inline__`` is always None: it is never
+    an inline call itself): a graph built on it then holds the value, not the
+    operation."""
 
-    __slots__ = ("op", "operands", "__dask_coro_done__")
+    __slots__ = ("op", "operands", "__dask_coro_value__", "__dask_coro_inline__")
     op: Callable[..., Any]
     operands: tuple[Any, ...]
-    __dask_coro_done__: tuple[Any] | None
+    __dask_coro_value__: Any
+    __dask_coro_inline__: None
 
     @property
     def _key(self) -> Any:
@@ -107,7 +110,7 @@ class LazyOp(Delayed):
                     continue
                 seen.add(id(x))
                 stack.append((x, True))
-                if x.__dask_coro_done__ is None:
+                if x.__dask_coro_value__ is NOT_DONE:
                     stack.extend(
                         (o, False) for o in x.operands if type(o) is LazyOp and not o.built()
                     )
@@ -116,10 +119,9 @@ class LazyOp(Delayed):
             keys: dict[int, Any] = {}
             for x in order:
                 name = funcname(x.op)
-                done = x.__dask_coro_done__
-                if done is not None:
+                if x.__dask_coro_value__ is not NOT_DONE:
                     key = f"{name}-{uuid.uuid4().hex}"
-                    layer[key] = DataNode(key, done[0])
+                    layer[key] = DataNode(key, x.__dask_coro_value__)
                     keys[id(x)] = key
                     continue
                 args: list[Any] = []
@@ -165,7 +167,8 @@ def make(op: Callable[..., Any], operands: tuple[Any, ...]) -> LazyOp:
     x._length = None
     x.op = op
     x.operands = operands
-    x.__dask_coro_done__ = None
+    x.__dask_coro_value__ = NOT_DONE
+    x.__dask_coro_inline__ = None
     return x
 
 

@@ -23,7 +23,11 @@ distributed awaits ``CoroutineTask.__call__`` on the worker's event loop
    runners then see their keys cancelled in turn;
 6. while any run on the worker runs calls inline, hears from the scheduler
    how many threads are idle (``InlinePlugin``: pushed to a subscribed
-   worker, or polled), which trampolines read to hand work out.
+   worker, or polled), which trampolines read to hand work out;
+7. with ``coro.tree.enabled``, counts the calls it runs inline per function
+   and sends what changed to the scheduler's ``TreePlugin`` every
+   ``_CALLS_INTERVAL`` s and at the end, on the worker's stream (ahead of the
+   task's own end), so progress and tree count inline calls too.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from .._internals import distributed_private as private
 from ..core.engine import Done, Frame, Idle, Outcome, Raised, Returned, Stopped, Submit, Trampoline
 from ..core.plan import plan_yield
 from ..core.scope import Scope
-from ..diagnostics.scheduler import ANNOTATION, TreePlugin
+from ..diagnostics.scheduler import ANNOTATION, CALLS_OP, TreePlugin
 from ..durability.scheduler import DurablePlugin
 from ..lifetimes.tie import hold_segments
 from ..release.scheduler import ReleasePlugin
@@ -69,6 +73,7 @@ logger = logging.getLogger("dask_coro")
 _RUNNING_STATES = ("executing", "long-running")
 _QUIET = 1.0  # s without an inline run before a worker stops hearing of idle threads
 _MIN_HOLD = 0.02  # s a push is kept at least (an interval of 0 would drop it unread)
+_CALLS_INTERVAL = 0.5  # s between two reports of the inline calls of a run
 
 
 def run_if_on_worker(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -248,6 +253,7 @@ class _Run:
         self.scopes: dict[int, Scope[Future]] = {id(self.root): self.root}
         self.start = time()
         self.seceded = False
+        self.reported: dict[str, tuple[int, int, int]] = {}  # inline calls sent, by name
 
     # -- helpers -------------------------------------------------------------
 
@@ -337,6 +343,7 @@ class _Run:
         if inline:
             watcher.inline_started(self.worker)  # raises on a bad setting
         watcher.runs[self.key] = self
+        count = inline and bool(_config.get("coro.tree.enabled"))
         tramp = trampoline(
             self.name,
             inline=inline,
@@ -344,7 +351,9 @@ class _Run:
             cancelled=self._cancelled,
             on_ended=self._ended,
             localize=localizer(self._scope_of, self._fetch),
+            count=count,
         )
+        reporter = asyncio.ensure_future(self._report_calls(tramp)) if count else None
         step: Returned | Raised | None = None
         try:
             out = await self._step(tramp, tramp.start, self.func, args, kwargs, self.root)
@@ -392,6 +401,10 @@ class _Run:
                 logger.debug("coroutine %r not closed: %r", self.key, e)
             raise
         finally:
+            if reporter is not None:
+                reporter.cancel()
+                if step is not None:  # the last counts, ahead of our own end
+                    await self._send_calls(tramp, final=True)
             if inline:
                 watcher.inline_ended()
             if watcher.runs.get(self.key) is self:
@@ -422,6 +435,52 @@ class _Run:
             logger.debug("coroutine %r: local data of %r not read: %r", self.key, renamed, e)
             return None
         return None if found is None else dict(zip(keys, found))
+
+    async def _report_calls(self, tramp: Trampoline) -> None:
+        """Send the counts of inline calls now and then while we run."""
+        try:
+            while True:
+                await asyncio.sleep(_CALLS_INTERVAL)
+                await self._send_calls(tramp)
+        except asyncio.CancelledError:
+            pass
+        except Exception as e:  # never fail the task for its diagnostics
+            logger.debug("coroutine %r: reporting inline calls failed: %r", self.key, e)
+
+    async def _send_calls(self, tramp: Trampoline, final: bool = False) -> None:
+        """Send what changed in the counts of inline calls, by function name,
+        to the scheduler's TreePlugin (once it is installed: a stream message
+        nobody handles closes the stream)."""
+        totals: dict[str, tuple[int, int, int]] = {}
+        for func, (started, done, failed) in tramp.call_counts().items():
+            name = funcname(func)
+            s, d, f = totals.get(name, (0, 0, 0))
+            totals[name] = (s + started, d + done, f + failed)
+        delta = {}
+        for name, now in totals.items():
+            before = self.reported.get(name, (0, 0, 0))
+            if now != before:
+                delta[name] = [a - b for a, b in zip(now, before, strict=True)]
+        if not delta:
+            return
+        watcher = self.watcher
+        if watcher.tree is None:
+            watcher.tree = asyncio.ensure_future(_install(self.worker, TreePlugin()))
+        if not watcher.tree.done():
+            if not final:
+                return  # sent with the next report
+            try:
+                await asyncio.shield(watcher.tree)
+            except Exception:
+                return  # logged once, by _install
+        if watcher.tree.cancelled() or watcher.tree.exception() is not None:
+            return
+        if not private.scheduler_stream_open(self.worker):
+            return
+        self.reported.update(totals)
+        private.send_on_worker_stream(
+            self.worker, {"op": CALLS_OP, "key": self.key, "calls": delta}
+        )
 
     def _cancelled(self) -> bool:
         # Asked from the thread pool between inline calls: a dict lookup.
