@@ -41,14 +41,14 @@ def test_function_counts_from_recorded_nodes():
     }
 
 
-def test_an_answers_own_functions_are_shown_as_they_are():
-    own = {"fib": {"started": 40, "done": 39, "failed": 0}}  # inline calls included
-
-    def nodes():
-        raise AssertionError("nodes are not counted when the answer has its functions")
-
-    assert functions_of({"key": "r", "functions": own}, nodes) is own
-    assert functions_of({"key": "r"}, lambda: [("fib-1", None, 0, "memory", 0.0, 1.0, None)]) == {
+def test_tasks_and_inline_calls_are_added_up_by_function():
+    inline = {"fib": {"started": 40, "done": 39, "failed": 0}, "inc": {"started": 2, "done": 1, "failed": 1}}
+    tasks = [("fib-1", None, 0, "memory", 0.0, 1.0, None), ("fib-2", "fib-1", 1, "processing", 0.0, None, None)]
+    assert functions_of({"key": "r", "functions": inline}, lambda: tasks) == {
+        "fib": {"started": 42, "done": 40, "failed": 0},
+        "inc": {"started": 2, "done": 1, "failed": 1},
+    }
+    assert functions_of({"key": "r"}, lambda: tasks[:1]) == {
         "fib": {"started": 1, "done": 1, "failed": 0}
     }
 
@@ -155,7 +155,7 @@ async def test_page_under_an_http_prefix(c, s, a):
     r = await AsyncHTTPClient().fetch(url)
     assert r.code == 200 and function_row(r.body.decode(), "fib") == (5, 5, 0)
 
-    # Once the book counts by function (inline calls too), its counts are shown.
+    # The book's counts of inline calls are added to the tasks' (5, 5, 0).
     plugin = s.plugins[NAME]
     answers = plugin.handle_progress
 
@@ -164,7 +164,7 @@ async def test_page_under_an_http_prefix(c, s, a):
 
     plugin.handle_progress = with_functions
     r = await AsyncHTTPClient().fetch(url)
-    assert function_row(r.body.decode(), "fib") == (9, 8, 1)
+    assert function_row(r.body.decode(), "fib") == (14, 13, 1)
 
     await c.unregister_scheduler_plugin(NAME)
     r = await AsyncHTTPClient().fetch(url, raise_error=False)

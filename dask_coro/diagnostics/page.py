@@ -38,8 +38,8 @@ def function_counts(nodes: Iterable[Sequence[Any]]) -> Functions:
     children keep their call's prefix, ``core.keys``). A task counts as started
     once it was submitted, as done or failed once it reached memory or erred.
 
-    Stands in for the book's own counts (an answer's ``"functions"``, which
-    count inline calls too) while answers lack them: see ``functions_of``."""
+    The book's own counts (an answer's ``"functions"``) are of inline calls
+    only: ``functions_of`` adds the two."""
     out: Functions = {}
     for key, _parent, _depth, state, *_ in nodes:
         counts = out.setdefault(key_split(key), {"started": 0, "done": 0, "failed": 0})
@@ -53,10 +53,14 @@ def function_counts(nodes: Iterable[Sequence[Any]]) -> Functions:
 
 def functions_of(answer: dict[str, Any], nodes: Callable[[], Iterable[Sequence[Any]]]) -> Functions:
     """The per-function counts of an answer of ``TreePlugin.handle_tree`` or
-    ``handle_progress``: its own ``"functions"`` if it has them, else counted
-    from its recorded ``nodes()`` (called only then)."""
-    functions = answer.get("functions")
-    return function_counts(nodes()) if functions is None else functions
+    ``handle_progress``: its tasks, counted from its recorded ``nodes()``,
+    plus the calls run inline (its ``"functions"``, which count those only)."""
+    out = function_counts(nodes())
+    for name, inline in (answer.get("functions") or {}).items():
+        counts = out.setdefault(name, {"started": 0, "done": 0, "failed": 0})
+        for what in ("started", "done", "failed"):
+            counts[what] += inline.get(what, 0)
+    return out
 
 
 # -- markup ------------------------------------------------------------------------
