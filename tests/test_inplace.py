@@ -293,3 +293,14 @@ async def test_value_handed_out_before_it_starts_is_planned_as_itself(c, s, a, t
     assert len(r.ran("inc")) == 30, r.memory
     assert r.ran("add") and r.ran("getitem")
     assert _lines(folder, "gen") == ["30"]
+
+
+@cluster(nthreads=[("", 1)])
+async def test_calls_computed_in_place_are_counted_by_function(c, s, a):
+    import dask_coro
+
+    f = c.compute(process_all(25))
+    assert await f == sum(range(1, 26))
+    t = await dask_coro.tree(f)
+    done = {name: counts["done"] for name, counts in t.functions.items()}
+    assert done == {"gen": 1, "my_len": 1, "inc": 25}, t.functions

@@ -51,6 +51,7 @@ from .._context import running_key
 from .._exceptions import CoroutineCancelledError, DaskCoroError, Released
 from .._internals import distributed_private as private
 from ..core.engine import Done, Frame, Idle, Outcome, Raised, Returned, Stopped, Submit, Trampoline
+from ..core.localize import evaluate
 from ..core.plan import plan_yield
 from ..core.scope import Scope
 from ..diagnostics.scheduler import ANNOTATION, CALLS_OP, TreePlugin
@@ -453,6 +454,8 @@ class _Run:
         nobody handles closes the stream)."""
         totals: dict[str, tuple[int, int, int]] = {}
         for func, (started, done, failed) in tramp.call_counts().items():
+            if func is evaluate:
+                continue  # a value computed in place: its calls are counted, not it
             name = funcname(func)
             s, d, f = totals.get(name, (0, 0, 0))
             totals[name] = (s + started, d + done, f + failed)
