@@ -593,9 +593,11 @@ def _inline_summary(inl: dict, tasks: dict | None) -> str:
             "return": "a body's return: `StopIteration` raised, caught, its value taken",
             "tramp": "trampoline bookkeeping: the stack, a `Frame` per body that yields, "
                      "results (recorded by the engine itself)",
+            "slots": "reading and writing the call objects' slots in the trampoline (each "
+                     "read goes through `Delayed.__getattr__`'s slow attribute path)",
             "other": "other",
         }
-        rows = [f"| {names[k]} | {v * per:.0f} | {v:.0%} |" for k, v in b.items()]
+        rows = [f"| {names.get(k, k)} | {v * per:.0f} | {v:.0%} |" for k, v in b.items()]
         rows.append(f"| **all** | **{per:.0f}** | 100% |")
         lines += ["", "| where (py-spy, innermost frame) | ns per inline call | share |",
                   "|---|---|---|", *rows]
@@ -720,7 +722,10 @@ def main(argv=None) -> int:
         print(f"[{s.key}] {s.result['status']} in {s.result['elapsed']:.0f} s", file=sys.stderr,
               flush=True)
     elapsed = time.monotonic() - start
+    with open(args.output + ".runs.json", "w") as f:  # kept if rendering fails
+        json.dump({s.key: s.result for s in chosen}, f, default=str)
     text = document(chosen, elapsed, argv, (code_start, _code_version()))
+    os.remove(args.output + ".runs.json")
     with open(args.output, "w") as f:
         f.write(text)
     print(f"wrote {os.path.relpath(args.output)} after {elapsed / 60:.1f} minutes", file=sys.stderr)
