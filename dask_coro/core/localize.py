@@ -57,37 +57,37 @@ from .._internals.dask_private import (
 
 __all__ = ["Local", "analyse", "evaluate"]
 
-#: The operators ``Delayed`` binds (``dask.delayed``: ``Delayed._bind_operator``),
-#: and ``getattr`` (``DelayedAttr``): what dask adds to a graph for ``x[i]``,
-#: ``x + y``, ``-x``, ``x < y``, ``x.attr``.
-CHEAP: frozenset[Any] = frozenset(
-    {
-        operator.abs,
-        operator.neg,
-        operator.pos,
-        operator.invert,
-        operator.add,
-        operator.sub,
-        operator.mul,
-        operator.floordiv,
-        operator.truediv,
-        operator.mod,
-        operator.pow,
-        operator.and_,
-        operator.or_,
-        operator.xor,
-        operator.lshift,
-        operator.rshift,
-        operator.eq,
-        operator.ge,
-        operator.gt,
-        operator.ne,
-        operator.le,
-        operator.lt,
-        operator.getitem,
-        getattr,
-    }
+#: The operators ``Delayed`` binds (``dask.delayed``, ``Delayed._bind_operator``):
+#: what dask adds to a graph for ``-x``, ``x + y``, ``x < y``, ``x[i]``; the
+#: binary ones have swapped forms too (``0 + x``). ``runtime.ops`` binds the
+#: same on coroutine calls.
+UNARY: tuple[Callable[..., Any], ...] = (operator.abs, operator.neg, operator.pos, operator.invert)
+BINARY: tuple[Callable[..., Any], ...] = (
+    operator.add,
+    operator.sub,
+    operator.mul,
+    operator.floordiv,
+    operator.truediv,
+    operator.mod,
+    operator.pow,
+    operator.and_,
+    operator.or_,
+    operator.xor,
+    operator.lshift,
+    operator.rshift,
 )
+COMPARE: tuple[Callable[..., Any], ...] = (
+    operator.eq,
+    operator.ge,
+    operator.gt,
+    operator.ne,
+    operator.le,
+    operator.lt,
+    operator.getitem,
+)
+#: What is computed in place: those operators, and ``getattr`` (``DelayedAttr``,
+#: ``x.attr``).
+CHEAP: frozenset[Any] = frozenset({*UNARY, *BINARY, *COMPARE, getattr})
 
 #: At most this many tasks are evaluated in place per leaf; a bigger graph
 #: stays remote (its analysis would cost more than it saves).

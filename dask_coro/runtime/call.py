@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Protocol
 
 import dask
 from dask.base import tokenize
-from dask.delayed import Delayed, unpack_collections
+from dask.delayed import unpack_collections
 from dask.highlevelgraph import HighLevelGraph
 from dask.typing import Key
 from dask.utils import funcname
@@ -23,7 +23,7 @@ from .._internals.dask_private import DataNode, Task, annotations_in_effect, del
 from ..core.classify import classifier, is_lazy
 from ..core.engine import NOT_DONE, Frame, Idle, Request, Trampoline
 from ..core.plan import func_token
-from .ops import bind_operators
+from .ops import BuiltLazily, bind_operators
 
 
 def gather(x: Any) -> Request:
@@ -44,7 +44,7 @@ _LENGTH = delayed_slot("_length")
 _BUILD_LOCK = threading.RLock()  # building a call builds the calls in its arguments
 
 
-class CoroutineCall(Delayed):
+class CoroutineCall(BuiltLazily):
     """A lazy call of a ``@coroutine`` function: a ``dask.delayed.Delayed``.
 
     Everything a ``Delayed`` does works (``compute``, ``persist``, indexing,
@@ -96,25 +96,6 @@ class CoroutineCall(Delayed):
             return fn.nout
         return _LENGTH.__get__(self)
 
-    @property
-    def _key(self) -> Any:
-        try:
-            return _KEY.__get__(self)
-        except AttributeError:
-            return self._build()
-
-    @property
-    def _dask(self) -> Any:
-        try:
-            return _DASK.__get__(self)
-        except AttributeError:
-            self._build()
-            return _DASK.__get__(self)
-
-    @property
-    def _layer(self) -> Any:
-        return self._key
-
     def _build(self) -> Any:
         with _BUILD_LOCK:  # one key, even if two threads ask at once
             try:
@@ -149,11 +130,6 @@ class CoroutineCall(Delayed):
             _KEY.__set__(self, key)
             self.__dask_coro_inline__ = None  # it has a name now: compute it as a task
             return key
-
-    # Plain slot stores while a call is made (Delayed.__setattr__ is a Python
-    # function, a third of the cost of a call); CPython maps this to the
-    # generic C setter. Setting an unknown attribute raises AttributeError.
-    __setattr__ = object.__setattr__
 
     def __await__(self) -> Generator[Any, Any, Any]:
         return Request(self).__await__()

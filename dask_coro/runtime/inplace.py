@@ -42,7 +42,6 @@ from .ops import LazyOp
 #: earlier yields, ``scope.cache.known``) if all can be read here, else None.
 Fetch = Callable[[Scope[Any], list[Key]], "dict[Key, Any] | None"]
 
-_KEY = delayed_slot("_key")
 _LENGTH = delayed_slot("_length")
 _OBJ: Any = object()  # names of objects in a Local: (_OBJ, id(obj)), never a dask key
 
@@ -132,7 +131,7 @@ def _analyse(leaf: Delayed, values: dict[Key, Any], known: dict[Key, Key]) -> tu
             if x.__dask_coro_inline__ is None and x.__dask_coro_value__ is not NOT_DONE:
                 local.start[name] = x.__dask_coro_value__
                 continue
-            if not _built(x):
+            if not x.built():
                 children = _children(x)
                 if children is None:
                     return None
@@ -172,14 +171,6 @@ def _name(x: Any) -> Any:
     if t is CoroutineCall or t is LazyOp:
         return (_OBJ, id(x))
     return x.key
-
-
-def _built(x: Any) -> bool:
-    try:
-        _KEY.__get__(x)
-    except AttributeError:
-        return False
-    return True
 
 
 def _children(x: Any) -> list[Any] | None:

@@ -12,7 +12,6 @@ which is what ``runtime.inplace`` reads to compute a yielded value in place.
 
 from __future__ import annotations
 
-import operator
 import threading
 import uuid
 from collections.abc import Callable, Generator
@@ -25,6 +24,7 @@ from dask.utils import funcname
 
 from .._internals.dask_private import DataNode, Task, TaskRef, annotations_in_effect, delayed_slot
 from ..core.engine import NOT_DONE, Request
+from ..core.localize import BINARY, COMPARE, UNARY
 
 _KEY = delayed_slot("_key")
 _DASK = delayed_slot("_dask")
@@ -32,39 +32,14 @@ _LENGTH = delayed_slot("_length")
 _LOCK = threading.RLock()
 _SPAN_ONLY = {"span": None}.keys()
 
-#: The operators ``Delayed`` binds (``dask.delayed``, ``Delayed._bind_operator``).
-UNARY: tuple[Callable[..., Any], ...] = (operator.abs, operator.neg, operator.pos, operator.invert)
-BINARY: tuple[Callable[..., Any], ...] = (
-    operator.add,
-    operator.sub,
-    operator.mul,
-    operator.floordiv,
-    operator.truediv,
-    operator.mod,
-    operator.pow,
-    operator.and_,
-    operator.or_,
-    operator.xor,
-    operator.lshift,
-    operator.rshift,
-)
-COMPARE: tuple[Callable[..., Any], ...] = (operator.eq, operator.ge, operator.gt, operator.ne, operator.le, operator.lt, operator.getitem)
 
 
-class LazyOp(Delayed):
-    """``op(*operands)`` on coroutine calls or other ``LazyOp``s: a full
-    ``Delayed`` (compute, persist, pass it to other calls), built lazily.
+class BuiltLazily(Delayed):
+    """A ``Delayed`` whose key and graph are built by ``_build`` (a subclass's)
+    the first time anything asks for them: ``CoroutineCall`` and ``LazyOp``."""
 
-    ``__dask_coro_value__`` is its value once it was computed in place
-    (``NOT_DONE`` before; ``__dask_coro_inline__`` is always None: it is never
-    an inline call itself): a graph built on it then holds the value, not the
-    operation."""
-
-    __slots__ = ("op", "operands", "__dask_coro_value__", "__dask_coro_inline__")
-    op: Callable[..., Any]
-    operands: tuple[Any, ...]
-    __dask_coro_value__: Any
-    __dask_coro_inline__: None
+    __slots__ = ()
+    _build: Callable[[], Any]
 
     @property
     def _key(self) -> Any:
@@ -86,11 +61,32 @@ class LazyOp(Delayed):
         return self._key
 
     def built(self) -> bool:
+        """Whether its key and graph exist yet."""
         try:
             _KEY.__get__(self)
         except AttributeError:
             return False
         return True
+
+    # Plain slot stores (Delayed.__setattr__ is a Python function); setting an
+    # unknown attribute raises AttributeError.
+    __setattr__ = object.__setattr__
+
+
+class LazyOp(BuiltLazily):
+    """``op(*operands)`` on coroutine calls or other ``LazyOp``s: a full
+    ``Delayed`` (compute, persist, pass it to other calls), built lazily.
+
+    ``__dask_coro_value__`` is its value once it was computed in place
+    (``NOT_DONE`` before; ``__dask_coro_inline__`` is always None: it is never
+    an inline call itself): a graph built on it then holds the value, not the
+    operation."""
+
+    __slots__ = ("op", "operands", "__dask_coro_value__", "__dask_coro_inline__")
+    op: Callable[..., Any]
+    operands: tuple[Any, ...]
+    __dask_coro_value__: Any
+    __dask_coro_inline__: None
 
     def _build(self) -> Any:
         with _LOCK:
@@ -145,8 +141,6 @@ class LazyOp(Delayed):
                 _DASK.__set__(x, graph)
                 _KEY.__set__(x, keys[id(x)])
             return top
-
-    __setattr__ = object.__setattr__
 
     def __await__(self) -> Generator[Any, Any, Any]:
         return Request(self).__await__()
