@@ -73,7 +73,11 @@ logger = logging.getLogger("dask_coro")
 
 _RUNNING_STATES = ("executing", "long-running")
 _QUIET = 1.0  # s without an inline run before a worker stops hearing of idle threads
-_MIN_HOLD = 0.02  # s a push is kept at least (an interval of 0 would drop it unread)
+# s a push is kept at least. A trampoline reads the count between inline
+# calls only, so a push held for less than one call lasts is never read: with
+# 20 ms calls and a 20 ms hold, a tree ran on one worker of two. A count kept
+# too long costs at most that many calls handed out to threads busy again.
+_MIN_HOLD = 0.25
 _CALLS_INTERVAL = 0.5  # s between two reports of the inline calls of a run
 
 
@@ -196,7 +200,8 @@ class _KeyWatcher(WorkerPlugin):
 
     def _pushed(self, n: int) -> None:
         """The scheduler says ``n`` threads are idle: hand out up to that many
-        calls, for one interval (a count not used by then is out of date)."""
+        calls, for one interval, and at least ``_MIN_HOLD`` (a count not used
+        by then is out of date)."""
         self.pushes += 1
         self.idle.n = n
         self.pushed_at = push = self.pushes
