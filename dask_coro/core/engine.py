@@ -795,15 +795,17 @@ class Trampoline:
                         out = out.value
                     break
                 # -- the next inline leaf -----------------------------------
-                if idle.n > 0:
-                    calm -= 1
-                    if calm <= 0:
-                        batches = self._steal(idle.n)
-                        if batches:
-                            return Submit(batches, False, top)
-                        todo = top.todo
-                        end = len(todo)
-                        calm = 64  # nothing to hand out: look again in 64 calls
+                # After a look that found nothing to hand out, the next comes
+                # 64 calls later, idle or not meanwhile (counting only idle
+                # calls, a count pushed now and then would never get there).
+                calm -= 1
+                if idle.n > 0 and calm <= 0:
+                    batches = self._steal(idle.n)
+                    if batches:
+                        return Submit(batches, False, top)
+                    todo = top.todo
+                    end = len(todo)
+                    calm = 64  # nothing to hand out: look again in 64 calls
                 pos = todo[i]
                 top.next = i + 1
                 leaf = leaves[pos]
