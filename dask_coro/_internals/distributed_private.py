@@ -9,6 +9,7 @@ importing it imports distributed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import sys
@@ -162,13 +163,28 @@ def local_data(worker: Any, keys: list[Key]) -> list[Any] | None:
     return out
 
 
-async def future_settled(future: Any) -> None:
-    """Until ``future``'s client hears that its key finished, erred or was
+def future_settled(future: Any) -> asyncio.Future[None]:
+    """Done when ``future``'s client hears that its key finished, erred or was
     cancelled: the event of its ``FutureState`` (``Future._state``, set by
     ``finish``/``set_error``/``cancel``, cleared by ``lose``/``reset``), which
-    every waiting path of ``Client`` awaits. One waiter on the event, where
-    ``Client.gather`` waits through a task per future (``utils.All``)."""
-    await future._state._get_event().wait()
+    every waiting path of ``Client`` awaits. One loop future among the event's
+    waiters, as ``asyncio.Event.wait`` adds, without the task and coroutines
+    around it (``Client.gather`` waits through a task per future,
+    ``utils.All``); cancelling it takes it off the event."""
+    event = future._state._get_event()
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    if event.is_set():
+        waiter.set_result(None)
+        return waiter
+    waiters = event._waiters  # asyncio.Event.set sets each of them
+    waiters.append(waiter)
+
+    def leave(_: asyncio.Future[None]) -> None:
+        with contextlib.suppress(ValueError):
+            waiters.remove(waiter)
+
+    waiter.add_done_callback(leave)
+    return waiter
 
 
 def send_on_worker_stream(worker: Any, msg: dict[str, Any]) -> None:

@@ -599,7 +599,7 @@ class _Run:
             # client-side state, then gather it (from this worker's memory if
             # it is here); a key lost meanwhile is pending again, and gather
             # waits for it.
-            await self._until(asyncio.ensure_future(private.future_settled(futures[0])))
+            await self._until(private.future_settled(futures[0]))
         # Several: gather raises the first error as soon as it comes.
         gathering = asyncio.ensure_future(client.gather(futures, asynchronous=True))
         try:
