@@ -1,8 +1,9 @@
 """fib(n) with every call a coroutine: dask_coro with calls run inline (the default) and with every
-call a task, versus worker_client() and Ray nested tasks (when Ray is installed): wall time, calls
-per second, tasks run, peak OS threads and processes on the workers.
+call a task, versus worker_client() and Ray nested tasks (when Ray is installed), and distributed's
+own floor for a task that waits for its children without a thread: wall time, calls per second,
+tasks run, peak OS threads and processes on the workers.
 
-Run: python benchmarks/bench_fib.py [--n 12 14 16] [--repeat 3] [--alt inline tasks wc ray]
+Run: python benchmarks/bench_fib.py [--n 12 14 16] [--repeat 3] [--alt inline tasks wc floor ray]
      [--quick]
 2 worker processes x 1 thread (Ray: ray.init(num_cpus=2)); a fresh cluster per
 (n, alternative), one untimed fib(5) to warm it up, then --repeat timed runs.
@@ -16,11 +17,13 @@ import contextlib
 import json
 import os
 import sys
+import uuid
 
 import _bench as B
 import psutil
-from distributed import worker_client
+from distributed import get_worker, worker_client
 
+from dask_coro._internals.distributed_private import secede_from_loop
 from dask_coro.examples import fib as coro_fib
 
 ray = None  # imported by _import_ray() in the client process only: worker
@@ -32,6 +35,23 @@ def wc_fib(i):
         return i
     with worker_client() as c:
         a, b = c.gather([c.submit(wc_fib, i - 1, pure=False), c.submit(wc_fib, i - 2, pure=False)])
+    return a + b
+
+
+async def floor_fib(i, key):
+    """What distributed alone needs for a task that waits for its children
+    holding no thread, with no dask_coro code on the way: an async task (run
+    on the worker's event loop) that frees its slot as a seceded task does,
+    submits both children in one message through the worker's client and
+    awaits them. Each task is given its key: an async task cannot learn it."""
+    if i < 2:
+        return i
+    worker = get_worker()
+    client = worker._get_client()
+    secede_from_loop(worker, key, 0.0)
+    keys = [f"floor_fib-{uuid.uuid4().hex}" for _ in range(2)]
+    children = client.map(floor_fib, [i - 1, i - 2], keys, key=keys)
+    a, b = await client.gather(children, asynchronous=True)
     return a + b
 
 
@@ -60,6 +80,10 @@ def measure_dask(alt: str, n: int, repeat: int) -> dict:
         if alt in ("inline", "tasks"):
             def run(k):
                 return client.compute(coro_fib(k)).result()
+        elif alt == "floor":
+            def run(k):
+                key = f"floor_fib-{uuid.uuid4().hex}"
+                return client.submit(floor_fib, k, key, key=key).result()
         else:
             def run(k):
                 return client.submit(wc_fib, k, pure=False).result()
@@ -112,7 +136,9 @@ def _result(n, walls, peak, base) -> dict:
 
 LABEL = {"inline": "dask_coro, inline on (default)",
          "tasks": "dask_coro, inline off: every call a task",
-         "wc": "worker_client", "ray": "Ray nested tasks"}
+         "wc": "worker_client",
+         "floor": "floor: distributed alone, an async task awaiting its children (no dask_coro)",
+         "ray": "Ray nested tasks"}
 
 
 def main(argv=None) -> int:
@@ -202,7 +228,14 @@ agents not counted). A blocked `ray.get` inside a task gives its CPU back and
 Ray starts further worker processes to run the children (it warns that
 "N PYTHON worker processes have been started ... tasks blocked in ray.get()"):
 nested blocking gets cost whole processes there, as they cost threads with
-`worker_client`."""
+`worker_client`.
+The floor row is what any design pays whose children are distributed tasks
+submitted through the worker's client: `floor_fib` is an async task that
+frees its slot as a seceded task does (`_internals.secede_from_loop`), sends
+both children in one message and awaits them on the event loop, with no
+dask_coro code (no planning, keys, cache, lanes or plugins): distributed's
+own cost per child task, which the inline-off row can approach but not go
+below."""
 
 
 if __name__ == "__main__":

@@ -22,9 +22,10 @@ import time
 import uuid
 
 import _bench as B
-from distributed import Future, worker_client
+from distributed import Future, get_worker, worker_client
 
 from dask_coro import coroutine
+from dask_coro._internals.distributed_private import secede_from_loop
 
 
 def _identity(x):
@@ -42,6 +43,43 @@ def wc_waiter(i, gate_key):
         child = c.submit(_identity, Future(gate_key, c), pure=False)
         gate = child.result()  # the thread blocks here, seceded
     return gate + i
+
+
+async def floor_waiter(i, gate_key, key):
+    """distributed alone, the same wait with no dask_coro code: an async task
+    (on the worker's event loop) that frees its slot as a seceded task does,
+    submits the same child through the worker's client and awaits it."""
+    worker = get_worker()
+    client = worker._get_client()
+    secede_from_loop(worker, key, 0.0)
+    child = client.submit(_identity, Future(gate_key, client), pure=False)
+    gate = await child
+    return gate + i
+
+
+async def bare_waiter(i, key):
+    """The least a waiting distributed task holds: a seceded async task
+    awaiting an event of its worker's, with no child and no future."""
+    worker = get_worker()
+    secede_from_loop(worker, key, 0.0)
+    event = _bare_event(worker)
+    await event.wait()
+    return 1000 + i
+
+
+def _bare_event(worker):
+    import asyncio
+
+    event = getattr(worker, "_bench_bare_event", None)
+    if event is None:
+        event = worker._bench_bare_event = asyncio.Event()
+    return event
+
+
+async def _open_bare(dask_worker=None) -> None:
+    event = _bare_event(dask_worker)
+    event.set()
+    dask_worker._bench_bare_event = None  # the next round's waiters wait again
 
 
 def _suspended(prefix, dask_worker=None) -> int:
@@ -96,9 +134,11 @@ def gate_value():
     return 1000
 
 
-INLINE = {"coro": False, "coro_inline": True, "wc": None}
+INLINE = {"coro": False, "coro_inline": True, "wc": None, "floor": None, "bare": None}
 LABEL = {"coro": "dask_coro coroutines, inline off",
-         "coro_inline": "dask_coro coroutines, inline on (default)", "wc": "worker_client tasks"}
+         "coro_inline": "dask_coro coroutines, inline on (default)", "wc": "worker_client tasks",
+         "floor": "floor: distributed alone, an async task awaiting the same child (no dask_coro)",
+         "bare": "floor: a seceded async task awaiting an event, no child (no dask_coro)"}
 
 
 def run_once(alt: str, n: int, settle: float, timeout: float, trace: bool = False) -> dict:
@@ -126,6 +166,13 @@ def _one_round(client, alt, n, timeout, warm=False, settle=0.0, procs=(), trace=
     if alt in ("coro", "coro_inline"):
         futs = client.compute([waiter(i, gate.key) for i in range(n)])
         prefix = "waiter-"
+    elif alt in ("floor", "bare"):
+        prefix = f"{alt}_waiter-{tag}-"
+        keys = [f"{prefix}{i}" for i in range(n)]
+        if alt == "floor":
+            futs = client.map(floor_waiter, range(n), [gate.key] * n, keys, key=keys)
+        else:
+            futs = client.map(bare_waiter, range(n), keys, key=keys)
     else:
         # Keys of this round only: reusing the warm-up's keys would hand back
         # its results, still in memory, instead of running new waiters.
@@ -154,6 +201,8 @@ def _one_round(client, alt, n, timeout, warm=False, settle=0.0, procs=(), trace=
     first = min(client.scheduler_info()["workers"])
     client.run(_open_gate, resource, workers=[first])
     assert client.run_on_scheduler(_schedule_unrunnable, worker=first) == 1
+    if alt == "bare":
+        client.run(_open_bare)
     results = client.gather(futs)
     out["release_s"] = time.perf_counter() - start
     assert results == [1000 + i for i in range(n)], results[:5]
@@ -182,7 +231,7 @@ def main(argv=None) -> int:
                                    "timeout": 30.0})
     if args.tracemalloc:
         return breakdown(args)
-    alts = {a: (args.wc_n if a == "wc" else args.n) for a in args.alt}
+    alts = {a: (args.wc_n if a == "wc" else args.n) for a in args.alt}  # floors: --n
     res: dict[str, list[dict]] = {a: [] for a, k in alts.items() if k}
     errors: dict[str, str] = {}
     for r in range(args.repeat):
@@ -234,6 +283,11 @@ def main(argv=None) -> int:
         "inline on too (a `Future` is never run inline): inline on adds the trampoline's "
         "frame and the poll for idle threads to each suspended waiter; "
         "worker_client's submits the same child and blocks in `result()` on a seceded thread. "
+        "The floor rows have no dask_coro code: an async distributed task that frees its "
+        "slot as a seceded task does (`_internals.secede_from_loop`) and awaits the same "
+        "child's future (what any design whose waiting coroutine is a running task with a "
+        "child future pays), or awaits an event of its worker with no child at all (what a "
+        "waiting running task alone costs distributed). "
         "\"All suspended\": every waiter is `long-running` on its worker (the gate was in "
         f"state `{gate_state}` on the scheduler then). Memory: RSS of the two worker "
         f"processes summed, sampled {args.settle:.0f} s after the last waiter suspended, minus "

@@ -101,6 +101,14 @@ SCENARIOS = [
                    "reason: with 10,000 (`--wc-n 10000`, one thread each) getting them "
                    "all suspended takes minutes on this machine (a trial had about 9,400 "
                    "suspended after 200 s, and one run of 2,000 timed out at 180 s)."),
+    Scenario("suspended_floor",
+             "10,000 waiting tasks at once with no dask_coro code: distributed's own floor",
+             "bench_suspended.py", ["--n", "10000", "--repeat", "1", "--timeout", "90",
+                                    "--alt", "floor", "bare"], 300,
+             quick=["--alt", "floor", "bare"],
+             notes="One run each (a floor, not a comparison of medians): what a waiting "
+                   "task costs a worker in distributed itself, with the same child future "
+                   "as dask_coro's waiter, and with no child at all."),
     Scenario("suspended_memory",
              "Where the memory of a suspended coroutine goes (tracemalloc, inline off)",
              "bench_suspended.py", ["--tracemalloc", "1000", "--top", "15"], 60,
@@ -313,9 +321,12 @@ def targets(by: dict[str, Scenario]) -> str:
             _yes(r <= 0.2))
         if off:
             ro = off["wall"] / w["wall"]
+            fl = r16.get("floor")
             row("fib(16), inline off (every call a task) <= 0.25 x worker_client's wall time",
-                f"**{ro:.2f} x** ({off['wall']:.2f} s vs {w['wall']:.2f} s); see \"Where the time "
-                "goes per child task\"", _yes(ro <= 0.25))
+                f"**{ro:.2f} x** ({off['wall']:.2f} s vs {w['wall']:.2f} s)"
+                + (f"; distributed's own floor for such a task (an async task awaiting its "
+                   f"children, no dask_coro): {fl['wall'] / w['wall']:.2f} x" if fl else "")
+                + "; see \"Where the time goes per child task\"", _yes(ro <= 0.25))
         else:
             missing("fib(16), inline off (every call a task) <= 0.25 x worker_client")
         limit = 1 + 10
@@ -360,7 +371,8 @@ def targets(by: dict[str, Scenario]) -> str:
             f"each (RSS); peak {c['threads_peak']} OS threads in the busiest worker"
             + (f". Inline on (the waiter's child is a `Future`, so it suspends too): "
                f"{on['bytes_each'] / 1024:.1f} KiB each, completed in {on['completed']} runs"
-               if on else ""),
+               if on else "")
+            + _floors(_data(by, "suspended_floor")),
             _yes(kib <= 10 and "coro" not in errs))
     else:
         err = errs.get("coro")
@@ -602,6 +614,18 @@ def _inline_summary(inl: dict, tasks: dict | None) -> str:
         lines += ["", "| where (py-spy, innermost frame) | ns per inline call | share |",
                   "|---|---|---|", *rows]
     return "\n".join(lines)
+
+
+def _floors(d) -> str:
+    """distributed's own memory per waiting task, from the suspended_floor run."""
+    summ = (d or {}).get("summary", {})
+    parts = [f"{summ[a]['bytes_each'] / 1024:.1f} KiB {what}"
+             for a, what in (("floor", "with the same child future"), ("bare", "with no child"))
+             if a in summ]
+    if not parts:
+        return ""
+    return (". distributed alone, a seceded async task waiting (no dask_coro): "
+            + ", ".join(parts))
 
 
 def _yes(ok: bool) -> str:
