@@ -6,10 +6,10 @@ No timing assertions: every wait polls a condition with a generous timeout.
 Anything that blocks a worker thread is released in a ``finally`` so that
 gen_cluster's thread-leak check and worker shutdown never hang.
 
-Coroutine functions are pickled by value today (see the last test), so module
-globals are copied into every task, and Nanny workers are separate processes:
-children record what they did in files under ``tmp_path`` or in
-``distributed.Event`` objects, never in module state.
+Nanny workers are separate processes, and a coroutine defined in a test
+travels by value (``runtime.byvalue``): children record what they did in
+files under ``tmp_path`` or in ``distributed.Event`` objects, never in module
+state.
 """
 
 from __future__ import annotations
