@@ -637,6 +637,37 @@ async def test_scheduler_pushes_to_the_subscribed_worker_when_a_thread_frees(c, 
     assert plugin.counts["unsubscribe"] == plugin.counts["subscribe"]
 
 
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1), ("", 1)])
+async def test_a_tree_starting_on_a_subscribed_worker_is_pushed_to_at_once(c, s, a, b):
+    """A worker stays subscribed between its inline runs. A tree that starts
+    on it while the other worker is idle frees no thread until its calls
+    are handed out: its start is an idle event, and the push that hands b a
+    subtree comes from that event (not from a later look at threads left
+    idle)."""
+    assert len(await c.compute(sleepy_where(2), workers=[a.address])) == 4
+    plugin = s.plugins[INLINE]
+    assert a.address in plugin.subscribed
+    a.plugins[_KeyWatcher.name].stealer.cancel()  # a stays subscribed
+    # The scheduler looked at the idle threads since the tree ended.
+    checks = plugin.counts["check"]
+    await async_poll_for(lambda: plugin.counts["check"] > checks, timeout=20)
+    events_at_push = []
+    push = plugin._push
+
+    def recording_push(n):
+        sent = plugin.counts["push"]
+        push(n)
+        if plugin.counts["push"] > sent:  # (not to a worker with no task running)
+            events_at_push.append(plugin.counts["event"])
+
+    plugin._push = recording_push
+    events = plugin.counts["event"]
+    where = await c.compute(sleepy_where(6), workers=[a.address])
+    assert len(where) == 64 and b.address in where
+    assert events_at_push and events_at_push[0] > events
+
+
 def _received(w):
     return w.plugins[_KeyWatcher.name].pushes
 

@@ -8,8 +8,11 @@ Two ways, chosen on each worker by ``coro.inline.stealing``:
   ``IDLE`` is registered: an op with no handler closes a stream). The plugin
   looks at the idle threads only after an *idle event* (a task leaves
   ``processing``, a task secedes, a queued or unrunnable task goes, a worker
-  joins or runs again, a worker subscribes), at most once per
-  ``coro.inline.interval``, and when some are idle it sends ``{op: IDLE, n}``
+  joins or runs again, a worker subscribes; and, while threads were idle at
+  the last look, a task starts on a subscribed worker: a new tree there frees
+  no thread until it ends), at most once per ``coro.inline.interval`` (a look
+  that only task starts asked for and that finds no idle thread does not
+  count), and when some are idle it sends ``{op: IDLE, n}``
   to as few subscribers as it takes: round robin, one idle thread each (the
   ``n`` split among them when there are more threads than subscribers), so one
   freed thread makes one worker hand out one task, whatever the number of
@@ -79,6 +82,7 @@ class InlinePlugin(SchedulerPlugin):
         self._last = -float("inf")  # when the last check ran
         self._backoff = 0.0
         self._left = 0  # idle threads at the last check
+        self._counted = False  # the next check was asked for by more than task starts
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
@@ -128,8 +132,21 @@ class InlinePlugin(SchedulerPlugin):
     # -- idle events -------------------------------------------------------------
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
-        # Every transition of every task: keep it to two tests.
-        if self.subscribed and start in _FREEING and finish != "processing":
+        # Every transition of every task: keep it to a few tests.
+        if not self.subscribed:
+            return
+        if finish == "processing":
+            if self._left > 0:
+                # Threads were idle at the last look and a task starts on a
+                # subscribed worker: it may be a coroutine that runs calls
+                # inline and can give them work (a worker stays subscribed
+                # between runs, so a new tree sends nothing of its own, and no
+                # thread may free until it ends).
+                ts = self.scheduler.tasks.get(key)
+                ws = None if ts is None else ts.processing_on
+                if ws is not None and ws.address in self.subscribed:
+                    self._event(start=True)
+        elif start in _FREEING:
             self._event()
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
@@ -146,13 +163,17 @@ class InlinePlugin(SchedulerPlugin):
 
         return wrapped
 
-    def _event(self) -> None:
-        """Something may have left a thread idle: look, once the current
+    def _event(self, start: bool = False) -> None:
+        """Something may have left a thread idle (or, with ``start``, a task
+        that may give idle threads work started): look, once the current
         transitions are done (a queued task may take the thread at once), and
-        no sooner than ``interval`` after the last look."""
+        no sooner than ``interval`` after the last look that counts (see
+        ``_check``)."""
         if not self.subscribed:
             return
         self.counts["event"] += 1
+        if not start:
+            self._counted = True
         self._look(max(0.0, self._last + self.interval - monotonic()))
 
     def _look(self, delay: float) -> None:
@@ -168,9 +189,16 @@ class InlinePlugin(SchedulerPlugin):
         self._timer = None
         if not self.subscribed:
             return
-        self._last = monotonic()
+        counted, self._counted = self._counted, False
         self.counts["check"] += 1
         n = private.idle_threads(self.scheduler)
+        if n > 0 or counted:
+            self._last = monotonic()
+        # else: only tasks started since the last look, and no thread is idle
+        # now (the common case: the thief of the last push started). Such a
+        # look does not delay the next: a thread that frees soon after is
+        # looked at without waiting an interval. They are as few as the looks
+        # that found idle threads (one needs threads idle at the last look).
         if n <= 0:
             self._backoff = self.interval
             self._left = 0
@@ -184,6 +212,7 @@ class InlinePlugin(SchedulerPlugin):
             self._backoff = min(MAX_BACKOFF, max(self._backoff, self.interval, 0.001) * 2)
         self._left = n
         self._push(n)
+        self._counted = True  # the look again, below, counts
         self._look(self._backoff)
 
     def _push(self, n: int) -> None:

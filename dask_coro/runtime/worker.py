@@ -128,6 +128,7 @@ class _KeyWatcher(WorkerPlugin):
         self.pushes = 0  # pushes received
         self.interval = 0.0  # coro.inline.interval, read when subscribing
         self.pushed_at = 0  # the push idle.n came from (expiry)
+        self.pushes_at_exec = 0  # pushes received when a task last went executing
         self.handed_out = 0.0  # when a run last handed work out
         self.lanes: Lanes | None = None  # made on first use, nthreads of them
 
@@ -143,9 +144,13 @@ class _KeyWatcher(WorkerPlugin):
     def inline_started(self, worker: Worker) -> None:
         # Raises, failing the task, on a bad setting: before anything runs.
         mode = _config.get_choice("coro.inline.stealing", MODES)
-        # The last count was taken before this task took its thread: only a
-        # count sent from now on says whether a thread is idle.
-        self.handed(self.idle.n)
+        # A count received before the latest task here went executing was
+        # taken before this task took its thread; one received since was
+        # taken after the scheduler gave it the thread (the scheduler looks
+        # when a task starts on a subscribed worker, and its stream keeps
+        # order), and stands.
+        if self.pushes == self.pushes_at_exec:
+            self.handed(self.idle.n)
         self.inline_runs += 1
         if self.stealer is None or self.stealer.done():
             steal = self._subscribed if mode == "push" else self._poll
@@ -230,6 +235,8 @@ class _KeyWatcher(WorkerPlugin):
         self.idle.n = 0
 
     def transition(self, key: Key, start: str, finish: str, **kwargs: Any) -> None:
+        if finish == "executing":
+            self.pushes_at_exec = self.pushes
         run = self.runs.get(key)
         if run is not None:
             run.changed()
