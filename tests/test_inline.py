@@ -17,6 +17,7 @@ import io
 import os
 import re
 import signal
+import sys
 import time
 import traceback
 import uuid
@@ -666,6 +667,25 @@ async def test_a_tree_starting_on_a_subscribed_worker_is_pushed_to_at_once(c, s,
     where = await c.compute(sleepy_where(6), workers=[a.address])
     assert len(where) == 64 and b.address in where
     assert events_at_push and events_at_push[0] > events
+
+
+@coroutine
+def switch_interval():
+    return sys.getswitchinterval()
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1)])
+async def test_the_switch_interval_is_short_while_calls_run_inline(c, s, a):
+    """While a run inline holds the GIL, the worker's event loop must get it
+    soon (to read pushes and send stolen calls): the interpreter's switch
+    interval is 1 ms while calls run inline, and what it was after."""
+    before = sys.getswitchinterval()
+    assert before > 0.001  # CPython's default, 5 ms
+    assert await c.compute(switch_interval()) == 0.001
+    assert sys.getswitchinterval() == before
+    with dask.config.set({"coro.inline.enabled": False}):
+        assert await c.compute(switch_interval()) == before
 
 
 def _received(w):

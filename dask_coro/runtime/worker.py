@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import sys
 from time import time
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +80,14 @@ _QUIET = 1.0  # s without an inline run before a worker stops hearing of idle th
 # too long costs at most that many calls handed out to threads busy again.
 _MIN_HOLD = 0.25
 _CALLS_INTERVAL = 0.5  # s between two reports of the inline calls of a run
+# s: the interpreter's switch interval while calls run inline in this process.
+# A thread running Python code keeps the GIL until another has waited this
+# long for it, and the event loop's thread gives it up at every system call:
+# with CPython's default of 5 ms, a push of idle threads or a stolen task's message
+# waited some 5-30 ms to be read, handled and sent on while a body ran
+# inline. Switching happens only while a thread waits for the GIL.
+_SWITCH_INTERVAL = 0.001
+_switching = [0, 0.0]  # inline runs in this process (all its workers); the interval before
 
 
 def run_if_on_worker(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -152,12 +161,20 @@ class _KeyWatcher(WorkerPlugin):
         if self.pushes == self.pushes_at_exec:
             self.handed(self.idle.n)
         self.inline_runs += 1
+        if not _switching[0]:
+            _switching[1] = sys.getswitchinterval()
+            if _switching[1] > _SWITCH_INTERVAL:
+                sys.setswitchinterval(_SWITCH_INTERVAL)
+        _switching[0] += 1
         if self.stealer is None or self.stealer.done():
             steal = self._subscribed if mode == "push" else self._poll
             self.stealer = asyncio.ensure_future(steal(worker))
 
     def inline_ended(self) -> None:
         self.inline_runs -= 1
+        _switching[0] -= 1
+        if not _switching[0] and sys.getswitchinterval() == min(_switching[1], _SWITCH_INTERVAL):
+            sys.setswitchinterval(_switching[1])  # unless someone else set it meanwhile
         self.inline_ended_at = time()
 
     def handed(self, n: int) -> None:
