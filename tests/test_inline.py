@@ -657,10 +657,10 @@ async def test_a_tree_starting_on_a_subscribed_worker_is_pushed_to_at_once(c, s,
     push = plugin._push
 
     def recording_push(n):
-        sent = plugin.counts["push"]
-        push(n)
-        if plugin.counts["push"] > sent:  # (not to a worker with no task running)
+        sent = push(n)
+        if sent:  # (none to a worker with no task running)
             events_at_push.append(plugin.counts["event"])
+        return sent
 
     plugin._push = recording_push
     events = plugin.counts["event"]

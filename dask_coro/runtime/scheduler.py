@@ -9,8 +9,8 @@ Two ways, chosen on each worker by ``coro.inline.stealing``:
   looks at the idle threads only after an *idle event* (a task leaves
   ``processing``, a task secedes, a queued or unrunnable task goes, a worker
   joins or runs again, a worker subscribes; and, while threads were idle at
-  the last look, a task starts on a subscribed worker: a new tree there frees
-  no thread until it ends), at most once per ``coro.inline.interval`` (a look
+  the last look with no worker to tell, a task starts on a subscribed worker:
+  a new tree there frees no thread until it ends), at most once per ``coro.inline.interval`` (a look
   that only task starts asked for and that finds no idle thread does not
   count), and when some are idle it sends ``{op: IDLE, n}``
   to as few subscribers as it takes: round robin, one idle thread each (the
@@ -83,6 +83,9 @@ class InlinePlugin(SchedulerPlugin):
         self._backoff = 0.0
         self._left = 0  # idle threads at the last check
         self._counted = False  # the next check was asked for by more than task starts
+        #: The last look found threads idle and told no worker (none had a task
+        #: running): a task that starts on a subscribed worker may give them work.
+        self._stranded = False
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
@@ -136,12 +139,14 @@ class InlinePlugin(SchedulerPlugin):
         if not self.subscribed:
             return
         if finish == "processing":
-            if self._left > 0:
-                # Threads were idle at the last look and a task starts on a
-                # subscribed worker: it may be a coroutine that runs calls
-                # inline and can give them work (a worker stays subscribed
-                # between runs, so a new tree sends nothing of its own, and no
-                # thread may free until it ends).
+            if self._stranded:
+                # Threads were idle at the last look, with no worker to tell,
+                # and a task starts on a subscribed worker: it may be a
+                # coroutine that runs calls inline and can give them work (a
+                # worker stays subscribed between runs, so a new tree sends
+                # nothing of its own, and no thread may free until it ends).
+                # Not after a push: the calls it handed out are on their way,
+                # and threads still idle are looked at again anyway.
                 ts = self.scheduler.tasks.get(key)
                 ws = None if ts is None else ts.processing_on
                 if ws is not None and ws.address in self.subscribed:
@@ -198,10 +203,12 @@ class InlinePlugin(SchedulerPlugin):
         # now (the common case: the thief of the last push started). Such a
         # look does not delay the next: a thread that frees soon after is
         # looked at without waiting an interval. They are as few as the looks
-        # that found idle threads (one needs threads idle at the last look).
+        # that found idle threads (one needs the last look to have found some
+        # and told nobody).
         if n <= 0:
             self._backoff = self.interval
             self._left = 0
+            self._stranded = False
             return
         # Threads are still idle that the last push announced: the workers it
         # went to had nothing to hand out, or their tasks are on their way.
@@ -211,11 +218,11 @@ class InlinePlugin(SchedulerPlugin):
         elif self._left:
             self._backoff = min(MAX_BACKOFF, max(self._backoff, self.interval, 0.001) * 2)
         self._left = n
-        self._push(n)
+        self._stranded = not self._push(n)
         self._counted = True  # the look again, below, counts
         self._look(self._backoff)
 
-    def _push(self, n: int) -> None:
+    def _push(self, n: int) -> int:
         """Announce ``n`` idle threads to the next subscribers round robin,
         one thread each (more each if there are fewer subscribers than
         threads). Only those running a task that has not seceded, if any: a
@@ -242,11 +249,14 @@ class InlinePlugin(SchedulerPlugin):
                 waiting.append(address)
         chosen = chosen or waiting[:n]
         if not chosen:
-            return
+            return 0
         self.cursor = (self.cursor + seen) % k
         each, extra = divmod(n, len(chosen))
+        sent = 0
         for i, address in enumerate(chosen):
             share = each + (i < extra)
             if private.send_to_worker(self.scheduler, address, {"op": IDLE, "n": share}):
                 self.counts["push"] += 1
                 self.counts["pushed"] += share
+                sent += 1
+        return sent
