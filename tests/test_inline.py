@@ -17,6 +17,7 @@ import io
 import os
 import re
 import signal
+import sys
 import time
 import traceback
 import uuid
@@ -635,6 +636,56 @@ async def test_scheduler_pushes_to_the_subscribed_worker_when_a_thread_frees(c, 
     # Both unsubscribe once they ran nothing inline for a second.
     await async_poll_for(lambda: not plugin.subscribed, timeout=20)
     assert plugin.counts["unsubscribe"] == plugin.counts["subscribe"]
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1), ("", 1)])
+async def test_a_tree_starting_on_a_subscribed_worker_is_pushed_to_at_once(c, s, a, b):
+    """A worker stays subscribed between its inline runs. A tree that starts
+    on it while the other worker is idle frees no thread until its calls
+    are handed out: its start is an idle event, and the push that hands b a
+    subtree comes from that event (not from a later look at threads left
+    idle)."""
+    assert len(await c.compute(sleepy_where(2), workers=[a.address])) == 4
+    plugin = s.plugins[INLINE]
+    assert a.address in plugin.subscribed
+    a.plugins[_KeyWatcher.name].stealer.cancel()  # a stays subscribed
+    # The scheduler looked at the idle threads since the tree ended.
+    checks = plugin.counts["check"]
+    await async_poll_for(lambda: plugin.counts["check"] > checks, timeout=20)
+    events_at_push = []
+    push = plugin._push
+
+    def recording_push(n):
+        sent = push(n)
+        if sent:  # (none to a worker with no task running)
+            events_at_push.append(plugin.counts["event"])
+        return sent
+
+    plugin._push = recording_push
+    events = plugin.counts["event"]
+    where = await c.compute(sleepy_where(6), workers=[a.address])
+    assert len(where) == 64 and b.address in where
+    assert events_at_push and events_at_push[0] > events
+
+
+@coroutine
+def switch_interval():
+    return sys.getswitchinterval()
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1)])
+async def test_the_switch_interval_is_short_while_calls_run_inline(c, s, a):
+    """While a run inline holds the GIL, the worker's event loop must get it
+    soon (to read pushes and send stolen calls): the interpreter's switch
+    interval is 1 ms while calls run inline, and what it was after."""
+    before = sys.getswitchinterval()
+    assert before > 0.001  # CPython's default, 5 ms
+    assert await c.compute(switch_interval()) == 0.001
+    assert sys.getswitchinterval() == before
+    with dask.config.set({"coro.inline.enabled": False}):
+        assert await c.compute(switch_interval()) == before
 
 
 def _received(w):

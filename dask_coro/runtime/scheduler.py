@@ -8,8 +8,11 @@ Two ways, chosen on each worker by ``coro.inline.stealing``:
   ``IDLE`` is registered: an op with no handler closes a stream). The plugin
   looks at the idle threads only after an *idle event* (a task leaves
   ``processing``, a task secedes, a queued or unrunnable task goes, a worker
-  joins or runs again, a worker subscribes), at most once per
-  ``coro.inline.interval``, and when some are idle it sends ``{op: IDLE, n}``
+  joins or runs again, a worker subscribes; and, while threads were idle at
+  the last look with no worker to tell, a task starts on a subscribed worker:
+  a new tree there frees no thread until it ends), at most once per ``coro.inline.interval`` (a look
+  that only task starts asked for and that finds no idle thread does not
+  count), and when some are idle it sends ``{op: IDLE, n}``
   to as few subscribers as it takes: round robin, one idle thread each (the
   ``n`` split among them when there are more threads than subscribers), so one
   freed thread makes one worker hand out one task, whatever the number of
@@ -79,6 +82,10 @@ class InlinePlugin(SchedulerPlugin):
         self._last = -float("inf")  # when the last check ran
         self._backoff = 0.0
         self._left = 0  # idle threads at the last check
+        self._counted = False  # the next check was asked for by more than task starts
+        #: The last look found threads idle and told no worker (none had a task
+        #: running): a task that starts on a subscribed worker may give them work.
+        self._stranded = False
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
@@ -128,8 +135,23 @@ class InlinePlugin(SchedulerPlugin):
     # -- idle events -------------------------------------------------------------
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
-        # Every transition of every task: keep it to two tests.
-        if self.subscribed and start in _FREEING and finish != "processing":
+        # Every transition of every task: keep it to a few tests.
+        if not self.subscribed:
+            return
+        if finish == "processing":
+            if self._stranded:
+                # Threads were idle at the last look, with no worker to tell,
+                # and a task starts on a subscribed worker: it may be a
+                # coroutine that runs calls inline and can give them work (a
+                # worker stays subscribed between runs, so a new tree sends
+                # nothing of its own, and no thread may free until it ends).
+                # Not after a push: the calls it handed out are on their way,
+                # and threads still idle are looked at again anyway.
+                ts = self.scheduler.tasks.get(key)
+                ws = None if ts is None else ts.processing_on
+                if ws is not None and ws.address in self.subscribed:
+                    self._event(start=True)
+        elif start in _FREEING:
             self._event()
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
@@ -146,13 +168,17 @@ class InlinePlugin(SchedulerPlugin):
 
         return wrapped
 
-    def _event(self) -> None:
-        """Something may have left a thread idle: look, once the current
+    def _event(self, start: bool = False) -> None:
+        """Something may have left a thread idle (or, with ``start``, a task
+        that may give idle threads work started): look, once the current
         transitions are done (a queued task may take the thread at once), and
-        no sooner than ``interval`` after the last look."""
+        no sooner than ``interval`` after the last look that counts (see
+        ``_check``)."""
         if not self.subscribed:
             return
         self.counts["event"] += 1
+        if not start:
+            self._counted = True
         self._look(max(0.0, self._last + self.interval - monotonic()))
 
     def _look(self, delay: float) -> None:
@@ -168,12 +194,21 @@ class InlinePlugin(SchedulerPlugin):
         self._timer = None
         if not self.subscribed:
             return
-        self._last = monotonic()
+        counted, self._counted = self._counted, False
         self.counts["check"] += 1
         n = private.idle_threads(self.scheduler)
+        if n > 0 or counted:
+            self._last = monotonic()
+        # else: only tasks started since the last look, and no thread is idle
+        # now (the common case: the thief of the last push started). Such a
+        # look does not delay the next: a thread that frees soon after is
+        # looked at without waiting an interval. They are as few as the looks
+        # that found idle threads (one needs the last look to have found some
+        # and told nobody).
         if n <= 0:
             self._backoff = self.interval
             self._left = 0
+            self._stranded = False
             return
         # Threads are still idle that the last push announced: the workers it
         # went to had nothing to hand out, or their tasks are on their way.
@@ -183,10 +218,11 @@ class InlinePlugin(SchedulerPlugin):
         elif self._left:
             self._backoff = min(MAX_BACKOFF, max(self._backoff, self.interval, 0.001) * 2)
         self._left = n
-        self._push(n)
+        self._stranded = not self._push(n)
+        self._counted = True  # the look again, below, counts
         self._look(self._backoff)
 
-    def _push(self, n: int) -> None:
+    def _push(self, n: int) -> int:
         """Announce ``n`` idle threads to the next subscribers round robin,
         one thread each (more each if there are fewer subscribers than
         threads). Only those running a task that has not seceded, if any: a
@@ -213,11 +249,14 @@ class InlinePlugin(SchedulerPlugin):
                 waiting.append(address)
         chosen = chosen or waiting[:n]
         if not chosen:
-            return
+            return 0
         self.cursor = (self.cursor + seen) % k
         each, extra = divmod(n, len(chosen))
+        sent = 0
         for i, address in enumerate(chosen):
             share = each + (i < extra)
             if private.send_to_worker(self.scheduler, address, {"op": IDLE, "n": share}):
                 self.counts["push"] += 1
                 self.counts["pushed"] += share
+                sent += 1
+        return sent

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import sys
 from time import time
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +80,14 @@ _QUIET = 1.0  # s without an inline run before a worker stops hearing of idle th
 # too long costs at most that many calls handed out to threads busy again.
 _MIN_HOLD = 0.25
 _CALLS_INTERVAL = 0.5  # s between two reports of the inline calls of a run
+# s: the interpreter's switch interval while calls run inline in this process.
+# A thread running Python code keeps the GIL until another has waited this
+# long for it, and the event loop's thread gives it up at every system call:
+# with CPython's default of 5 ms, a push of idle threads or a stolen task's message
+# waited some 5-30 ms to be read, handled and sent on while a body ran
+# inline. Switching happens only while a thread waits for the GIL.
+_SWITCH_INTERVAL = 0.001
+_switching = [0, 0.0]  # inline runs in this process (all its workers); the interval before
 
 
 def run_if_on_worker(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -128,6 +137,7 @@ class _KeyWatcher(WorkerPlugin):
         self.pushes = 0  # pushes received
         self.interval = 0.0  # coro.inline.interval, read when subscribing
         self.pushed_at = 0  # the push idle.n came from (expiry)
+        self.pushes_at_exec = 0  # pushes received when a task last went executing
         self.handed_out = 0.0  # when a run last handed work out
         self.lanes: Lanes | None = None  # made on first use, nthreads of them
 
@@ -143,16 +153,28 @@ class _KeyWatcher(WorkerPlugin):
     def inline_started(self, worker: Worker) -> None:
         # Raises, failing the task, on a bad setting: before anything runs.
         mode = _config.get_choice("coro.inline.stealing", MODES)
-        # The last count was taken before this task took its thread: only a
-        # count sent from now on says whether a thread is idle.
-        self.handed(self.idle.n)
+        # A count received before the latest task here went executing was
+        # taken before this task took its thread; one received since was
+        # taken after the scheduler gave it the thread (the scheduler looks
+        # when a task starts on a subscribed worker, and its stream keeps
+        # order), and stands.
+        if self.pushes == self.pushes_at_exec:
+            self.handed(self.idle.n)
         self.inline_runs += 1
+        if not _switching[0]:
+            _switching[1] = sys.getswitchinterval()
+            if _switching[1] > _SWITCH_INTERVAL:
+                sys.setswitchinterval(_SWITCH_INTERVAL)
+        _switching[0] += 1
         if self.stealer is None or self.stealer.done():
             steal = self._subscribed if mode == "push" else self._poll
             self.stealer = asyncio.ensure_future(steal(worker))
 
     def inline_ended(self) -> None:
         self.inline_runs -= 1
+        _switching[0] -= 1
+        if not _switching[0] and sys.getswitchinterval() == min(_switching[1], _SWITCH_INTERVAL):
+            sys.setswitchinterval(_switching[1])  # unless someone else set it meanwhile
         self.inline_ended_at = time()
 
     def handed(self, n: int) -> None:
@@ -230,6 +252,8 @@ class _KeyWatcher(WorkerPlugin):
         self.idle.n = 0
 
     def transition(self, key: Key, start: str, finish: str, **kwargs: Any) -> None:
+        if finish == "executing":
+            self.pushes_at_exec = self.pushes
         run = self.runs.get(key)
         if run is not None:
             run.changed()
