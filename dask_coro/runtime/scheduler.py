@@ -8,13 +8,15 @@ Two ways, chosen on each worker by ``coro.inline.stealing``:
   ``IDLE`` is registered: an op with no handler closes a stream). The plugin
   looks at the idle threads only after an *idle event* (a task leaves
   ``processing``, a task secedes, a queued or unrunnable task goes, a worker
-  joins or runs again, a worker subscribes), at most once per
+  joins or runs again, a worker subscribes; and a task starts while the last
+  look found threads idle, as it may run calls inline), at most once per
   ``coro.inline.interval``, and when some are idle it sends ``{op: IDLE, n}``
   to as few subscribers as it takes: round robin, one idle thread each (the
   ``n`` split among them when there are more threads than subscribers), so one
   freed thread makes one worker hand out one task, whatever the number of
   workers. While threads stay idle (the chosen workers had nothing to hand out)
-  it looks again, backing off to once a second. The worker unsubscribes
+  it looks again, backing off to once a second (an event looks sooner: a
+  coroutine that starts meanwhile hears at once). The worker unsubscribes
   (``UNSUBSCRIBE``) a second after its last inline run ended. The scheduler's
   cost grows with idle events, not with workers times time.
 * ``poll``: each worker running inline asks ``IDLE`` (an RPC) every
@@ -128,8 +130,12 @@ class InlinePlugin(SchedulerPlugin):
     # -- idle events -------------------------------------------------------------
 
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
-        # Every transition of every task: keep it to two tests.
-        if self.subscribed and start in _FREEING and finish != "processing":
+        # Every transition of every task: keep it to a few tests. A task
+        # starting while the last look found idle threads is an event too: it
+        # may run calls inline, and have some to hand out to them.
+        if self.subscribed and (
+            (start in _FREEING and finish != "processing") or (finish == "processing" and self._left)
+        ):
             self._event()
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
