@@ -739,6 +739,35 @@ async def test_pushes_lost_nothing_hangs(c, s, a, b, monkeypatch):
 
 
 @pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1), ("", 1)])
+async def test_a_run_starting_while_the_scheduler_backs_off_hears_at_once(c, s, a, b, monkeypatch):
+    """While threads stay idle, the scheduler looks at them less and less
+    often (here, as after an hour of it, once an hour). A coroutine that then
+    starts on a worker still subscribed from an earlier run hears of the idle
+    thread at once, not at that next look: its tree runs on both workers.
+    (With its count up to a second late, a tree of 1.3 s ran on one worker.)"""
+    from dask_coro.runtime import scheduler as inline_scheduler
+    from dask_coro.runtime import worker as inline_worker
+
+    monkeypatch.setattr(inline_worker, "_QUIET", 3600)  # a stays subscribed
+    monkeypatch.setattr(inline_scheduler, "MAX_BACKOFF", 3600)
+    assert await c.compute(fib(5), workers=[a.address]) == 5
+    await async_poll_for(lambda: INLINE in s.plugins and a.address in s.plugins[INLINE].subscribed,
+                         timeout=20)
+    plugin = s.plugins[INLINE]
+    # Both threads idle: the scheduler looks again later and later; from its
+    # next look on, as after an hour of it, once an hour.
+    await async_poll_for(lambda: plugin._left == 2, timeout=20)
+    plugin._backoff = 3600
+    checks = plugin.counts["check"]
+    await async_poll_for(lambda: plugin.counts["check"] > checks, timeout=20)
+    assert plugin._left == 2 and plugin._due - time.monotonic() > 600
+    where = await c.compute(sleepy_where(6), workers=[a.address])
+    assert len(where) == 64
+    assert set(where) == {a.address, b.address}
+
+
+@pytest.mark.timeout(60)
 @cluster(nthreads=[("", 1), ("", 2)], config={"coro": {"inline": {"interval": "1h"}}})
 async def test_pushes_are_rate_limited(c, s, a, b):
     """With an interval longer than the test, the scheduler looks at idle

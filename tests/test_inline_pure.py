@@ -331,6 +331,38 @@ def steal_root(n):
     return (yield [steal_child(n), rec("r1"), rec("r2")])
 
 
+@coroutine
+def idle_at_the_end():
+    IDLE.n = 1  # capacity shows up while the first half's last call runs
+    return "first"
+
+
+@coroutine
+def second_half():
+    return (yield [rec("a"), rec("b")])
+
+
+@coroutine
+def halves():
+    return (yield [idle_at_the_end(), second_half()])
+
+
+def test_a_look_that_found_nothing_looks_again_at_the_next_yield_of_calls():
+    # Capacity shows up when the only unstarted call is the one about to run
+    # (second_half): nothing to hand out. The yield that call makes has
+    # calls to hand out, and one is, however few calls ran since.
+    IDLE.n = 0
+    t, out = start(halves, tramp=make(idle=IDLE))
+    assert type(out) is Submit and out.wait is False
+    assert positions(out) == [("second_half", [1])]
+    assert LOG == []
+    IDLE.n = 0
+    out = t.run()
+    assert LOG == ["a"]
+    assert type(out) is Submit and out.wait is True and out.batches == []
+    assert returned(t.resume(["B"])) == ["first", ["a", "B"]]
+
+
 @pytest.mark.parametrize(
     "n, expected",
     [

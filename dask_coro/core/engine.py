@@ -587,7 +587,7 @@ class Trampoline:
         idle = self.idle
         call_type = self.call_type
         countdown = self.check_every
-        calm = 0
+        barren = False  # a look found nothing to hand out, no yield of calls since
         top = stack[-1]
         fresh = -1  # >= 0: the body stepped is a call of top's leaf ``fresh``, no frame yet
         body: Any = None  # with fresh: that body, made by calling ``func``
@@ -795,17 +795,18 @@ class Trampoline:
                         out = out.value
                     break
                 # -- the next inline leaf -----------------------------------
-                # After a look that found nothing to hand out, the next comes
-                # 64 calls later, idle or not meanwhile (counting only idle
-                # calls, a count pushed now and then would never get there).
-                calm -= 1
-                if idle.n > 0 and calm <= 0:
+                # A look that found nothing to hand out (every frame's calls
+                # started, but top's next) finds nothing until a yield of two
+                # or more calls: the next look comes at that yield's first.
+                if not i and end > 1:
+                    barren = False
+                if idle.n > 0 and not barren:
                     batches = self._steal(idle.n)
                     if batches:
                         return Submit(batches, False, top)
                     todo = top.todo
                     end = len(todo)
-                    calm = 64  # nothing to hand out: look again in 64 calls
+                    barren = True
                 pos = todo[i]
                 top.next = i + 1
                 leaf = leaves[pos]
