@@ -23,6 +23,7 @@ EXPECTED = {
     "coro.inline.enabled": True,
     "coro.inline.stealing": "push",
     "coro.inline.interval": "20ms",
+    "coro.inline.switch-interval": "1ms",
     "coro.durability.hold-children": True,
     "coro.worker-release.enabled": False,
     "coro.lifetimes.retry-delay": "500ms",

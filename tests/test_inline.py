@@ -686,6 +686,15 @@ async def test_the_switch_interval_is_short_while_calls_run_inline(c, s, a):
     assert sys.getswitchinterval() == before
     with dask.config.set({"coro.inline.enabled": False}):
         assert await c.compute(switch_interval()) == before
+    with dask.config.set({"coro.inline.switch-interval": None}):  # leave it alone
+        assert await c.compute(switch_interval()) == before
+    with dask.config.set({"coro.inline.switch-interval": "2ms"}):
+        assert await c.compute(switch_interval()) == 0.002
+    assert sys.getswitchinterval() == before
+    with dask.config.set({"coro.inline.switch-interval": "soon"}):
+        with pytest.raises(ValueError, match=r"coro\.inline\.switch-interval: 'soon' is not a time interval"):
+            await c.compute(switch_interval())
+    assert sys.getswitchinterval() == before
 
 
 def _received(w):

@@ -80,14 +80,39 @@ _QUIET = 1.0  # s without an inline run before a worker stops hearing of idle th
 # too long costs at most that many calls handed out to threads busy again.
 _MIN_HOLD = 0.25
 _CALLS_INTERVAL = 0.5  # s between two reports of the inline calls of a run
-# s: the interpreter's switch interval while calls run inline in this process.
-# A thread running Python code keeps the GIL until another has waited this
-# long for it, and the event loop's thread gives it up at every system call:
-# with CPython's default of 5 ms, a push of idle threads or a stolen task's message
-# waited some 5-30 ms to be read, handled and sent on while a body ran
-# inline. Switching happens only while a thread waits for the GIL.
-_SWITCH_INTERVAL = 0.001
-_switching = [0, 0.0]  # inline runs in this process (all its workers); the interval before
+
+
+class _SwitchInterval:
+    """The interpreter's switch interval while calls run inline in this
+    process (``coro.inline.switch-interval``). A thread running Python code
+    keeps the GIL until another has waited this long for it, and the event
+    loop's thread gives it up at every system call: with CPython's default of
+    5 ms, a push of idle threads or a stolen task's message waited some 5-30
+    ms to be read, handled and sent on while a body ran inline. Set when the
+    process's first inline run starts (all its workers share the interpreter),
+    put back when its last ends, unless someone else changed it meanwhile."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.before = 0.0
+        self.set_to: float | None = None
+
+    def enter(self, interval: float | None) -> None:
+        if not self.runs:
+            self.before = sys.getswitchinterval()
+            self.set_to = None
+            if interval and interval < self.before:
+                sys.setswitchinterval(interval)
+                self.set_to = sys.getswitchinterval()
+        self.runs += 1
+
+    def exit(self) -> None:
+        self.runs -= 1
+        if not self.runs and self.set_to is not None and sys.getswitchinterval() == self.set_to:
+            sys.setswitchinterval(self.before)
+
+
+_switching = _SwitchInterval()
 
 
 def run_if_on_worker(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -160,21 +185,16 @@ class _KeyWatcher(WorkerPlugin):
         # order), and stands.
         if self.pushes == self.pushes_at_exec:
             self.handed(self.idle.n)
+        switch = _config.get_timedelta("coro.inline.switch-interval", allow_none=True)
         self.inline_runs += 1
-        if not _switching[0]:
-            _switching[1] = sys.getswitchinterval()
-            if _switching[1] > _SWITCH_INTERVAL:
-                sys.setswitchinterval(_SWITCH_INTERVAL)
-        _switching[0] += 1
+        _switching.enter(switch)
         if self.stealer is None or self.stealer.done():
             steal = self._subscribed if mode == "push" else self._poll
             self.stealer = asyncio.ensure_future(steal(worker))
 
     def inline_ended(self) -> None:
         self.inline_runs -= 1
-        _switching[0] -= 1
-        if not _switching[0] and sys.getswitchinterval() == min(_switching[1], _SWITCH_INTERVAL):
-            sys.setswitchinterval(_switching[1])  # unless someone else set it meanwhile
+        _switching.exit()
         self.inline_ended_at = time()
 
     def handed(self, n: int) -> None:
