@@ -97,7 +97,10 @@ async def reach(address: str, security: Any, timeout: float) -> None:
             f"in {probe_budget:.1f} s; {found}"
         ) from None
     except OSError as e:  # distributed's connect gave up: the connection was never made
-        if _cause(e, ConnectionRefusedError) is not None:
+        # distributed retries a refused connection until its timeout; on a
+        # loaded machine its last try may end in a timeout instead, so ask once
+        # more, plainly, whether the port refuses.
+        if _cause(e, ConnectionRefusedError) is not None or await _refuses(address, sniff_budget):
             raise Unreachable(f"{cannot}: nothing listens there (connection refused)") from None
         if (gai := _cause(e, socket.gaierror)) is not None:
             raise Unreachable(f"{cannot}: its host name does not resolve ({gai})") from None
@@ -169,6 +172,21 @@ async def _sniff(address: str, scheme: str, budget: float) -> str:
     if scheme not in ("tls", "wss") and await _speaks_tls(host, port, left()):
         return "it is a TLS server: use a tls:// address, with TLS credentials"
     return "it sends nothing, and answers no HTTP request"
+
+
+async def _refuses(address: str, budget: float) -> bool:
+    """Whether a plain TCP connection to ``address`` is refused within ``budget`` s."""
+    from distributed.comm import get_address_host_port
+
+    try:
+        host, port = get_address_host_port(address)
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), budget)
+    except ConnectionRefusedError:
+        return True
+    except (OSError, ValueError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    return False
 
 
 def _what(data: bytes, scheme: str) -> str:

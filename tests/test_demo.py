@@ -101,6 +101,25 @@ def test_closed_port():
            "cannot reach a scheduler at", "nothing listens there (connection refused)")
 
 
+def test_closed_port_when_distributed_gives_up_with_a_timeout(monkeypatch):
+    """On a loaded machine distributed's connect, retrying a refused port, may
+    give up on a timed-out try: the port is asked once more, plainly."""
+    import asyncio
+
+    import distributed
+    import distributed.comm
+
+    from dask_coro._reach import Unreachable, reach
+
+    async def timed_out(address, timeout=None, **kwargs):
+        raise OSError(f"Timed out trying to connect to {address}") from TimeoutError()
+
+    monkeypatch.setattr(distributed.comm, "connect", timed_out)
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    with pytest.raises(Unreachable, match=r"nothing listens there \(connection refused\)"):
+        asyncio.run(reach(address, distributed.Security(), 1.0))
+
+
 def test_server_sending_garbage():
     # What it sends first is read as the length of a message: 0x6f6c6c6568 ...
     # bytes, exabytes, which distributed fails to allocate (a MemoryError).
