@@ -7,9 +7,9 @@ Anything that blocks a worker thread is released in a ``finally`` so that
 gen_cluster's thread-leak check and worker shutdown never hang.
 
 Nanny workers are separate processes, and a coroutine defined in a test
-travels by value (``runtime.byvalue``): children record what they did in
-files under ``tmp_path`` or in ``distributed.Event`` objects, never in module
-state.
+function travels by value (each task gets its own copy of what it uses):
+children record what they did in files under ``tmp_path`` or in
+``distributed.Event`` objects, never in module state.
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ from .._internals.dask_private import DataNode, Task, annotations_in_effect, del
 from ..core.classify import classifier, is_lazy
 from ..core.engine import NOT_DONE, Frame, Idle, Request, Trampoline
 from ..core.plan import func_token
-from .byvalue import by_value
 from .ops import BuiltLazily, bind_operators
 
 
@@ -228,7 +227,7 @@ class CoroutineTask:
                 wrapper = getattr(wrapper, part, None)
             if isinstance(wrapper, CoroutineFunction) and wrapper.__wrapped__ is self.func:
                 return _task_by_name, (module, qualname, self.key)
-        return CoroutineTask, (by_value(self.func), self.key)  # loaded once per process
+        return CoroutineTask, (self.func, self.key)
 
     def __dask_tokenize__(self) -> tuple[str, str]:
         # What it computes, not its key: a child's key holds a token of its
