@@ -412,13 +412,14 @@ async def test_sibling_that_resolves_a_promise_another_waits_on(c, s, a):
 
 
 @pytest.mark.timeout(60)
-@cluster(nthreads=[("", 2)])
+@cluster(nthreads=[("", 1)])
 async def test_sibling_that_sets_an_event_another_blocks_on(c, s, a):
     """A documented limit: an inline call that blocks its thread on something
     only a later sibling provides waits out its own timeout, because the
     sibling is handed out between calls, never during one. The fix docs/limitations.md
     names: ``inline=False`` on the waiter, which then is a task (started
-    before the inline sibling runs)."""
+    before the inline sibling runs). One thread: with an idle one, a push
+    arriving before the waiter starts would hand the setter out first."""
     name = f"ev-{uuid.uuid4().hex}"
     got = await asyncio.wait_for(c.compute(event_siblings(name, 0.5)), 30)
     assert got == [False, "set"]
