@@ -208,8 +208,14 @@ async def test_a_re_run_that_yields_something_else_is_reported_and_never_mixed(c
         assert await fut == [1, 12 * 12]
     runs = [line.split(" ", 1)[0] for line in _lines(folder, "runs")]
     # The same call was found in memory (its worker survived) or computed
-    # again with its worker; the other call was computed anew.
-    assert runs.count("12") == 1 and runs.count("2") == 1 and 1 <= runs.count("1") <= 2
+    # again with its worker; the other call was computed anew. The first
+    # run's child(2), lost with its worker, is let go of, but may run once
+    # more: distributed recommends recomputing a wanted key in the very
+    # transitions that report it lost (Scheduler.remove_worker,
+    # transition_memory_released), before a plugin may drop its hold, and a
+    # worker may start it before the release reaches it. Its result is never
+    # used (the value above is the re-run's).
+    assert runs.count("12") == 1 and 1 <= runs.count("2") <= 2 and 1 <= runs.count("1") <= 2
     # Reported: in the scheduler's log and in tree().
     text = log.getvalue()
     assert "re-ran and yielded something else" in text and "'drifting'" in text, text

@@ -78,7 +78,10 @@ class DurablePlugin(SchedulerPlugin):
             self._credit(parent)
         if start == "memory" and finish == "released":
             # Its data died with a worker: held no more, so that it is not
-            # computed again for nobody (a re-run yielding it asks anew).
+            # kept computing for nobody (a re-run yielding it asks anew). The
+            # transitions reporting the loss have already recommended it
+            # "waiting" (transition_memory_released: it was wanted), so it may
+            # be sent to a worker once before this release gets there.
             parent = self.book.lost(key)
             if parent is not None:
                 asyncio.get_running_loop().call_soon(self._let_go_of, parent, key)
