@@ -19,11 +19,11 @@ from dask.typing import Key
 from dask.utils import funcname
 
 from .._exceptions import Rejected
-from .._internals.dask_private import DataNode, Task, annotations_in_effect, delayed_slot
+from .._internals.dask_private import DataNode, Task, annotations_in_effect
 from ..core.classify import classifier, is_lazy
 from ..core.engine import NOT_DONE, Frame, Idle, Request, Trampoline
 from ..core.plan import func_token
-from .ops import BuiltLazily, bind_operators
+from .ops import _DASK, _KEY, _LENGTH, BuiltLazily, bind_operators
 
 
 def gather(x: Any) -> Request:
@@ -36,11 +36,8 @@ def gather(x: Any) -> Request:
     return Request(x)
 
 
-# Delayed's own slots; CoroutineCall fills them when dask first asks for its key
-# or graph (see CoroutineCall._build).
-_KEY = delayed_slot("_key")
-_DASK = delayed_slot("_dask")
-_LENGTH = delayed_slot("_length")
+# Delayed's own slots (runtime.ops holds them): CoroutineCall fills them when
+# dask first asks for its key or graph (see CoroutineCall._build).
 _BUILD_LOCK = threading.RLock()  # building a call builds the calls in its arguments
 
 

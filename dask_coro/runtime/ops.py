@@ -26,6 +26,8 @@ from .._internals.dask_private import DataNode, Task, TaskRef, annotations_in_ef
 from ..core.engine import NOT_DONE, Request
 from ..core.localize import BINARY, COMPARE, UNARY
 
+# Delayed's own slots, filled when dask first asks for a key or graph (here
+# and in runtime.call).
 _KEY = delayed_slot("_key")
 _DASK = delayed_slot("_dask")
 _LENGTH = delayed_slot("_length")
