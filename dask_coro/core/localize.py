@@ -59,8 +59,9 @@ __all__ = ["Local", "analyse", "evaluate"]
 
 #: The operators ``Delayed`` binds (``dask.delayed``, ``Delayed._bind_operator``):
 #: what dask adds to a graph for ``-x``, ``x + y``, ``x < y``, ``x[i]``; the
-#: binary ones have swapped forms too (``0 + x``). ``runtime.ops`` binds the
-#: same on coroutine calls.
+#: arithmetic ones (BINARY) have swapped forms too (``0 + x``), the comparisons
+#: and ``getitem`` (COMPARE) do not. ``runtime.ops`` binds the same on
+#: coroutine calls.
 UNARY: tuple[Callable[..., Any], ...] = (operator.abs, operator.neg, operator.pos, operator.invert)
 BINARY: tuple[Callable[..., Any], ...] = (
     operator.add,

@@ -24,7 +24,6 @@ from dask.delayed import Delayed
 from dask.typing import Key
 from dask.utils import key_split
 
-from .._internals.dask_private import delayed_slot
 from ..core.engine import NOT_DONE, Frame
 from ..core.localize import Local, analyse, evaluate
 from ..core.scope import Scope
@@ -36,13 +35,12 @@ from .call import (
     CoroutineFunction,
     CoroutineTask,
 )
-from .ops import LazyOp
+from .ops import _LENGTH, LazyOp
 
 #: ``fetch(scope, keys)``: the values of ``keys`` (original keys of results of
 #: earlier yields, ``scope.cache.known``) if all can be read here, else None.
 Fetch = Callable[[Scope[Any], list[Key]], "dict[Key, Any] | None"]
 
-_LENGTH = delayed_slot("_length")
 _OBJ: Any = object()  # names of objects in a Local: (_OBJ, id(obj)), never a dask key
 
 
