@@ -125,7 +125,10 @@ async def test_re_run_parent_finds_its_finished_children(c, s, a, b, w3, tmp_pat
             # Finished on a worker that survived: never computed again.
             assert k == 1, (i, k, runs)
         else:
-            assert k <= 2, (i, k)  # its result died with the worker
+            # Its result died with the worker: computed again by the re-run,
+            # and possibly once before, for nobody, by distributed in the
+            # transitions that reported the loss (see the next test).
+            assert k <= 3, (i, k)
     # Nothing is held once the parent ended.
     del fut, gate
     await async_poll_for(lambda: not s.tasks, timeout=30)
