@@ -43,15 +43,16 @@ def test_preloaded_scheduler_has_the_plugins_before_first_use(tmp_path):
     with cli_cluster(tmp_path, 2, scheduler_args=preload, worker_args=preload) as client:
         plugins = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.plugins))
         assert {"dask-coro-lifetimes", "dask-coro-promises", "dask-coro-tree", "dask-coro-durable", "dask-coro-inline"} <= set(plugins)
-        # the scheduler plugin put its worker plugin on every worker
-        wait_until(
-            lambda: all(
-                "dask-coro-lifetimes" in names
-                for names in client.run(lambda dask_worker: list(dask_worker.plugins)).values()
-            ),
-            what="worker plugins",
-        )
+        # the scheduler plugin put its worker plugin on every worker (both
+        # there: a worker that reconnected under load is waited for)
+        def plugged():
+            client.wait_for_workers(2, timeout=60)
+            found = client.run(lambda dask_worker: list(dask_worker.plugins)).values()
+            return len(found) == 2 and all("dask-coro-lifetimes" in names for names in found)
+
+        wait_until(plugged, what="worker plugins")
         n = 100_000
+        client.wait_for_workers(2, timeout=60)
         arr = client.submit(produce, n)
         reads = [
             client.submit(total, arr, workers=[w], pure=False)
