@@ -150,6 +150,15 @@ def test_bad_generator_object():
     g.close()
 
 
+def test_bad_generator_expression():
+    # a generator object, but the mistake is the one of an iterator
+    genexpr = (x for x in [1])
+    msg = _check(genexpr, "a generator expression is an iterator, consumed once; yield a list "
+                 "of its items instead: [f(x) for x in xs], not (f(x) for x in xs)")
+    assert "without @dask_coro.coroutine" not in msg
+    assert "<genexpr> at 0x" in msg
+
+
 def test_bad_coroutine_object():
     c = _acoro()
     try:

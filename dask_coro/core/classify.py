@@ -58,6 +58,13 @@ def _(obj: Any) -> bool:
 @is_lazy.register(types.CoroutineType)
 @is_lazy.register(types.AsyncGeneratorType)
 def _(obj: Any) -> bool:
+    # A generator expression is a generator object too, but no function of the
+    # user's made it: it is an iterator like map(...), and gets that hint.
+    if getattr(getattr(obj, "gi_code", None), "co_name", None) == "<genexpr>":
+        raise Rejected(
+            "a generator expression is an iterator, consumed once; yield a list "
+            "of its items instead: [f(x) for x in xs], not (f(x) for x in xs)"
+        )
     raise Rejected(
         "did you call a generator or async function without @dask_coro.coroutine?"
     )
