@@ -92,9 +92,15 @@ def _connect(args: argparse.Namespace):
 def _dashboard(client, timeout: float) -> str:
     """The scheduler's dashboard link, if it serves a dashboard there. Its
     HTTP server is listed as its "dashboard" service even when started with
-    --no-dashboard (it serves /health and metrics), so ask the page."""
+    --no-dashboard (it serves /health and metrics), so ask the page. Without
+    bokeh the scheduler serves a page saying to install it instead (and no
+    Coroutines page): then no link, but the extra that brings bokeh."""
+    import json
     import urllib.error
+    import urllib.parse
     import urllib.request
+
+    from distributed.versions import BOKEH_REQUIREMENT
 
     if "dashboard" not in client.scheduler_info().get("services", {}):
         return "none"
@@ -104,18 +110,44 @@ def _dashboard(client, timeout: float) -> str:
         return f"unknown (distributed.dashboard.link: no {e})"
     try:
         with urllib.request.urlopen(link, timeout=timeout):
-            return link
+            pass
+        # The list of the dashboard's single plots, beside its status page: {}
+        # when the scheduler has no Bokeh application (distributed.http.
+        # scheduler.info.IndividualPlots), as without bokeh, where distributed
+        # serves distributed.http.scheduler.missing_bokeh at the link instead.
+        plots = urllib.parse.urljoin(link, "individual-plots.json")
+        with urllib.request.urlopen(plots, timeout=timeout) as answer:
+            bokeh = json.loads(answer.read()) != {}
     except urllib.error.HTTPError as e:
         if e.code == 404:
             return "none (the scheduler runs without one)"
         return f"{link} (it answers HTTP {e.code})"
     except (OSError, ValueError) as e:
         return f"{link} (not reachable from here: {getattr(e, 'reason', e)})"
+    if not bokeh:
+        return (
+            f"none (it needs {BOKEH_REQUIREMENT} where the scheduler runs: "
+            f"pip install \".[dashboard]\" in a clone of dask_coro, or pip install \"{BOKEH_REQUIREMENT}\")"
+        )
+    return link
+
+
+def _prog() -> str:
+    """The command as it was typed: ``dask-coro`` for the console script,
+    ``python -m dask_coro`` for the module (whose argv[0] is its file)."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if not name or name == "__main__.py":
+        return "python -m dask_coro"
+    return name
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m dask_coro",
+        prog=_prog(),
         description="Run the dask_coro demo (fib, async fib, process_all, a "
         "promise, shared memory).",
         formatter_class=_Help,
@@ -161,6 +193,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from distributed import Client, LocalCluster
 
+    if not args.address:  # the demo's own cluster
+        for option, value in (("--workers", args.workers), ("--threads", args.threads)):
+            if value < 1:
+                # a cluster with no worker (or thread) would wait forever on fib
+                _error(f"{option} must be at least 1, not {value}")
+                return 2
     if args.address:
         client = _connect(args)
         if client is None:
@@ -175,9 +213,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         client = Client(cluster)
     with client:
-        nthreads = sum(client.nthreads().values())
-        print(f"dask_coro {dask_coro.__version__} on {len(client.nthreads())} workers, "
-              f"{nthreads} threads; dashboard: {_dashboard(client, args.timeout)}", flush=True)
+        nthreads = client.nthreads()
+        print(f"dask_coro {dask_coro.__version__} on {_plural(len(nthreads), 'worker')}, "
+              f"{_plural(sum(nthreads.values()), 'thread')}; "
+              f"dashboard: {_dashboard(client, args.timeout)}", flush=True)
         _timed(f"fib({args.n})", lambda: fib(args.n).compute())
         _timed(f"afib({args.n})", lambda: client.compute(afib(args.n)).result())
         _timed("process_all()", lambda: process_all().compute())
@@ -185,7 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             from dask_coro import shm
         except ImportError:
-            print("shared memory: skipped (pip install 'dask-coro[shm]' for NumPy)")
+            # dask_coro is installed from its clone (it is not on PyPI)
+            print('shared memory: skipped (it needs NumPy: pip install ".[shm]" in a clone '
+                  "of dask_coro, or pip install numpy)")
         else:
             from dask_coro.examples import shared_totals
 
