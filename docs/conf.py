@@ -47,3 +47,25 @@ html_title = f"dask_coro {release}"
 html_theme = "alabaster"
 # Wide enough for the tables of configuration and misuse.
 html_theme_options = {"page_width": "1100px", "sidebar_width": "240px"}
+
+
+# The site's start page is docs/index.html (the pages keep their folders, see
+# above); the build's root gets an index.html that sends a browser there, so
+# the folder sphinx-build wrote opens at its root as any site does.
+_START = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>dask_coro</title>
+<meta http-equiv="refresh" content="0; url=docs/index.html"></head>
+<body><p><a href="docs/index.html">dask_coro's documentation</a></p></body></html>
+"""
+
+
+def _write_start_page(app, exception):
+    import os
+
+    if exception is None and app.builder.format == "html":
+        with open(os.path.join(app.outdir, "index.html"), "w", encoding="utf-8") as f:
+            f.write(_START)
+
+
+def setup(app):
+    app.connect("build-finished", _write_start_page)
