@@ -18,11 +18,22 @@ running the notebook sees them, but their timestamps and tracebacks are the
 machine's. So is the elapsed time at the end of ``dask_coro.progress``'s bar:
 the time a shared, loaded machine took is no claim about speed (benchmarks/
 measures that).
+
+A fresh run must show what the stored notebook shows (``comparable``): the
+same outputs, the same text, apart from values that differ between runs by
+design. Those are masked: object addresses and hex tokens (task keys,
+segment names) everywhere, and what a cell's metadata lists under
+``"varies"`` (regular expressions: a pid, how many calls work stealing took
+from a worker). A cell whose metadata says ``"needs": ["dot"]`` shows
+something else without that program (it says so), and is compared only
+where the program is installed. Pictures are compared by kind only (a tree's
+picture is labelled with compute times).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import pathlib
@@ -100,6 +111,50 @@ def scrub(nb: Any) -> Any:
             kept.append(out)
         cell["outputs"] = kept
     return nb
+
+
+# Values that differ between runs in every notebook: object addresses in a
+# repr, and the hex tokens of task keys and shared-memory segment names.
+_VARIES = [re.compile(r"0x[0-9a-f]+"), re.compile(r"\b[0-9a-f]{16,}\b")]
+_TEXT = ("text/plain", "text/html", "text/markdown", "application/json")
+
+
+def _masked(text: Any, masks: list[re.Pattern[str]]) -> str:
+    text = text if isinstance(text, str) else json.dumps(text, sort_keys=True)
+    for pattern in masks:
+        text = pattern.sub("…", text)
+    return text
+
+
+def comparable(nb: Any, missing: frozenset[str] = frozenset()) -> list[Any]:
+    """Per code cell, its outputs as (kind, text) pairs with the values that
+    vary by design masked (see the module's docstring); None for a cell that
+    needs a program in ``missing``. Consecutive pieces of one stream are
+    joined: a print may come in one stream output or several."""
+    out: list[Any] = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        if set(cell.metadata.get("needs", [])) & missing:
+            out.append(None)
+            continue
+        masks = [*(re.compile(p) for p in cell.metadata.get("varies", [])), *_VARIES]
+        mask = functools.partial(_masked, masks=masks)
+        items: list[tuple[str, str]] = []
+        for o in cell.get("outputs", []):
+            kind = o.get("output_type")
+            if kind == "stream":
+                if items and items[-1][0] == o["name"]:
+                    items[-1] = (o["name"], items[-1][1] + mask(o["text"]))
+                else:
+                    items.append((o["name"], mask(o["text"])))
+            elif kind == "error":
+                items.append(("error", f"{o.get('ename')}: {mask(o.get('evalue', ''))}"))
+            else:
+                for mime, value in sorted(o.get("data", {}).items()):
+                    items.append((mime, mask(value) if mime in _TEXT else ""))
+        out.append(items)
+    return out
 
 
 def problems(nb: Any) -> list[str]:

@@ -132,7 +132,7 @@ class Tree:
         except ImportError:
             raise ImportError(
                 "Tree.visualize needs the graphviz Python package and Graphviz's "
-                "'dot': pip install 'dask-coro[diagnostics]' (and Graphviz, e.g. "
+                "'dot': pip install \".[diagnostics]\" in a clone of dask_coro (and Graphviz, e.g. "
                 "apt install graphviz)"
             ) from None
         g = graphviz.Digraph(graph_attr={"rankdir": rankdir}, node_attr={"shape": "box", "style": "filled"})
