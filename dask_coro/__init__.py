@@ -24,6 +24,7 @@ from .runtime.call import coroutine as coroutine
 from .runtime.call import gather as gather
 from .runtime.result import result as result
 
+# The one place the version is written: pyproject.toml reads it from here.
 __version__ = "0.1.0"
 
 # dask/distributed #1663 sketched coroutine tasks as ``@dask.coroutine``: after

@@ -60,7 +60,7 @@ def test_demo_of_a_base_install():
     its cluster's scheduler runs) the demo names the extra each would come
     from, and prints no dashboard link: there distributed serves only a page
     saying to install bokeh, and no Coroutines page."""
-    import tomllib
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
     code = (
         "import sys; sys.modules['bokeh'] = None; sys.modules['numpy'] = None\n"

@@ -1,0 +1,60 @@
+"""The package as it is built and released: what pyproject.toml puts in the
+wheel, where the version is written, the changelog's release sections. CI
+builds the wheel and runs the demo and tests/smoke_installed.py from it in a
+fresh environment (.ci/run); these checks say the same things sooner."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+import dask_coro
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+; reads pyproject.toml
+ROOT = pathlib.Path(__file__).parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_every_file_of_the_package_is_in_the_wheel():
+    # setuptools puts the .py files of the packages found in the wheel, and of
+    # the other files only those package-data lists: one left out would be
+    # missing from an installed dask_coro (as coro.yaml's defaults would).
+    data = PYPROJECT["tool"]["setuptools"]["package-data"]["dask_coro"]
+    package = ROOT / "dask_coro"
+    others = {
+        str(p.relative_to(package)) for p in package.rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+    }
+    assert others, "dask_coro has no files but code: coro.yaml, coro-schema.yaml and py.typed are"
+    assert others <= set(data), sorted(others - set(data))
+    assert set(PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]) == {"dask_coro*"}
+
+
+def test_the_version_is_written_once():
+    project = PYPROJECT["project"]
+    assert "version" not in project and "version" in project["dynamic"]
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "dask_coro.__version__"}
+    # setuptools reads it without importing the package: a plain string literal
+    source = (ROOT / "dask_coro" / "__init__.py").read_text()
+    assert re.findall(r'^__version__ = "([^"]+)"$', source, re.M) == [dask_coro.__version__]
+    written = [p.relative_to(ROOT) for p in [*ROOT.glob("*.toml"), *ROOT.glob("dask_coro/**/*.py"),
+                                            ROOT / "docs" / "conf.py"]
+               if re.search(rf'["\']{re.escape(dask_coro.__version__)}["\']', p.read_text())]
+    assert written == [pathlib.Path("dask_coro/__init__.py")]
+
+
+def test_the_changelog_has_the_release_and_an_unreleased_section():
+    sections = re.findall(r"^## (.+)$", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert sections[0] == "Unreleased", sections
+    released = [s for s in sections[1:] if s.split()[0] == dask_coro.__version__]
+    assert len(released) == 1, (dask_coro.__version__, sections)
+    # a release section carries its date, not "(unreleased)"
+    assert re.fullmatch(rf"{re.escape(dask_coro.__version__)} \(\d{{4}}-\d\d-\d\d\)", released[0]), released[0]
+
+
+def test_extras_name_what_the_demo_says():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert extras["shm"] == ["numpy"] and extras["dashboard"] == ["bokeh>=3.1.0"]
+    assert any(r.startswith("build") for r in extras["release"])  # CI builds with it
