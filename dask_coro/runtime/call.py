@@ -20,6 +20,7 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.typing import Key
 from dask.utils import funcname
 
+from .. import _config
 from .._exceptions import Rejected
 from .._internals.dask_private import DataNode, Task, annotations_in_effect
 from ..core.classify import classifier, is_lazy
@@ -208,6 +209,10 @@ class CoroutineTask:
         return CoroutineTask(self.func, key)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Every coro.* setting here, before anything runs: a bad one fails
+        # this task, and so reaches whoever computes it (a cheap comparison
+        # while the settings stay as last checked).
+        _config.check()
         on_worker, local = self.runners
         awaitable = on_worker(self, args, kwargs)
         if awaitable is not None:
