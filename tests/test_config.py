@@ -467,3 +467,46 @@ def test_a_plugin_that_cannot_be_installed_fails_the_computation(plugin, config,
         assert cls.name in s.plugins
 
     run()
+
+
+@pytest.mark.parametrize("asked_again", [False, True])
+def test_a_task_released_while_its_worker_installs_the_plugins(asked_again, monkeypatch):
+    # The first coroutine on a worker waits for the installs; its key may be
+    # cancelled meanwhile (and perhaps asked for again) before its body runs.
+    import asyncio
+
+    from distributed.utils_test import async_poll_for
+
+    from dask_coro.diagnostics.scheduler import TreePlugin
+
+    @gen_cluster(client=True, nthreads=[("", 1)])
+    async def run(c, s, a):
+        started, gate = asyncio.Event(), asyncio.Event()
+        original = TreePlugin.start
+
+        async def slow(self, scheduler):
+            started.set()
+            await gate.wait()
+            await original(self, scheduler)
+
+        monkeypatch.setattr(TreePlugin, "start", slow)
+        call = two_children(1)
+        fut = c.compute(call)
+        key = fut.key
+        await started.wait()
+        assert a.state.tasks[key].state == "executing"
+        await fut.cancel()
+        del fut
+        await async_poll_for(lambda: key not in s.tasks, timeout=10)
+        assert a.state.tasks[key].state == "cancelled"
+        again = c.compute(call) if asked_again else None
+        if asked_again:
+            await async_poll_for(lambda: a.state.tasks[key].state == "executing", timeout=10)
+        gate.set()
+        if asked_again:
+            assert await again == 5
+            del again
+        await async_poll_for(lambda: not s.tasks and not a.state.tasks, timeout=10)
+        assert await c.compute(two_children(2)) == 7
+
+    run()

@@ -139,7 +139,14 @@ async def _started(worker: Worker, task: CoroutineTask, args: tuple[Any, ...], k
     """Run ``task`` once the scheduler plugins this worker's settings ask
     for are installed: a plugin that cannot be fails the task, before its
     body runs (``_KeyWatcher.install_plugins``)."""
-    await _watcher(worker).install_plugins(worker)
+    if await _watcher(worker).install_plugins(worker):
+        # We waited (the first coroutine here): the key may have been
+        # released meanwhile, and perhaps asked for again.
+        state = private.worker_task_state(worker, task.key)
+        if state == "resumed":
+            raise Reschedule()
+        if state != "executing":
+            raise CoroutineCancelledError(f"coroutine {task.key!r} was cancelled")
     return await _Run(worker, task).main(args, kwargs)
 
 
@@ -212,10 +219,11 @@ class _KeyWatcher(WorkerPlugin):
         self.idle.n = max(0, self.idle.n - n)
         self.handed_out = time()
 
-    async def install_plugins(self, worker: Worker) -> None:
+    async def install_plugins(self, worker: Worker) -> bool:
         """Install the scheduler plugins the settings ask for, each once per
         worker (a failed install is tried again by the next task); raise
-        what stops one (``_install``). Nothing to wait for once they are."""
+        what stops one (``_install``). Nothing to wait for once they are;
+        whether it waited."""
         wanted = []
         if _config.get("coro.inline.enabled"):
             self.inline_plugin = _installing(self.inline_plugin, worker, InlinePlugin)
@@ -229,9 +237,12 @@ class _KeyWatcher(WorkerPlugin):
         if _config.get("coro.worker-release.enabled"):
             self.release = _installing(self.release, worker, ReleasePlugin)
             wanted.append(self.release)
+        waited = False
         for fut in wanted:
             if not fut.done() or fut.cancelled() or fut.exception() is not None:
+                waited = True
                 await asyncio.shield(fut)
+        return waited
 
     async def _installed(self, worker: Worker) -> bool:
         fut = self.inline_plugin
