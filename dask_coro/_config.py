@@ -107,9 +107,23 @@ def get_choice(key: str, choices: tuple[str, ...]) -> str:
     return str(value)
 
 
+#: JSON schema types, as Python types (a bool is no number here).
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "number": (int, float),
+    "integer": (int,),
+    "boolean": (bool,),
+    "null": (type(None),),
+    "object": (dict,),
+    "array": (list, tuple),
+}
+
+
 def check_value(key: str, value: Any) -> None:
     """Raise a ValueError naming ``key`` and ``value`` unless the value is
-    one ``coro-schema.yaml`` allows for the setting ``key``."""
+    one ``coro-schema.yaml`` allows for the setting ``key``: its ``type``,
+    ``enum`` and ``minimum``, and ``format: time-interval`` (what
+    ``get_timedelta`` reads)."""
     entry = SETTINGS[key]
     types = entry["type"] if isinstance(entry["type"], list) else [entry["type"]]
     if value is None and "null" in types:
@@ -118,7 +132,7 @@ def check_value(key: str, value: Any) -> None:
         _seconds(key, value)
     elif "enum" in entry:
         if value not in entry["enum"]:
-            raise ValueError(f"{key}: {value!r} is not one of {', '.join(entry['enum'])}")
+            raise ValueError(f"{key}: {value!r} is not one of {', '.join(map(str, entry['enum']))}")
     elif types == ["boolean"]:
         if not isinstance(value, bool):
             raise ValueError(
@@ -129,8 +143,17 @@ def check_value(key: str, value: Any) -> None:
         low = entry.get("minimum", 0)
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"{key}: {value!r} is not a whole number of {low} or more")
-    else:  # pragma: no cover - a schema entry of a kind this function lacks
-        raise AssertionError(f"no check for {key}'s schema entry {entry!r}")
+    else:  # any other entry: its JSON types, and its minimum
+        ok = any(
+            isinstance(value, _JSON_TYPES[t]) and not (isinstance(value, bool) and t != "boolean")
+            for t in types
+        )
+        low = entry.get("minimum")
+        if ok and low is not None and isinstance(value, (int, float)) and not value >= low:
+            ok = False
+        if not ok:
+            bound = f" of {low} or more" if low is not None else ""
+            raise ValueError(f"{key}: {value!r} is not a {' or '.join(types)}{bound}")
 
 
 def get_checked(key: str) -> Any:

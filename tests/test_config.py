@@ -510,3 +510,20 @@ def test_a_task_released_while_its_worker_installs_the_plugins(asked_again, monk
         assert await c.compute(two_children(2)) == 7
 
     run()
+
+
+def test_a_setting_of_another_schema_kind_is_checked_by_its_json_type(monkeypatch):
+    # A setting added later with a plain schema entry is held to its types
+    # and minimum, not refused by the check (every coroutine task runs it).
+    monkeypatch.setitem(_config.SETTINGS, "coro.extra.ratio", {"type": ["number", "null"], "minimum": 0})
+    monkeypatch.setitem(_config.SETTINGS, "coro.extra.label", {"type": "string"})
+    for key, value in [("coro.extra.ratio", 0.5), ("coro.extra.ratio", None), ("coro.extra.label", "x")]:
+        _config.check_value(key, value)
+    for key, value, message in [
+        ("coro.extra.ratio", -1, "coro.extra.ratio: -1 is not a number or null of 0 or more"),
+        ("coro.extra.ratio", True, "coro.extra.ratio: True is not a number or null of 0 or more"),
+        ("coro.extra.label", 3, "coro.extra.label: 3 is not a string"),
+    ]:
+        with pytest.raises(ValueError) as info:
+            _config.check_value(key, value)
+        assert str(info.value) == message
