@@ -527,3 +527,22 @@ def test_a_setting_of_another_schema_kind_is_checked_by_its_json_type(monkeypatc
         with pytest.raises(ValueError) as info:
             _config.check_value(key, value)
         assert str(info.value) == message
+
+
+def test_a_bad_setting_in_a_worker_process_fails_the_computation():
+    # A worker process of its own, whose configuration says 'false' (as an
+    # environment variable DASK_CORO__TREE__ENABLED=false would: lowercase
+    # false is no Python literal, so dask reads the string). A Nanny hands its
+    # worker the configuration in effect when the Nanny is made.
+    from distributed import LocalCluster
+
+    with dask.config.set({"coro.tree.enabled": "false"}):
+        lc = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0")
+    with lc, Client(lc) as c:
+        with pytest.raises(ValueError) as info:
+            c.compute(two_children(1)).result()
+        assert str(info.value) == (
+            "coro.tree.enabled: 'false' is not true or false (in an environment "
+            "variable, write True or False)"
+        )
+        assert c.submit(sum, [1, 2]).result() == 3  # plain tasks run on
