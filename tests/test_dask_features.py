@@ -55,7 +55,10 @@ def on_cluster(nthreads=(2,), **kwargs):
         @pytest.mark.parametrize("inline", [True, False], ids=["inline", "tasks"])
         def run(inline):
             config = {"coro.inline.enabled": inline}
-            gen_cluster(client=True, nthreads=[("", n) for n in nthreads], config=config, **kwargs)(test)()
+            # timeout: a bound above the primitives' own TIMEOUT on a busy machine.
+            gen_cluster(
+                client=True, nthreads=[("", n) for n in nthreads], config=config, timeout=90, **kwargs
+            )(test)()
 
         run.__name__ = test.__name__
         return run
