@@ -500,6 +500,13 @@ def coroutine(
     - a plain function: it runs as a task, and may wait at any call depth
       with ``dask_coro.result(x)`` (a yield, from plain code).
 
+    The kind is the function's (``body_kind``), not what a call returns: a
+    plain function that returns a generator object returns it as its value,
+    as ``dask.delayed(f)`` does. ``func`` may be any callable
+    ``dask.delayed`` takes: a ``functools.partial``, a bound method, a
+    builtin, a class, a numpy function, ``operator.itemgetter(1)``, an
+    object with ``__call__`` (hashable or not).
+
     What may be yielded: ``Delayed`` objects and coroutine calls, ``Future``
     objects, any dask collection (its computed result comes back), plain
     values (returned as is), and lists, tuples and dicts nesting any of these.
