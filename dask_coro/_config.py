@@ -4,11 +4,17 @@ The defaults (``coro.yaml``, next to this module) are added to dask's at
 ``import dask_coro``, as distributed does with ``distributed.yaml``; a user's
 YAML files, ``DASK_CORO__...`` environment variables and ``dask.config.set``
 take precedence. Settings are read where they are used, when they are used.
-``coro-schema.yaml`` describes each of them.
+``coro-schema.yaml`` describes each of them, and ``check`` holds every value
+to it, where a computation starts (the runners call it), so a bad value
+fails the computation that would use it with a ``ValueError`` naming the
+setting and the value, raised at the client, rather than being logged in a
+background task.
 """
 
 from __future__ import annotations
 
+import copy
+import difflib
 import os
 from typing import Any, overload
 
@@ -23,7 +29,32 @@ SCHEMA_FILE = os.path.join(HERE, "coro-schema.yaml")
 with open(DEFAULTS_FILE) as f:
     defaults = yaml.safe_load(f)
 
+with open(SCHEMA_FILE) as f:
+    schema = yaml.safe_load(f)
+
 dask.config.update_defaults(defaults)
+
+
+def _leaves(entry: dict[str, Any], prefix: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, sub in entry["properties"].items():
+        if sub.get("type") == "object" and "properties" in sub:
+            out.update(_leaves(sub, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = sub
+    return out
+
+
+#: Every setting, ``"coro.inline.interval"``, with its schema entry.
+SETTINGS = _leaves(schema, "")
+
+
+def defaults_of(key: str) -> Any:
+    """The default of setting ``key`` (coro.yaml's)."""
+    default: Any = defaults
+    for part in key.split("."):
+        default = default[part]  # KeyError: not one of ours
+    return default
 
 
 def get(key: str) -> Any:
@@ -34,10 +65,7 @@ def get(key: str) -> Any:
     a copy taken when ``distributed.utils_test`` was imported, which lacks the
     ``coro`` defaults if that was before ``import dask_coro``.
     """
-    default: Any = defaults
-    for part in key.split("."):
-        default = default[part]  # KeyError: not one of ours
-    return dask.config.get(key, default=default)
+    return dask.config.get(key, default=defaults_of(key))
 
 
 @overload
@@ -54,6 +82,10 @@ def get_timedelta(key: str, *, allow_none: bool = False) -> float | None:
     value = get(key)
     if value is None and allow_none:
         return None
+    return _seconds(key, value)
+
+
+def _seconds(key: str, value: Any) -> float:
     error = ValueError(f"{key}: {value!r} is not a time interval")
     if value is None or isinstance(value, bool):
         raise error
@@ -73,3 +105,101 @@ def get_choice(key: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{key}: {value!r} is not one of {', '.join(choices)}")
     return str(value)
+
+
+#: JSON schema types, as Python types (a bool is no number here).
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "number": (int, float),
+    "integer": (int,),
+    "boolean": (bool,),
+    "null": (type(None),),
+    "object": (dict,),
+    "array": (list, tuple),
+}
+
+
+def check_value(key: str, value: Any) -> None:
+    """Raise a ValueError naming ``key`` and ``value`` unless the value is
+    one ``coro-schema.yaml`` allows for the setting ``key``: its ``type``,
+    ``enum`` and ``minimum``, and ``format: time-interval`` (what
+    ``get_timedelta`` reads)."""
+    entry = SETTINGS[key]
+    types = entry["type"] if isinstance(entry["type"], list) else [entry["type"]]
+    if value is None and "null" in types:
+        return
+    if entry.get("format") == "time-interval":
+        _seconds(key, value)
+    elif "enum" in entry:
+        if value not in entry["enum"]:
+            raise ValueError(f"{key}: {value!r} is not one of {', '.join(map(str, entry['enum']))}")
+    elif types == ["boolean"]:
+        if not isinstance(value, bool):
+            raise ValueError(
+                f"{key}: {value!r} is not true or false (in an environment "
+                "variable, write True or False)"
+            )
+    elif types == ["integer"]:
+        low = entry.get("minimum", 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{key}: {value!r} is not a whole number of {low} or more")
+    else:  # any other entry: its JSON types, and its minimum
+        ok = any(
+            isinstance(value, _JSON_TYPES[t]) and not (isinstance(value, bool) and t != "boolean")
+            for t in types
+        )
+        low = entry.get("minimum")
+        if ok and low is not None and isinstance(value, (int, float)) and not value >= low:
+            ok = False
+        if not ok:
+            bound = f" of {low} or more" if low is not None else ""
+            raise ValueError(f"{key}: {value!r} is not a {' or '.join(types)}{bound}")
+
+
+def get_checked(key: str) -> Any:
+    """The setting ``key``, held to the schema (``check_value``)."""
+    value = get(key)
+    check_value(key, value)
+    return value
+
+
+def _unknown(config: Any, prefix: str) -> list[str]:
+    """Keys under ``config`` (the ``coro`` part of dask's) no setting has."""
+    out = []
+    for name, value in config.items():
+        key = f"{prefix}{str(name).replace('_', '-')}"
+        if key in SETTINGS:
+            continue
+        if isinstance(value, dict) and any(k.startswith(key + ".") for k in SETTINGS):
+            out.extend(_unknown(value, key + "."))
+        else:
+            out.append(key)
+    return out
+
+
+#: The ``coro`` part of dask's configuration last found valid (a copy).
+_valid: list[Any] = [None]
+
+
+def check() -> None:
+    """Check every ``coro.*`` setting in effect here against the schema.
+
+    Raises a ValueError naming the first bad setting and its value, or a key
+    under ``coro`` that is no setting (a misspelling would otherwise be
+    ignored, and its default used). Cheap when nothing changed since the last
+    check (one comparison of the ``coro`` dicts): the runners call it at the
+    start of each coroutine task.
+    """
+    now = dask.config.config.get("coro")
+    if now == _valid[0]:
+        return
+    if isinstance(now, dict):
+        unknown = _unknown(now, "coro.")
+        if unknown:
+            key = unknown[0]
+            close = difflib.get_close_matches(key, SETTINGS, n=1, cutoff=0.85)
+            hint = f"; did you mean {close[0]}?" if close else f"; the settings are {', '.join(SETTINGS)}"
+            raise ValueError(f"{key} is not a dask_coro setting{hint}")
+    for key in SETTINGS:
+        check_value(key, get(key))
+    _valid[0] = copy.deepcopy(now)

@@ -276,3 +276,273 @@ def test_user_yaml_file_is_picked_up(tmp_path):
         DASK_CONFIG=str(tmp_path),
     )
     assert out.split() == ["0.25", "10s"]
+
+
+# -- every setting is checked where a computation uses it ----------------------------
+
+#: A bad value of each kind of setting the schema describes.
+BAD = {"time-interval": "soon", "boolean": "no", "integer": "many", "enum": "sometimes"}
+
+
+def kind_of(entry: dict) -> str:
+    if entry.get("format") == "time-interval":
+        return "time-interval"
+    if "enum" in entry:
+        return "enum"
+    return entry["type"]
+
+
+@pytest.mark.parametrize("key", sorted(_config.SETTINGS))
+def test_every_setting_is_checked_against_the_schema(key):
+    entry = _config.SETTINGS[key]
+    _config.check_value(key, _config.defaults_of(key))
+    bad = BAD[kind_of(entry)]
+    with pytest.raises(ValueError) as info:
+        _config.check_value(key, bad)
+    assert str(info.value).startswith(f"{key}: {bad!r} is not")
+    with dask.config.set({key: bad}), pytest.raises(ValueError, match=f"^{key}: {bad!r} is not"):
+        _config.check()
+    _config.check()  # and good again
+    jsonschema = pytest.importorskip("jsonschema")
+    nested: dict = {}
+    d = nested
+    *path, last = key.split(".")
+    for part in path:
+        d = d.setdefault(part, {})
+    d[last] = bad
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(nested, load(_config.SCHEMA_FILE))
+
+
+def test_the_schema_settings_are_the_defaults():
+    assert set(_config.SETTINGS) == set(leaves(load(_config.DEFAULTS_FILE)))
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("coro.inline.intervall", "1s", "coro.inline.intervall is not a dask_coro setting; did you mean coro.inline.interval?"),
+        ("coro.tree.enabeld", True, "coro.tree.enabeld is not a dask_coro setting; did you mean coro.tree.enabled?"),
+        ("coro.nothing", 1, "coro.nothing is not a dask_coro setting; the settings are coro.client-batch-interval"),
+    ],
+)
+def test_a_misspelled_setting_is_named(key, value, message):
+    with dask.config.set({key: value}), pytest.raises(ValueError) as info:
+        _config.check()
+    assert str(info.value).startswith(message)
+
+
+def test_underscores_and_hyphens_are_one_key():
+    # As dask.config reads them: DASK_CORO__TREE__MAX_NODES gives max_nodes.
+    with dask.config.set({"coro.tree.max_nodes": 5}):
+        _config.check()
+    with dask.config.set({"coro.tree.max_nodes": -5}), pytest.raises(ValueError, match="max-nodes: -5"):
+        _config.check()
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"coro.inline.interval": "soon"}, "coro.inline.interval: 'soon' is not a time interval"),
+        ({"coro.tree.enabled": "no"}, "coro.tree.enabled: 'no' is not true or false"),
+        ({"coro.tree.max-nodes": "many"}, "coro.tree.max-nodes: 'many' is not a whole number"),
+        ({"coro.inline.stealing": "sometimes"}, "coro.inline.stealing: 'sometimes' is not one of push, poll"),
+    ],
+)
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_bad_setting_fails_a_local_computation(setting, message, inline):
+    with dask.config.set({**setting, "coro.inline.enabled": inline}):
+        with pytest.raises(ValueError, match=message):
+            two_children(1).compute(scheduler="sync")
+        with pytest.raises(ValueError, match=message):
+            dask_coro.result(two_children(1))
+        with pytest.raises(ValueError, match=message):
+            dask.compute(two_children(1), scheduler="threads")
+        assert dask.delayed(sum)([1, 2]).compute(scheduler="sync") == 3  # plain dask is not ours to check
+    assert two_children(1).compute(scheduler="sync") == 5
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"coro.inline.interval": "soon"}, "coro.inline.interval: 'soon' is not a time interval"),
+        ({"coro.durability.hold-children": "yes"}, "coro.durability.hold-children: 'yes' is not true or false"),
+        ({"coro.tree.max-nodes": -1}, "coro.tree.max-nodes: -1 is not a whole number of 0 or more"),
+        ({"coro.lifetimes.leave-timeout": "later"}, "coro.lifetimes.leave-timeout: 'later' is not a time interval"),
+    ],
+)
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_bad_setting_on_the_worker_fails_the_computation_at_the_client(setting, message, inline):
+    @gen_cluster(client=True, nthreads=[("", 1)], config={**setting, "coro.inline.enabled": inline})
+    async def run(c, s, a):
+        with pytest.raises(ValueError, match=message):
+            await c.compute(two_children(1))
+        fut = c.compute(two_children(2))
+        with pytest.raises(ValueError, match=message):
+            await fut.result()
+        # The same program as plain Dask is not affected.
+        assert await c.compute(dask.delayed(sum)([1, 2])) == 3
+        with dask.config.set({**{k: _config.defaults_of(k) for k in setting}}):
+            assert await c.compute(two_children(3)) == 9
+
+    run()
+
+
+@pytest.mark.inline  # the inline plugin is installed when calls may run inline
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        (
+            {"coro.inline.interval": "soon"},
+            "coro.inline.interval: 'soon' is not a time interval (on the scheduler, "
+            "starting dask_coro's dask-coro-inline plugin)",
+        ),
+        (
+            {"coro.tree.max-nodes": "many"},
+            "coro.tree.max-nodes: 'many' is not a whole number of 0 or more (on the "
+            "scheduler, starting dask_coro's dask-coro-tree plugin)",
+        ),
+    ],
+)
+def test_a_bad_setting_on_the_scheduler_fails_the_computation_at_the_client(setting, message):
+    # LocalCluster's scheduler runs in this process, its worker in another,
+    # started with the good settings: only the scheduler reads the bad one,
+    # when the worker's first coroutine installs the plugin that reads it.
+    from distributed import LocalCluster
+
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as lc,
+        Client(lc) as c,
+    ):
+        with dask.config.set(setting):
+            with pytest.raises(ValueError) as info:
+                c.compute(two_children(1)).result()
+            assert str(info.value) == message
+            # Again for the next computation: not only logged once.
+            with pytest.raises(ValueError, match="on the scheduler"):
+                c.compute(two_children(2)).result()
+        assert c.compute(two_children(3)).result() == 9  # installed now
+
+
+@pytest.mark.parametrize(
+    "plugin, config",
+    [
+        ("TreePlugin", {}),
+        ("DurablePlugin", {}),
+        ("InlinePlugin", {"coro.inline.enabled": True}),
+        ("ReleasePlugin", {"coro.worker-release.enabled": True}),
+    ],
+)
+def test_a_plugin_that_cannot_be_installed_fails_the_computation(plugin, config, monkeypatch):
+    from dask_coro import DaskCoroError
+    from dask_coro.diagnostics.scheduler import TreePlugin
+    from dask_coro.durability.scheduler import DurablePlugin
+    from dask_coro.release.scheduler import ReleasePlugin
+    from dask_coro.runtime.scheduler import InlinePlugin
+
+    cls = {p.__name__: p for p in (TreePlugin, DurablePlugin, InlinePlugin, ReleasePlugin)}[plugin]
+    setting = {
+        "TreePlugin": "coro.tree.enabled",
+        "DurablePlugin": "coro.durability.hold-children",
+        "InlinePlugin": "coro.inline.enabled",
+        "ReleasePlugin": "coro.worker-release.enabled",
+    }[plugin]
+
+    async def refuse(self, scheduler):
+        raise RuntimeError("this scheduler cannot run it")
+
+    @gen_cluster(client=True, nthreads=[("", 1)], config=config)
+    async def run(c, s, a):
+        with monkeypatch.context() as m:
+            m.setattr(cls, "start", refuse)
+            with pytest.raises(DaskCoroError) as info:
+                await c.compute(two_children(1))
+        text = str(info.value)
+        assert f"cannot install its scheduler plugin {cls.name!r} from worker {a.address}" in text
+        assert "RuntimeError('this scheduler cannot run it')" in text
+        assert f"set {setting}: false" in text
+        assert cls.name not in s.plugins
+        # Tried again by the next computation, which it lets run now.
+        assert await c.compute(two_children(1)) == 5
+        assert cls.name in s.plugins
+
+    run()
+
+
+@pytest.mark.parametrize("asked_again", [False, True])
+def test_a_task_released_while_its_worker_installs_the_plugins(asked_again, monkeypatch):
+    # The first coroutine on a worker waits for the installs; its key may be
+    # cancelled meanwhile (and perhaps asked for again) before its body runs.
+    import asyncio
+
+    from distributed.utils_test import async_poll_for
+
+    from dask_coro.diagnostics.scheduler import TreePlugin
+
+    @gen_cluster(client=True, nthreads=[("", 1)])
+    async def run(c, s, a):
+        started, gate = asyncio.Event(), asyncio.Event()
+        original = TreePlugin.start
+
+        async def slow(self, scheduler):
+            started.set()
+            await gate.wait()
+            await original(self, scheduler)
+
+        monkeypatch.setattr(TreePlugin, "start", slow)
+        call = two_children(1)
+        fut = c.compute(call)
+        key = fut.key
+        await started.wait()
+        assert a.state.tasks[key].state == "executing"
+        await fut.cancel()
+        del fut
+        await async_poll_for(lambda: key not in s.tasks, timeout=10)
+        assert a.state.tasks[key].state == "cancelled"
+        again = c.compute(call) if asked_again else None
+        if asked_again:
+            await async_poll_for(lambda: a.state.tasks[key].state == "executing", timeout=10)
+        gate.set()
+        if asked_again:
+            assert await again == 5
+            del again
+        await async_poll_for(lambda: not s.tasks and not a.state.tasks, timeout=10)
+        assert await c.compute(two_children(2)) == 7
+
+    run()
+
+
+def test_a_setting_of_another_schema_kind_is_checked_by_its_json_type(monkeypatch):
+    # A setting added later with a plain schema entry is held to its types
+    # and minimum, not refused by the check (every coroutine task runs it).
+    monkeypatch.setitem(_config.SETTINGS, "coro.extra.ratio", {"type": ["number", "null"], "minimum": 0})
+    monkeypatch.setitem(_config.SETTINGS, "coro.extra.label", {"type": "string"})
+    for key, value in [("coro.extra.ratio", 0.5), ("coro.extra.ratio", None), ("coro.extra.label", "x")]:
+        _config.check_value(key, value)
+    for key, value, message in [
+        ("coro.extra.ratio", -1, "coro.extra.ratio: -1 is not a number or null of 0 or more"),
+        ("coro.extra.ratio", True, "coro.extra.ratio: True is not a number or null of 0 or more"),
+        ("coro.extra.label", 3, "coro.extra.label: 3 is not a string"),
+    ]:
+        with pytest.raises(ValueError) as info:
+            _config.check_value(key, value)
+        assert str(info.value) == message
+
+
+def test_a_bad_setting_in_a_worker_process_fails_the_computation():
+    # A worker process of its own, whose configuration says 'false' (as an
+    # environment variable DASK_CORO__TREE__ENABLED=false would: lowercase
+    # false is no Python literal, so dask reads the string). A Nanny hands its
+    # worker the configuration in effect when the Nanny is made.
+    from distributed import LocalCluster
+
+    with dask.config.set({"coro.tree.enabled": "false"}):
+        lc = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0")
+    with lc, Client(lc) as c:
+        with pytest.raises(ValueError) as info:
+            c.compute(two_children(1)).result()
+        assert str(info.value) == (
+            "coro.tree.enabled: 'false' is not true or false (in an environment "
+            "variable, write True or False)"
+        )
+        assert c.submit(sum, [1, 2]).result() == 3  # plain tasks run on

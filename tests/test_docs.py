@@ -22,7 +22,7 @@ def test_api_reference_documents_every_public_name():
 def test_every_page_is_in_the_table_of_contents():
     index = (DOCS / "index.md").read_text()
     pages = {p.stem for p in DOCS.glob("*.md")} - {"index"}
-    listed = set(re.findall(r"^(\w+)$", index, re.M))
+    listed = set(re.findall(r"^([\w-]+)$", index, re.M))
     assert pages <= listed, pages - listed
 
 

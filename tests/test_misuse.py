@@ -17,7 +17,6 @@ import pytest
 from distributed import get_worker
 from helpers import cluster
 
-import dask_coro
 from dask_coro import (
     BadYieldError,
     DaskCoroError,
@@ -100,14 +99,13 @@ def _unpack():
     a, b = one()  # noqa: RUF059 - the unpacking is what raises
 
 
-def _bad_setting():
-    with dask.config.set({"coro.inline.interval": "soon"}):
-        dask_coro._config.get_timedelta("coro.inline.interval")
+def _with_setting(key, value):
+    # Checked when a coroutine task starts, whatever the setting is for.
+    def run():
+        with dask.config.set({key: value}):
+            one().compute(scheduler="sync")
 
-
-def _bad_choice():
-    with dask.config.set({"coro.inline.stealing": "sometimes"}):
-        dask_coro._config.get_choice("coro.inline.stealing", ("push", "poll"))
+    return run
 
 
 def _result_on_loop():
@@ -151,10 +149,14 @@ LOCAL = [
          "tie() ties a resource to a key of a distributed cluster"),
     Case("Promise() without a cluster", Promise, PromiseError,
          "a Promise is a node on a distributed scheduler"),
-    Case("a setting that is not a time", _bad_setting, ValueError,
+    Case("a setting that is not a time", _with_setting("coro.inline.interval", "soon"), ValueError,
          "coro.inline.interval: 'soon' is not a time interval"),
-    Case("a setting that is not one of its choices", _bad_choice, ValueError,
-         "coro.inline.stealing: 'sometimes' is not one of push, poll"),
+    Case("a setting that is not one of its choices", _with_setting("coro.inline.stealing", "sometimes"),
+         ValueError, "coro.inline.stealing: 'sometimes' is not one of push, poll"),
+    Case("a setting that is not true or false", _with_setting("coro.tree.enabled", "no"), ValueError,
+         "coro.tree.enabled: 'no' is not true or false"),
+    Case("a misspelled setting", _with_setting("coro.inline.intervall", "1s"), ValueError,
+         "coro.inline.intervall is not a dask_coro setting; did you mean coro.inline.interval?"),
     Case("shm array of Python objects", lambda: shm.empty(10, dtype=object), TypeError,
          "holds Python objects, which cannot live in shared memory"),
     Case("shm array of a negative shape", lambda: shm.empty(-1), ValueError,
@@ -208,13 +210,28 @@ CLUSTER_MESSAGES = {
     "resolve a promise that has its value": "already has a final value; it cannot be resolved again",
     "tie to a key already forgotten": "which the scheduler has already forgotten; it is released now",
     "a coroutine computed synchronously inside an async task": "was called on a worker's event loop",
+    "a bad setting on a worker": "coro.inline.interval: 'soon' is not a time interval",
+    "a scheduler plugin that cannot be installed": "cannot install its scheduler plugin 'dask-coro-tree'",
 }
+
+
+async def _refuse(self, scheduler):
+    raise RuntimeError("no tree here")
 
 
 @pytest.mark.inline
 @cluster(nthreads=[("", 1)])
-async def test_cluster_misuses(c, s, a):
+async def test_cluster_misuses(c, s, a, monkeypatch):
     msgs = CLUSTER_MESSAGES
+    from dask_coro.diagnostics.scheduler import TreePlugin
+
+    with monkeypatch.context() as m:
+        m.setattr(TreePlugin, "start", _refuse)
+        with pytest.raises(DaskCoroError, match=msgs["a scheduler plugin that cannot be installed"]):
+            await c.compute(one())
+    with dask.config.set({"coro.inline.interval": "soon"}):  # the worker's, in this process
+        with pytest.raises(ValueError, match=msgs["a bad setting on a worker"]):
+            await c.compute(one())
     with pytest.raises(PromiseError, match=msgs["resolve a promise with itself"]):
         await c.compute(resolves_with_itself())
     (p,) = await c.compute(forgets_its_promise())

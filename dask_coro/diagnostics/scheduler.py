@@ -56,7 +56,9 @@ class TreePlugin(SchedulerPlugin):
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
-        self.book.max_nodes = int(_config.get("coro.tree.max-nodes"))
+        # Raises a ValueError naming the setting, failing the install and so
+        # the coroutine task whose worker installs it (runtime.worker._install).
+        self.book.max_nodes = int(_config.get_checked("coro.tree.max-nodes"))
         add_handlers(
             scheduler,
             rpc={"dask_coro_tree": self.handle_tree, "dask_coro_progress": self.handle_progress},

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import sys
 import threading
+import types
 import uuid
 import weakref
 from collections.abc import Callable, Generator
@@ -18,6 +20,7 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.typing import Key
 from dask.utils import funcname
 
+from .. import _config
 from .._exceptions import Rejected
 from .._internals.dask_private import DataNode, Task, annotations_in_effect
 from ..core.classify import classifier, is_lazy
@@ -163,7 +166,7 @@ def _graph(fn: CoroutineFunction, key: Any, args: tuple[Any, ...], kwargs: dict[
     if kwargs:
         kwargs2, collections = unpack_collections(kwargs)
         deps.extend(collections)
-    task = Task(key, CoroutineTask(fn.__wrapped__, key), *args2, **kwargs2)
+    task = Task(key, CoroutineTask(fn.run, key), *args2, **kwargs2)
     return HighLevelGraph.from_collections(key, {key: task}, dependencies=deps)
 
 
@@ -206,6 +209,10 @@ class CoroutineTask:
         return CoroutineTask(self.func, key)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Every coro.* setting here, before anything runs: a bad one fails
+        # this task, and so reaches whoever computes it (a cheap comparison
+        # while the settings stay as last checked).
+        _config.check()
         on_worker, local = self.runners
         awaitable = on_worker(self, args, kwargs)
         if awaitable is not None:
@@ -222,14 +229,18 @@ class CoroutineTask:
             wrapper: Any = sys.modules.get(module)
             for part in qualname.split("."):
                 wrapper = getattr(wrapper, part, None)
-            if isinstance(wrapper, CoroutineFunction) and wrapper.__wrapped__ is self.func:
+            if isinstance(wrapper, CoroutineFunction) and wrapper.run is self.func:
                 return _task_by_name, (module, qualname, self.key)
         return CoroutineTask, (self.func, self.key)
 
     def __dask_tokenize__(self) -> tuple[str, str]:
         # What it computes, not its key: a child's key holds a token of its
         # task (core.keys), and the key is renamed after that.
-        return ("dask_coro.CoroutineTask", func_token(self.func))
+        # The user's function: a shim (``_Callable``) adds nothing to what runs.
+        func = self.func
+        if isinstance(func, _Callable):
+            func = func.func
+        return ("dask_coro.CoroutineTask", func_token(func))
 
     def __repr__(self) -> str:
         return f"<coroutine {funcname(self.func)} {self.key!r}>"
@@ -239,7 +250,7 @@ def _task_by_name(module: str, qualname: str, key: Key) -> CoroutineTask:
     wrapper: Any = importlib.import_module(module)
     for part in qualname.split("."):
         wrapper = getattr(wrapper, part)
-    return CoroutineTask(wrapper.__wrapped__, key)
+    return CoroutineTask(wrapper.run, key)
 
 
 _SPAN_ONLY = {"span": None}.keys()
@@ -257,11 +268,111 @@ def _plain_values(kwargs: dict[str, Any]) -> bool:
     return all(type(v) in _PLAIN for v in kwargs.values())
 
 
+#: What a call of a coroutine function starts (``body_kind``).
+GENERATOR, ASYNC, PLAIN = "generator", "async", "plain"
+_CO_GENERATOR = inspect.CO_GENERATOR
+_CO_COROUTINE = inspect.CO_COROUTINE
+
+
+def body_kind(func: Callable[..., Any]) -> str:
+    """What calling ``func`` starts: ``GENERATOR`` or ``ASYNC``, a body the
+    runners drive, or ``PLAIN``, a function whose return value is the call's
+    value, a generator or coroutine object included (as with
+    ``dask.delayed(func)``).
+
+    The kind is the function's, not its return value's, read as
+    ``inspect.isgeneratorfunction`` and ``inspect.iscoroutinefunction`` read
+    it, through ``functools.partial`` and bound methods, and further: through
+    ``__wrapped__`` (a decorator made with ``functools.wraps`` keeps its
+    function's kind) and to the ``__call__`` of a callable object. Anything
+    else (a builtin, a class, a numpy function, ``operator.itemgetter``) is
+    plain.
+    """
+    for _ in range(100):  # a chain of wrappers; a cycle of them ends here
+        if isinstance(func, functools.partial):
+            func = func.func
+        elif isinstance(func, types.MethodType):
+            func = func.__func__
+        elif isinstance(func, types.FunctionType):
+            flags = func.__code__.co_flags
+            if flags & _CO_GENERATOR:
+                return GENERATOR
+            if flags & _CO_COROUTINE:
+                return ASYNC
+            wrapped = getattr(func, "__wrapped__", None)
+            if wrapped is None:
+                return PLAIN
+            func = wrapped
+        elif isinstance(func, type):
+            return PLAIN  # calling a class makes an instance
+        elif isinstance(wrapped := getattr(func, "__wrapped__", None), types.FunctionType):
+            func = wrapped  # e.g. functools.lru_cache
+        else:
+            call = type(func).__call__
+            if not isinstance(call, types.FunctionType):
+                return PLAIN  # implemented in C
+            func = call
+    return PLAIN
+
+
+def _name_of(func: Callable[..., Any]) -> str:
+    """A key prefix for ``func``: its name, or its type's for a callable
+    object without one (``itemgetter``, not ``operator.itemgetter(1)``)."""
+    if isinstance(func, functools.partial) or hasattr(func, "__name__"):
+        return funcname(func)
+    return funcname(type(func))
+
+
+class _Callable:
+    """What the calls of a coroutine function run when the function is not
+    a plain Python function: a partial, a bound method, a builtin, a
+    callable object (a dataclass instance is not even hashable). The
+    runners count calls and keep wrappers by function, so this is hashable
+    and weakly referable; it bears the function's name, module and
+    qualified name (a task refers to an importable wrapper by them)."""
+
+    def __init__(self, func: Callable[..., Any], kind: str):
+        self.func = func
+        self.kind = kind
+        self.__name__ = _name_of(func)
+        self.__qualname__ = getattr(func, "__qualname__", self.__name__)
+        self.__module__ = getattr(func, "__module__", None) or ""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.func, self.kind)
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} {self.func!r}>"
+
+
+class _Plain(_Callable):
+    """A plain function's calls: a generator or coroutine object it returns
+    is its value, handed back as it is (the runners drive whatever a call
+    returns that is one)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.func(*args, **kwargs)
+        if type(out) is types.GeneratorType or type(out) is types.CoroutineType:
+            return _returning(out)
+        return out
+
+
+def _returning(value: Any) -> Generator[Any, Any, Any]:
+    """A body that returns ``value`` at its first step."""
+    return value
+    yield  # a generator function  # pragma: no cover
+
+
 class CoroutineFunction:
     """A function decorated with ``@coroutine``; calling it returns a
     ``CoroutineCall`` and runs nothing."""
 
     __wrapped__: Callable[..., Any]  # set by functools.update_wrapper
+    run: Callable[..., Any]
+    kind: str
 
     def __init__(
         self,
@@ -276,11 +387,29 @@ class CoroutineFunction:
             raise TypeError(f"@coroutine expects a function, got {func!r}")
         if isinstance(func, CoroutineFunction):
             func = func.__wrapped__
-        functools.update_wrapper(self, func)
-        WRAPPERS[func] = self
+        run: Callable[..., Any]
+        if isinstance(func, _Callable):  # a graph's task, unpickled by value
+            run, func = func, func.func
+            self.kind = run.kind
+        else:
+            self.kind = body_kind(func)
+            if type(func) is types.FunctionType and self.kind != PLAIN:
+                run = func  # the common case, called as it is
+            else:
+                run = (_Plain if self.kind == PLAIN else _Callable)(func, self.kind)
+        #: What calls of this function run: the function itself, or a shim
+        #: that makes it hashable and weakly referable, and keeps a plain
+        #: function's generator a value (see ``body_kind``).
+        self.run = run
+        # Any callable dask.delayed takes: its __dict__ (a callable object's
+        # fields) is not ours to copy, and it may lack __name__.
+        functools.update_wrapper(
+            self, func, updated=functools.WRAPPER_UPDATES if type(func) is types.FunctionType else ()
+        )
+        WRAPPERS[run] = self
         self.pure = pure
         self.nout = nout
-        self.prefix = name or funcname(func)
+        self.prefix = name or _name_of(func)
         if not isinstance(inline, bool):
             raise TypeError(f"@coroutine(inline=...) expects True or False, got {inline!r}")
         self.inline = inline
@@ -292,7 +421,7 @@ class CoroutineFunction:
     @inline.setter
     def inline(self, value: bool) -> None:
         # What __call__ reads: the function to run inline, or None.
-        self._inline = self.__wrapped__ if value else None
+        self._inline = self.run if value else None
 
     def __call__(self, *args: Any, **kwargs: Any) -> CoroutineCall:
         # The hot path of fine-grained recursion: no key, no graph, no
@@ -370,6 +499,13 @@ def coroutine(
       ``await f(1)`` for one call;
     - a plain function: it runs as a task, and may wait at any call depth
       with ``dask_coro.result(x)`` (a yield, from plain code).
+
+    The kind is the function's (``body_kind``), not what a call returns: a
+    plain function that returns a generator object returns it as its value,
+    as ``dask.delayed(f)`` does. ``func`` may be any callable
+    ``dask.delayed`` takes: a ``functools.partial``, a bound method, a
+    builtin, a class, a numpy function, ``operator.itemgetter(1)``, an
+    object with ``__call__`` (hashable or not).
 
     What may be yielded: ``Delayed`` objects and coroutine calls, ``Future``
     objects, any dask collection (its computed result comes back), plain

@@ -279,6 +279,6 @@ def _inline(fn: CoroutineFunction, args: tuple[Any, ...], kwargs: dict[str, Any]
     call.__dask_coro_args__ = args
     call._kwargs = kwargs
     call.__dask_coro_value__ = NOT_DONE
-    func = fn.__wrapped__
+    func = fn.run
     call.__dask_coro_inline__ = functools.partial(func, **kwargs) if kwargs else func
     return call

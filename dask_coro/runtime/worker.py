@@ -36,6 +36,7 @@ import asyncio
 import contextvars
 import logging
 import sys
+from collections.abc import Callable
 from time import time
 from typing import TYPE_CHECKING, Any
 
@@ -131,7 +132,22 @@ def run_if_on_worker(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[st
             "but is not a task executing there; compute coroutine calls from a "
             "thread (not inside an async task), and without low-level fusion"
         )
-    return _Run(worker, task).main(args, kwargs)
+    return _started(worker, task, args, kwargs)
+
+
+async def _started(worker: Worker, task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run ``task`` once the scheduler plugins this worker's settings ask
+    for are installed: a plugin that cannot be fails the task, before its
+    body runs (``_KeyWatcher.install_plugins``)."""
+    if await _watcher(worker).install_plugins(worker):
+        # We waited (the first coroutine here): the key may have been
+        # released meanwhile, and perhaps asked for again.
+        state = private.worker_task_state(worker, task.key)
+        if state == "resumed":
+            raise Reschedule()
+        if state != "executing":
+            raise CoroutineCancelledError(f"coroutine {task.key!r} was cancelled")
+    return await _Run(worker, task).main(args, kwargs)
 
 
 class _KeyWatcher(WorkerPlugin):
@@ -203,11 +219,36 @@ class _KeyWatcher(WorkerPlugin):
         self.idle.n = max(0, self.idle.n - n)
         self.handed_out = time()
 
+    async def install_plugins(self, worker: Worker) -> bool:
+        """Install the scheduler plugins the settings ask for, each once per
+        worker (a failed install is tried again by the next task); raise
+        what stops one (``_install``). Nothing to wait for once they are;
+        whether it waited."""
+        wanted = []
+        if _config.get("coro.inline.enabled"):
+            self.inline_plugin = _installing(self.inline_plugin, worker, InlinePlugin)
+            wanted.append(self.inline_plugin)
+        if _config.get("coro.tree.enabled"):
+            self.tree = _installing(self.tree, worker, TreePlugin)
+            wanted.append(self.tree)
+        if _config.get("coro.durability.hold-children"):
+            self.durable = _installing(self.durable, worker, DurablePlugin)
+            wanted.append(self.durable)
+        if _config.get("coro.worker-release.enabled"):
+            self.release = _installing(self.release, worker, ReleasePlugin)
+            wanted.append(self.release)
+        waited = False
+        for fut in wanted:
+            if not fut.done() or fut.cancelled() or fut.exception() is not None:
+                waited = True
+                await asyncio.shield(fut)
+        return waited
+
     async def _installed(self, worker: Worker) -> bool:
         fut = self.inline_plugin
         if fut is None or (fut.done() and (fut.cancelled() or fut.exception() is not None)):
             # Not installed yet, or it failed: try again.
-            fut = self.inline_plugin = asyncio.ensure_future(_install(worker, InlinePlugin()))
+            fut = self.inline_plugin = _installing(fut, worker, InlinePlugin)
         try:
             await asyncio.shield(fut)
         except Exception:
@@ -675,27 +716,55 @@ class _Run:
             self.stopped = False
 
 
+def _installing(fut: asyncio.Future[None] | None, worker: Worker, plugin: Callable[[], Any]) -> asyncio.Future[None]:
+    """``fut``, the install of a plugin, unless it failed: then a new one."""
+    if fut is None or (fut.done() and (fut.cancelled() or fut.exception() is not None)):
+        fut = asyncio.ensure_future(_install(worker, plugin()))
+        fut.add_done_callback(_retrieve)  # raised where it is awaited
+    return fut
+
+
+#: What each scheduler plugin does for coroutines, and the setting that asks for it.
+_PLUGINS = {
+    TreePlugin.name: ("records the coroutine trees progress and tree show", "coro.tree.enabled"),
+    DurablePlugin.name: ("holds children for a coroutine re-run", "coro.durability.hold-children"),
+    InlinePlugin.name: ("hands calls run inline out to idle threads", "coro.inline.enabled"),
+    ReleasePlugin.name: ("lets workers release keys themselves", "coro.worker-release.enabled"),
+}
+
+
 async def _install(worker: Worker, plugin: Any) -> None:
-    """Install a scheduler plugin of ours from a worker (idempotent)."""
+    """Install a scheduler plugin of ours from a worker (idempotent).
+
+    What stops it fails the task that needs it, with an error that says what
+    to do: a ``ValueError`` (a setting the plugin read on the scheduler when
+    it started; ``_config``'s messages name it and its value) stays one,
+    anything else (say, a scheduler that cannot import dask_coro) becomes a
+    ``DaskCoroError``. distributed would only log an error raised in a
+    plugin's hook (``Scheduler.register_scheduler_plugin`` does raise to the
+    caller)."""
     try:
         await worker.scheduler.register_scheduler_plugin(
             plugin=dumps(plugin), name=plugin.name, idempotent=True
         )
     except Exception as e:
-        what = {
-            TreePlugin.name: "progress and tree will show nothing of its coroutines",
-            DurablePlugin.name: "children of its coroutines die with it",
-            InlinePlugin.name: "it will run coroutine calls inline and hand none out",
-            ReleasePlugin.name: "only the scheduler will release its keys",
-        }[plugin.name]
+        what, setting = _PLUGINS[plugin.name]
         logger.warning(
-            "dask_coro cannot install %s from worker %s (%s): %r",
+            "dask_coro cannot install %s from worker %s: %r; coroutine tasks "
+            "fail until it can be (or %s is turned off)",
             plugin.name,
             worker.address,
-            what,
             e,
+            setting,
         )
-        raise
+        if isinstance(e, ValueError):
+            raise ValueError(f"{e} (on the scheduler, starting dask_coro's {plugin.name} plugin)") from e
+        raise DaskCoroError(
+            f"dask_coro cannot install its scheduler plugin {plugin.name!r} from "
+            f"worker {worker.address}: {e!r}. The plugin {what}; check that the "
+            "scheduler can import dask_coro, the same version as the workers, or "
+            f"set {setting}: false"
+        ) from e
 
 
 async def _local_data(worker: Worker, keys: list[Key]) -> list[Any] | None:
