@@ -20,7 +20,7 @@ from functools import partial
 from typing import Any
 
 from dask.base import is_dask_collection
-from dask.delayed import Delayed
+from dask.delayed import Delayed, unpack_collections
 from dask.typing import Key
 from dask.utils import key_split
 
@@ -212,6 +212,11 @@ def _lazy_in(a: Any) -> Iterator[Any]:
             yield from _lazy_in(b)
     elif is_dask_collection(a) or (type(a) in (set, frozenset) and any(isinstance(b, Delayed) for b in a)):
         yield None  # a collection (its graph is optimized as a whole), a Future
+    elif type(a) not in _PLAIN and unpack_collections(a)[1]:
+        # Another container dask unpacks in an argument (a dataclass, a
+        # namedtuple, a slice; ``dask.delayed.unpack_collections``) holding
+        # lazy values: a task, whose arguments dask computes as it would.
+        yield None
 
 
 def _subst(a: Any, have: Mapping[Any, Any]) -> Any:

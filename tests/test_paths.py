@@ -1,0 +1,128 @@
+"""One answer on every path (issue 24): the same coroutine run locally
+(without a cluster) and on a cluster, with calls inline (the default) and
+with every call a task (``coro.inline.enabled: False``), compared with what
+plain Dask gives for the same program.
+
+The cluster is one in-process worker with two threads (``processes=False``,
+so ``dask.config.set`` here reaches the worker that runs the coroutine).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import dask
+import pytest
+from distributed import Client, LocalCluster
+
+from dask_coro import coroutine, gather
+
+PATHS = ["local-inline", "local-task", "inline", "task"]
+
+
+@pytest.fixture(scope="module")
+def client():
+    with LocalCluster(
+        n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0"
+    ) as lc, Client(lc, set_as_default=False) as c:
+        yield c
+
+
+def compute(path, client, call):
+    """``call`` computed on ``path``; its error raised here."""
+    with dask.config.set({"coro.inline.enabled": path.endswith("inline")}):
+        if path.startswith("local"):
+            return call.compute(scheduler="sync")
+        return client.compute(call).result()
+
+
+def plain(path, client, obj):
+    """``obj`` computed by plain Dask on ``path``'s scheduler."""
+    return dask.compute(obj, scheduler="sync" if path.startswith("local") else client)[0]
+
+
+@dask.delayed(pure=False)
+def inc(x):
+    return x + 1
+
+
+# -- issue 24, item 4: containers dask traverses are traversed ---------------
+
+
+@dataclasses.dataclass
+class Pair:
+    a: object
+    b: object
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+class SubDict(dict):
+    pass
+
+
+def containers():
+    """Each container of Delayeds, made afresh (a Delayed is computed once)."""
+    return {
+        "ordered": lambda: collections.OrderedDict(a=inc(1), b=[inc(2), 5]),
+        "dataclass": lambda: Pair(inc(1), {"k": inc(2)}),
+        "namedtuple": lambda: Point(inc(1), (inc(2), 3)),
+        "nested": lambda: [Pair(Point(inc(1), 0), collections.OrderedDict(z=inc(2)))],
+        # Not traversed by dask.compute (dask/base.py unpack_collections walks
+        # dict and OrderedDict by exact type): returned as it is, Delayeds in it.
+        "dict-subclass": lambda: SubDict(a=1, b="x"),
+    }
+
+
+@coroutine
+def yields(kind):
+    got = yield containers()[kind]()
+    return got
+
+
+@coroutine
+async def awaits(kind):
+    return await gather(containers()[kind]())
+
+
+@pytest.mark.parametrize("kind", list(containers()))
+@pytest.mark.parametrize("body", [yields, awaits], ids=["yield", "await"])
+@pytest.mark.parametrize("path", PATHS)
+def test_containers_dask_traverses_are_traversed(client, path, body, kind):
+    got = compute(path, client, body(kind))
+    want = plain(path, client, containers()[kind]())
+    assert got == want
+    assert type(got) is type(want)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_dict_subclass_is_a_plain_value_as_in_dask(client, path):
+    @coroutine
+    def f():
+        d = SubDict(a=inc(1))
+        got = yield d
+        return got is d, type(got["a"]).__name__
+
+    assert compute(path, client, f()) == (True, "Delayed")
+    d = SubDict(a=inc(1))
+    assert plain(path, client, d) is d
+
+
+@coroutine
+def takes(x):
+    return x
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_containers_in_arguments_are_computed_as_dask_does(client, path):
+    # A call with a container argument holding lazy values: computed in
+    # place or as a task, its argument is what dask.delayed gives a task.
+    @coroutine
+    def f():
+        return (yield [takes(Pair(inc(1), 2)), takes(Point(inc(1), inc(2)))])
+
+    want = plain(path, client, [dask.delayed(takes.__wrapped__)(Pair(inc(1), 2)),
+                                dask.delayed(takes.__wrapped__)(Point(inc(1), inc(2)))])
+    assert compute(path, client, f()) == want == [Pair(2, 2), Point(2, 3)]
