@@ -126,3 +126,49 @@ def test_containers_in_arguments_are_computed_as_dask_does(client, path):
     want = plain(path, client, [dask.delayed(takes.__wrapped__)(Pair(inc(1), 2)),
                                 dask.delayed(takes.__wrapped__)(Point(inc(1), inc(2)))])
     assert compute(path, client, f()) == want == [Pair(2, 2), Point(2, 3)]
+
+
+# -- issue 24, item 1: a Delayed wrapping a Future, a Promise -----------------
+
+CLUSTER_PATHS = ["inline", "task"]  # a Future needs a cluster
+
+
+@coroutine
+def yields_wrapped(kind, key):
+    from distributed import Future, get_client
+
+    from dask_coro import Promise
+
+    if kind.startswith("promise"):
+        p = Promise()
+        p.resolve_with(inc(4))
+        x = p if kind == "promise" else p + 1
+    else:
+        f = Future(key, get_client())
+        x = {
+            "delayed": dask.delayed(f),
+            "delayed+1": dask.delayed(f) + 1,
+            "call": dask.delayed(lambda v: v + 1)(f),
+            "in-list": [dask.delayed(f), 1],
+        }[kind]
+    return (yield x)
+
+
+@pytest.mark.parametrize("kind", ["delayed", "delayed+1", "call", "in-list", "promise", "promise+1"])
+@pytest.mark.parametrize("path", CLUSTER_PATHS)
+def test_a_delayed_wrapping_a_future_and_a_promise(client, path, kind):
+    f = client.submit(lambda: 41, pure=False)
+    want = {
+        "delayed": 41,
+        "delayed+1": 42,
+        "call": 42,
+        "in-list": [41, 1],
+        "promise": 5,
+        "promise+1": 6,
+    }[kind]
+    # plain Dask, for what it can express here
+    if kind in ("delayed", "delayed+1", "call"):
+        plain_value = {"delayed": dask.delayed(f), "delayed+1": dask.delayed(f) + 1,
+                       "call": dask.delayed(lambda v: v + 1)(f)}[kind]
+        assert plain(path, client, plain_value) == want
+    assert compute(path, client, yields_wrapped(kind, f.key)) == want

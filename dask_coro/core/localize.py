@@ -176,10 +176,16 @@ def analyse(
         node, layer = entry
         if layer is _ANNOTATED:
             return None
+        if isinstance(node, TaskRef):
+            # A Future (or a Promise's) in the graph, under its own key
+            # (``dask.delayed(future)``): its value is on the cluster.
+            # Checked before converting: ``convert_legacy_task`` makes it an
+            # ``Alias`` of its own key, which nothing here could compute.
+            return None
         if not isinstance(node, GraphNode):
             node = convert_legacy_task(k, node, nodes.keys())
             nodes[k] = (node, layer)
-        if isinstance(node, TaskRef) or _kind(node, is_call) < 0:
+        if _kind(node, is_call) < 0 or (isinstance(node, Alias) and node.target == k):
             return None
         if len(seen) > limit:
             return None
