@@ -172,3 +172,72 @@ def test_a_delayed_wrapping_a_future_and_a_promise(client, path, kind):
                        "call": dask.delayed(lambda v: v + 1)(f)}[kind]
         assert plain(path, client, plain_value) == want
     assert compute(path, client, yields_wrapped(kind, f.key)) == want
+
+
+# -- issue 24, item 8: every lazy value built from a call is awaitable ---------
+
+
+class Box:
+    def __init__(self, v):
+        self.v = v
+        self.inner = {"k": [v, v + 1]}
+
+    def times(self, k, plus=0):
+        return self.v * k + plus
+
+    def __getitem__(self, i):
+        return self.v + i
+
+    def __call__(self, x):
+        return self.v - x
+
+
+def box_body(v):
+    return Box(v)
+
+
+box = coroutine(box_body)
+plain_box = dask.delayed(box_body, pure=True)
+
+
+def derived(b):
+    """The lazy values a user builds from a call (or a Delayed) ``b``."""
+    return {
+        "attr": lambda: b.v,
+        "attr.attr[i]": lambda: b.inner["k"][1],
+        "item": lambda: b[10],
+        "method": lambda: b.times(3),
+        "method-kwargs": lambda: b.times(2, plus=inc(0)),
+        "call": lambda: b(1),
+        "operator": lambda: b.v * 2 + 1,
+        "swapped": lambda: 100 - b.v,
+        "attr-of-method": lambda: b.times(3).real,
+    }
+
+
+EXPRESSIONS = list(derived(None))
+
+
+@coroutine
+async def awaits_derived(name):
+    return await derived(box(7))[name]()
+
+
+@coroutine
+async def gathers_derived(name):
+    return await gather(derived(box(7))[name]())
+
+
+@coroutine
+def yields_derived(name):
+    return (yield derived(box(7))[name]())
+
+
+@pytest.mark.parametrize("name", EXPRESSIONS)
+@pytest.mark.parametrize("path", PATHS)
+def test_await_of_every_lazy_value_built_from_a_call(client, path, name):
+    want = plain(path, client, derived(plain_box(7))[name]())
+    assert not dask.is_dask_collection(want)
+    assert compute(path, client, awaits_derived(name)) == want
+    assert compute(path, client, gathers_derived(name)) == want
+    assert compute(path, client, yields_derived(name)) == want

@@ -25,7 +25,7 @@ from dask.typing import Key
 from dask.utils import key_split
 
 from ..core.engine import NOT_DONE, Frame
-from ..core.localize import Local, analyse, evaluate
+from ..core.localize import CHEAP, Local, analyse, evaluate
 from ..core.scope import Scope
 from .call import (
     _PLAIN,
@@ -187,6 +187,8 @@ def _children(x: Any) -> list[Any] | None:
         if x._kwargs:
             args = (*args, *x._kwargs.values())
     else:
+        if x.op not in CHEAP:
+            return None  # a method call (``ops.Invoke``): its cost is unknown
         args = x.operands
     out: list[Any] = []
     for a in args:
