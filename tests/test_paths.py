@@ -241,3 +241,77 @@ def test_await_of_every_lazy_value_built_from_a_call(client, path, name):
     assert compute(path, client, awaits_derived(name)) == want
     assert compute(path, client, gathers_derived(name)) == want
     assert compute(path, client, yields_derived(name)) == want
+
+
+# -- issue 24, item 3: recursion with task children, deep, without a cluster --
+
+LOCAL_PATHS = ["local-inline", "local-task"]
+
+
+@coroutine(inline=False)
+def down_tasks(n):
+    if n == 0:
+        return 0
+    return (yield down_tasks(n - 1)) + 1
+
+
+@coroutine
+def down_lazy(n):
+    # A lazy argument: a plain dask.delayed one keeps the call a task.
+    if n == 0:
+        return 0
+    return (yield down_lazy(inc(n - 2))) + 1
+
+
+@pytest.mark.parametrize("body", [down_tasks, down_lazy], ids=["inline=False", "lazy-argument"])
+@pytest.mark.parametrize("path", LOCAL_PATHS)
+def test_deep_recursion_of_task_children_without_a_cluster(path, body):
+    import sys
+
+    depth = 600
+    assert depth > sys.getrecursionlimit() / 2  # a level took ~14 frames before
+    assert compute(path, None, body(depth)) == depth
+
+
+@pytest.mark.parametrize("path", CLUSTER_PATHS)
+def test_recursion_of_task_children_on_a_cluster(client, path):
+    # The same program, shallower (every level is a task here): one answer.
+    assert compute(path, client, down_tasks(30)) == 30
+    assert compute(path, client, down_lazy(30)) == 30
+
+
+# -- issue 24, item 9: a BaseException subclass raised by a child ------------
+
+
+class UserBase(BaseException):
+    """A user's BaseException subclass (not SystemExit/KeyboardInterrupt)."""
+
+
+def raises_base(kind):
+    if kind == "system-exit":
+        raise SystemExit(3)
+    raise UserBase("from the child")
+
+
+child_inline = coroutine(raises_base, name="child_inline")
+child_task = coroutine(raises_base, inline=False, name="child_task")
+
+
+@coroutine
+def catches_base(kind, task):
+    try:
+        yield (child_task if task else child_inline)(kind)
+    except BaseException as e:
+        return f"caught {type(e).__name__}: {e}"
+    return "not raised"
+
+
+@pytest.mark.parametrize("task", [False, True], ids=["inline-child", "task-child"])
+@pytest.mark.parametrize("kind", ["user", "system-exit"])
+@pytest.mark.parametrize("path", LOCAL_PATHS)
+def test_a_base_exception_of_a_child_is_raised_at_the_yield_locally(path, kind, task):
+    want = "caught UserBase: from the child" if kind == "user" else "caught SystemExit: 3"
+    assert compute(path, None, catches_base(kind, task)) == want
+    # plain Dask on the sync scheduler raises it to the caller, type kept
+    with pytest.raises(UserBase if kind == "user" else SystemExit):
+        dask.compute(dask.delayed(raises_base)(kind), scheduler="sync")

@@ -216,7 +216,7 @@ def _alias(target: Key, have: Mapping[Any, Any]) -> Any:
 def _call_of(
     node: Task, make_call: Callable[[Any, tuple[Any, ...], dict[str, Any], Key], Any], have: Mapping[Any, Any]
 ) -> Any:
-    args, kwargs = _arguments(node, have)
+    args, kwargs = arguments(node, have)
     return make_call(node.func, args, kwargs, node.key)
 
 
@@ -312,7 +312,7 @@ def evaluate(local: Local, fetched: Mapping[Key, Any]) -> Generator[list[Any], l
     return have[local.out]
 
 
-def _arguments(node: Task, have: Mapping[Key, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def arguments(node: Task, have: Mapping[Key, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """A coroutine task's arguments, computed as its task would receive them."""
     deps = {d: have[d] for d in node.dependencies}
     packed = Task(node.key, _pack, *node.args, **node.kwargs)
