@@ -299,14 +299,15 @@ child_task = coroutine(raises_base, inline=False, name="child_task")
 
 @coroutine
 def catches_base(kind, task):
+    child = {False: child_inline, True: child_task, "delayed": dask.delayed(raises_base)}[task]
     try:
-        yield (child_task if task else child_inline)(kind)
+        yield child(kind)
     except BaseException as e:
         return f"caught {type(e).__name__}: {e}"
     return "not raised"
 
 
-@pytest.mark.parametrize("task", [False, True], ids=["inline-child", "task-child"])
+@pytest.mark.parametrize("task", [False, True, "delayed"], ids=["inline-child", "task-child", "delayed-child"])
 @pytest.mark.parametrize("kind", ["user", "system-exit"])
 @pytest.mark.parametrize("path", LOCAL_PATHS)
 def test_a_base_exception_of_a_child_is_raised_at_the_yield_locally(path, kind, task):
@@ -315,3 +316,35 @@ def test_a_base_exception_of_a_child_is_raised_at_the_yield_locally(path, kind, 
     # plain Dask on the sync scheduler raises it to the caller, type kept
     with pytest.raises(UserBase if kind == "user" else SystemExit):
         dask.compute(dask.delayed(raises_base)(kind), scheduler="sync")
+
+
+@pytest.mark.parametrize("task", [False, True, "delayed"], ids=["inline-child", "task-child", "delayed-child"])
+@pytest.mark.parametrize("path", CLUSTER_PATHS)
+def test_a_base_exception_of_a_child_is_raised_at_the_yield_on_a_cluster(client, path, task):
+    # (SystemExit and KeyboardInterrupt are not tried here: distributed's
+    # worker passes them on to its event loop, _run_task_async, which stops.)
+    assert compute(path, client, catches_base("user", task)) == "caught UserBase: from the child"
+
+
+@coroutine
+def root_raises_base():
+    yield inc(1)
+    raise UserBase("from the root")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_root_raising_a_base_exception(client, path):
+    # Locally dask's synchronous scheduler raises it as it is. On a cluster a
+    # client never returns from a task that ended with one (a plain task's
+    # Future.result() waits forever: distributed.utils.sync catches Exception
+    # only), so the coroutine's task ends with BaseExceptionError instead.
+    from dask_coro import BaseExceptionError
+
+    if path.startswith("local"):
+        with pytest.raises(UserBase, match="from the root"):
+            compute(path, client, root_raises_base())
+        return
+    with pytest.raises(BaseExceptionError, match="UserBase") as info:
+        compute(path, client, root_raises_base())
+    assert type(info.value.error) is UserBase
+    assert str(info.value.error) == "from the root"

@@ -49,7 +49,7 @@ from distributed.worker import get_worker
 
 from .. import _config
 from .._context import running_key
-from .._exceptions import CoroutineCancelledError, DaskCoroError, Released
+from .._exceptions import BaseExceptionError, CoroutineCancelledError, DaskCoroError, Released
 from .._internals import distributed_private as private
 from ..core.engine import Done, Frame, Idle, Outcome, Raised, Returned, Stopped, Submit, Trampoline
 from ..core.localize import evaluate
@@ -426,7 +426,7 @@ class _Run:
                 out = await self._join(tramp, out.frame)
             if type(step) is Returned:
                 return step.value
-            raise step.error  # type: ignore[union-attr]
+            raise _deliverable(step.error)  # type: ignore[union-attr]
         except Released:
             logger.debug("coroutine %r cancelled; closing it", self.key)
             step = None
@@ -617,7 +617,14 @@ class _Run:
             await hold_segments(self.worker, self.key, results)
         except Released:
             raise
-        except Exception as e:
+        except _NOT_A_CHILD_S:
+            raise  # this worker is closing (or its loop is being stopped)
+        except BaseException as e:
+            # A child's error, a BaseException subclass too (as inline and
+            # without a cluster); the original of one a coroutine child could
+            # only deliver wrapped.
+            if type(e) is BaseExceptionError:
+                e = e.error
             return await self._step(tramp, tramp.throw, e)
         return await self._step(tramp, tramp.resume, results)
 
@@ -673,6 +680,28 @@ class _Run:
         finally:
             self.waiting = None
             self.stopped = False
+
+
+#: Not a child's error when ``_join`` sees it: distributed passes these on
+#: (``_run_task_async`` re-raises SystemExit and KeyboardInterrupt) and
+#: cancels with the first.
+_NOT_A_CHILD_S = (asyncio.CancelledError, SystemExit, KeyboardInterrupt)
+
+
+def _deliverable(error: BaseException) -> BaseException:
+    """The error a coroutine task ends with for its body's ``error``: as is,
+    but for a BaseException a client could not receive (see
+    ``BaseExceptionError``)."""
+    if isinstance(error, (Exception, *_NOT_A_CHILD_S)):
+        return error
+    out = BaseExceptionError(
+        f"coroutine raised {error!r}, a BaseException that is not an Exception: a "
+        "distributed client waits forever on a task that ended with one, so the "
+        "task ends with this error; .error (and __cause__) is the original",
+        error,
+    )
+    out.__cause__ = error
+    return out
 
 
 async def _install(worker: Worker, plugin: Any) -> None:
