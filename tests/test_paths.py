@@ -348,3 +348,62 @@ def test_a_root_raising_a_base_exception(client, path):
         compute(path, client, root_raises_base())
     assert type(info.value.error) is UserBase
     assert str(info.value.error) == "from the root"
+
+
+# -- issue 24, item 7: a cancel stops inline calls at the next call ------------
+
+import threading  # noqa: E402
+
+GATE = threading.Event()  # in-process workers: the test and the calls share it
+STARTED: list[int] = []
+CLOSED: list[str] = []
+
+
+def step_body(i):
+    STARTED.append(i)
+    if i == 5:
+        GATE.wait(60)  # held until the worker knows of the cancel
+    return i
+
+
+step_inline = coroutine(step_body, name="step_inline")
+step_task = coroutine(step_body, inline=False, name="step_task")
+
+
+@coroutine
+def many_steps(task):
+    try:
+        for i in range(1000):
+            yield (step_task if task else step_inline)(i)
+    finally:
+        CLOSED.append("finally")
+
+
+@pytest.mark.parametrize("path", CLUSTER_PATHS)
+def test_cancel_stops_calls_at_the_next_call(client, path):
+    from distributed.utils import sync
+
+    GATE.clear()
+    STARTED.clear()
+    CLOSED.clear()
+    (worker,) = client.cluster.workers.values()
+    with dask.config.set({"coro.inline.enabled": path == "inline"}):
+        call = many_steps(path == "task")
+        fut = client.compute(call)
+        key = fut.key
+
+        async def until(predicate):
+            from distributed.utils_test import async_poll_for
+
+            await async_poll_for(predicate, timeout=30)
+
+        sync(client.loop, until, lambda: 5 in STARTED)
+        assert key in worker.state.tasks
+        fut.cancel()
+        # The worker learned of it: its task no longer runs there.
+        sync(client.loop, until, lambda: getattr(worker.state.tasks.get(key), "state", None)
+             not in ("executing", "long-running"))
+        GATE.set()
+        sync(client.loop, until, lambda: CLOSED == ["finally"])
+    # Call 5 was running when the cancel came; none started after it.
+    assert STARTED == list(range(6))

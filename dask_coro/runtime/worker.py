@@ -299,6 +299,7 @@ class _Run:
         # task stops running here (``changed``), and whether we cancelled it.
         self.waiting: asyncio.Future[Any] | None = None
         self.stopped = False
+        self.tramp: Trampoline | None = None  # ``changed`` stops it
         self.root: Scope[Future] = Scope(self.key)
         self.scopes: dict[int, Scope[Future]] = {id(self.root): self.root}
         self.start = time()
@@ -403,6 +404,7 @@ class _Run:
             localize=localizer(self._scope_of, self._fetch),
             count=count,
         )
+        self.tramp = tramp
         reporter = asyncio.ensure_future(self._report_calls(tramp)) if count else None
         step: Returned | Raised | None = None
         try:
@@ -630,9 +632,14 @@ class _Run:
 
     def changed(self) -> None:
         """Our task changed state on this worker (a worker plugin's
-        transition hook, on the event loop): stop waiting if it no longer runs."""
+        transition hook, on the event loop): if it no longer runs, stop
+        waiting, and stop the trampoline before its next inline call."""
+        if self._alive():
+            return
+        if self.tramp is not None:
+            self.tramp.stop = True  # read by the pool thread before each call
         waiting = self.waiting
-        if waiting is not None and not waiting.done() and not self._alive():
+        if waiting is not None and not waiting.done():
             self.stopped = True
             waiting.cancel()
 
