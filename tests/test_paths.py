@@ -407,3 +407,55 @@ def test_cancel_stops_calls_at_the_next_call(client, path):
         sync(client.loop, until, lambda: CLOSED == ["finally"])
     # Call 5 was running when the cancel came; none started after it.
     assert STARTED == list(range(6))
+
+
+# -- issue 24, item 6: yielding a call again after it raised -----------------
+
+RUNS: list[int] = []  # in-process workers: the calls append here
+
+
+def flaky_body(x):
+    RUNS.append(x)
+    if len(RUNS) == 1:
+        raise ValueError("first run fails")
+    return len(RUNS)
+
+
+flaky_inline = coroutine(flaky_body, name="flaky_inline")
+flaky_task = coroutine(flaky_body, inline=False, name="flaky_task")
+
+
+@coroutine
+def yields_again(how):
+    c = (flaky_task if how.endswith("task") else flaky_inline)(1)
+    outcomes = []
+    for _ in range(2):
+        try:
+            outcomes.append((yield (takes(c) if how.startswith("argument") else c)))
+        except ValueError as e:
+            outcomes.append(f"ValueError: {e}")
+    return outcomes
+
+
+@pytest.mark.parametrize("how", ["same-call", "same-task", "argument", "argument-task"])
+@pytest.mark.parametrize("path", PATHS)
+def test_a_call_that_raised_raises_again_when_yielded_again(client, path, how):
+    RUNS.clear()
+    got = compute(path, client, yields_again(how))
+    assert got == ["ValueError: first run fails"] * 2
+    assert RUNS == [1]  # its outcome is kept: it did not run again
+
+
+@pytest.mark.parametrize("path", CLUSTER_PATHS)
+def test_plain_dask_keeps_an_erred_key_s_outcome(client, path):
+    # The rule borrowed: a key computed to an error, asked for again while
+    # held, gives the same error; its task does not run again.
+    RUNS.clear()
+    d = dask.delayed(flaky_body, pure=False)(1)
+    first = client.compute(d)
+    with pytest.raises(ValueError, match="first run fails"):
+        first.result()
+    second = client.compute(d)
+    with pytest.raises(ValueError, match="first run fails"):
+        second.result()
+    assert RUNS == [1]

@@ -70,6 +70,27 @@ class _NotDone:
 NOT_DONE: Any = _NotDone()
 
 
+class Failed:
+    """``InlineCall.__dask_coro_value__`` of a call that raised ``error``
+    inline. A computed key keeps its outcome (dask's rule, as a task's error
+    stays with its key): yielding the same call again raises ``error`` again
+    instead of running it again, and a graph built on the call raises it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"Failed({self.error!r})"
+
+
+def _fail(leaf: Any, error: BaseException) -> None:
+    """Call ``leaf`` raised ``error``: its outcome, kept on it."""
+    leaf.__dask_coro_value__ = Failed(error)
+    leaf.__dask_coro_inline__ = None
+
+
 class InlineCall(Protocol):
     """What the engine needs of a call object (``Trampoline(call_type=...)``)
     to run it inline. ``runtime.call.CoroutineCall`` implements it. Plain
@@ -710,6 +731,7 @@ class Trampoline:
                         at = top.at
                         top = stack[-1]
                     if ended is _RAISED:
+                        _fail(top.leaves[at], out)
                         self._abandon(top)
                         method, arg = top.body.throw, out
                         continue
@@ -820,6 +842,11 @@ class Trampoline:
                 if func is None:
                     done = leaf.__dask_coro_value__
                     if done is not NOT_DONE:
+                        if type(done) is Failed:
+                            # It raised before: raised again at this yield.
+                            self._abandon(top)
+                            method, arg = top.body.throw, done.error
+                            break
                         results[pos] = done
                         continue
                     # Handed out meanwhile at another position (the same call
@@ -853,6 +880,7 @@ class Trampoline:
                 except BaseException as e:
                     if self._closing:
                         raise  # unwinding a parked body (close)
+                    _fail(leaf, e)
                     if run is not None:
                         self._failed(func)
                     if stack[-1] is not top:
@@ -1055,8 +1083,9 @@ class Trampoline:
 
     @staticmethod
     def _to_remote(frame: Frame, positions: Sequence[int]) -> int:
-        """Hand ``positions`` to the caller, but for calls computed already;
-        how many were handed."""
+        """Hand ``positions`` to the caller, but for calls computed already
+        (one that raised is handed out: its task raises its error); how many
+        were handed."""
         if frame.remote is _EMPTY:
             frame.remote = []
         remote = frame.remote
@@ -1064,7 +1093,7 @@ class Trampoline:
         n = 0
         for p in positions:
             done = frame.leaves[p].__dask_coro_value__
-            if done is not NOT_DONE:
+            if done is not NOT_DONE and type(done) is not Failed:
                 frame.results[p] = done
             else:
                 remote.append(p)

@@ -24,7 +24,7 @@ from dask.delayed import Delayed, unpack_collections
 from dask.typing import Key
 from dask.utils import key_split
 
-from ..core.engine import NOT_DONE, Frame
+from ..core.engine import NOT_DONE, Failed, Frame
 from ..core.localize import CHEAP, Local, analyse, evaluate
 from ..core.scope import Scope
 from .call import (
@@ -127,6 +127,8 @@ def _analyse(leaf: Delayed, values: dict[Key, Any], known: dict[Key, Key]) -> tu
                 continue
             local.seen.add(name)
             if x.__dask_coro_inline__ is None and x.__dask_coro_value__ is not NOT_DONE:
+                if type(x.__dask_coro_value__) is Failed:
+                    return None  # planned, its task raises the error it raised
                 local.start[name] = x.__dask_coro_value__
                 continue
             if not x.built():

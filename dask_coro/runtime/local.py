@@ -27,7 +27,7 @@ from dask.utils import funcname
 from .. import _config
 from .._context import running_key
 from .._internals.dask_private import DataNode, Task, TaskRef
-from ..core.engine import Done, Frame, Raised, Returned, Submit
+from ..core.engine import Done, Failed, Frame, Raised, Returned, Submit
 from ..core.localize import arguments
 from ..core.plan import Plan, plan_yield
 from ..core.scope import Scope
@@ -42,6 +42,8 @@ class _Failed(Exception):
 
     def __init__(self, error: BaseException):
         self.error = error
+        self.key: Any = None  # the task that raised it (set by ``_execute``)
+        self.done: dict[Any, Any] = {}  # what the batch computed before it
 
 
 class _Child:
@@ -141,7 +143,15 @@ def _run(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
                 error, scope.error = scope.error, None
                 out = ctx.run(tramp.throw, error)
             else:
-                out = ctx.run(tramp.resume, scope.handles(out.frame.remote))
+                handles = scope.handles(out.frame.remote)
+                failed = next((h for h in handles if type(h) is Failed), None)
+                if failed is not None:
+                    # A key an earlier yield computed to an error: the same
+                    # error again (a computed key keeps its outcome).
+                    out = ctx.run(tramp.throw, failed.error)
+                else:
+                    out = ctx.run(tramp.resume, handles)
+                del handles
     finally:
         tramp.close()
     # Returned or Raised, never raised here: a StopIteration raised in a
@@ -153,8 +163,8 @@ def _fetch(scope: Scope[Any], keys: list[Any]) -> dict[Any, Any] | None:
     """Results of earlier yields, for a value computed in place: here a
     scope's handles are the values themselves."""
     known, held = scope.cache.known, scope.held
-    if not all(known[k] in held for k in keys):
-        return None
+    if not all(known[k] in held and type(held[known[k]]) is not Failed for k in keys):
+        return None  # not all here, or one erred: planned, it raises again
     return {k: held[known[k]] for k in keys}
 
 
@@ -190,6 +200,7 @@ def _compute_batch(frame: Frame, positions: list[int]) -> Generator[_Child, Any,
         # yield, as an inline call's is (the engine catches BaseException
         # from a body).
         scope.error = f.error
+        _record_failed(scope, plan, f)
         return
     except Exception as e:  # planning it failed (a bad graph, a lost Future)
         scope.error = e
@@ -202,7 +213,8 @@ def _compute(plan: Plan, values: dict[Any, Any], leaves: list[Any]) -> Generator
     of keys computed by earlier yields."""
     graph: dict[Any, Any] = dict(plan.graph)
     for k in values.keys() & _needed(plan):
-        graph[k] = DataNode(k, values[k])
+        v = values[k]
+        graph[k] = Task(k, _reraise, DataNode(None, v.error)) if type(v) is Failed else DataNode(k, v)
     for leaf in leaves:
         if isinstance(leaf, TaskRef) and leaf.key not in graph:
             graph[leaf.key] = DataNode(leaf.key, leaf.result())  # type: ignore[attr-defined]
@@ -246,15 +258,53 @@ def _execute(graph: dict[Any, Any], keys: list[Any]) -> Generator[_Child, Any, d
             else:
                 child, value = None, node({d: have[d] for d in deps})
         except BaseException as e:  # a task may raise anything
-            raise _Failed(e) from None
-        if child is not None:
-            value = yield child  # its error comes back as _Failed
+            failed: _Failed | None = _Failed(e)
+        else:
+            failed = None
+            if child is not None:
+                try:
+                    value = yield child  # its error comes back as _Failed
+                except _Failed as f:
+                    failed = f
+        if failed is not None:
+            failed.key = k
+            failed.done = {key: have[key] for key in keys if key in have}
+            raise failed from None
         have[k] = value
         for d in deps:
             waiting[d] -= 1
             if not waiting[d]:
                 del have[d]
     return {k: have[k] for k in keys}
+
+
+def _record_failed(scope: Scope[Any], plan: Plan, failed: _Failed) -> None:
+    """A batch failed at task ``failed.key``: keep the outcome of its kept
+    keys as a cluster's client would hold their futures, so a later yield of
+    the same lazy value gets the same answer (dask's rule: a computed key
+    keeps its outcome): the values computed before the error, and the error
+    for the failed task and every task above it. Tasks that never ran are
+    not kept (computed if yielded again)."""
+    erred = {failed.key}
+    for k, node in plan.graph.items():  # dependencies first
+        if not erred.isdisjoint(node.dependencies):
+            erred.add(k)
+    outcome: dict[Any, Any] = dict(failed.done)
+    for k in erred:
+        outcome[k] = Failed(failed.error)
+    keep = [k for k in plan.keep if k in outcome]
+    if not keep:
+        return
+    kept = set(keep)
+    scope.cache.add(
+        [(layer, {o: n for o, n in names.items() if n in kept}) for layer, names in plan.layers]
+    )
+    for k in keep:
+        scope.held[k] = outcome[k]
+
+
+def _reraise(error: BaseException) -> Any:
+    raise error
 
 
 def _needed(plan: Plan) -> set[Any]:
