@@ -459,3 +459,61 @@ def test_plain_dask_keeps_an_erred_key_s_outcome(client, path):
     with pytest.raises(ValueError, match="first run fails"):
         second.result()
     assert RUNS == [1]
+
+
+# -- handed out: an unstarted inline call becomes a task ----------------------
+# A sibling that waits on the cluster first (an inline call yielding a plain
+# task) makes the engine promote every unstarted call of the stack to a task
+# before it waits: the path a stolen call takes (handed out, planned as
+# itself), here without depending on when a thread is idle.
+
+
+@coroutine
+def waits_first():
+    return (yield inc(0))
+
+
+@coroutine
+def handed_out_again():
+    c = flaky_inline(1)
+    outcomes = []
+    try:
+        outcomes.append((yield c))  # runs inline, raises
+    except ValueError as e:
+        outcomes.append(f"ValueError: {e}")
+    try:
+        outcomes.append((yield [waits_first(), c])[1])  # c handed out as a task
+    except ValueError as e:
+        outcomes.append(f"ValueError: {e}")
+    return outcomes
+
+
+def test_handed_out_a_call_that_raised_raises_again(client):
+    RUNS.clear()
+    assert compute("inline", client, handed_out_again()) == ["ValueError: first run fails"] * 2
+    assert RUNS == [1]
+
+
+@coroutine
+async def handed_out_derived(name):
+    _, value = await gather([waits_first(), derived(box(7))[name]()])
+    return value
+
+
+@pytest.mark.parametrize("name", EXPRESSIONS)
+def test_handed_out_lazy_values_built_from_a_call(client, name):
+    want = plain("inline", client, derived(plain_box(7))[name]())
+    assert compute("inline", client, handed_out_derived(name)) == want
+
+
+@coroutine
+def handed_out_wrapped(key):
+    from distributed import Future, get_client
+
+    f = Future(key, get_client())
+    return (yield [waits_first(), dask.delayed(f) + 1])[1]
+
+
+def test_handed_out_a_delayed_wrapping_a_future(client):
+    f = client.submit(lambda: 41, pure=False)
+    assert compute("inline", client, handed_out_wrapped(f.key)) == 42
