@@ -634,10 +634,15 @@ class _Run:
         """Our task changed state on this worker (a worker plugin's
         transition hook, on the event loop): if it no longer runs, stop
         waiting, and stop the trampoline before its next inline call."""
+        tramp = self.tramp
         if self._alive():
+            if tramp is not None:
+                # Asked for again before the loop read the stop (cancelled,
+                # then back to executing): go on, as if never stopped.
+                tramp.stop = False
             return
-        if self.tramp is not None:
-            self.tramp.stop = True  # read by the pool thread before each call
+        if tramp is not None:
+            tramp.stop = True  # read by the pool thread before each call
         waiting = self.waiting
         if waiting is not None and not waiting.done():
             self.stopped = True
