@@ -13,6 +13,7 @@ if _TYPE_CHECKING:
 from . import _config
 from ._context import current_key as current_key
 from ._exceptions import BadYieldError as BadYieldError
+from ._exceptions import BaseExceptionError as BaseExceptionError
 from ._exceptions import CoroutineCancelledError as CoroutineCancelledError
 from ._exceptions import DaskCoroError as DaskCoroError
 from ._exceptions import NotInTaskError as NotInTaskError
@@ -86,6 +87,7 @@ async def dask_setup(server: Any) -> None:
 
 __all__ = [
     "BadYieldError",
+    "BaseExceptionError",
     "CoroutineCall",
     "CoroutineCancelledError",
     "CoroutineFunction",

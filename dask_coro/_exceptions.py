@@ -4,6 +4,8 @@ Hierarchy::
 
     DaskCoroError (Exception)          base of the errors below
     ├── BadYieldError (TypeError)      a coroutine yielded or awaited something it may not
+    ├── BaseExceptionError             on a cluster, a coroutine raised a BaseException
+    │                                  subclass a client cannot receive (``.error`` holds it)
     ├── NotInTaskError (RuntimeError)  a task-context accessor was called outside a task
     └── PromiseError (RuntimeError)    a Promise was misused, or can never get a value
 
@@ -31,6 +33,28 @@ class DaskCoroError(Exception):
 
 class BadYieldError(DaskCoroError, TypeError):
     """A coroutine yielded (or awaited) an object dask_coro cannot compute."""
+
+
+class BaseExceptionError(DaskCoroError):
+    """On a cluster, a coroutine's body raised a ``BaseException`` that is not
+    an ``Exception`` (nor ``SystemExit``, ``KeyboardInterrupt`` or a
+    cancellation, which distributed handles itself): its task ends with this
+    error instead, which ``error`` holds.
+
+    distributed records such an exception as the task's error, but a client
+    waiting for the task never returns: ``Future.result()`` re-raises it
+    inside ``distributed.utils.sync``'s tornado coroutine, whose runner
+    (``tornado.gen.Runner.run``) catches ``Exception`` only, so the waiting
+    thread is never woken. A coroutine *parent* is given the original at its
+    yield, as inline and without a cluster.
+    """
+
+    def __init__(self, message: str, error: BaseException):
+        super().__init__(message, error)
+        self.error = error
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class NotInTaskError(DaskCoroError, RuntimeError):

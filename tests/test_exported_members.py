@@ -39,6 +39,7 @@ def test_all_matches_public_names():
 def test_all_exact():
     assert set(dask_coro.__all__) == {
         "BadYieldError",
+        "BaseExceptionError",
         "CoroutineCancelledError",
         "CoroutineCall",
         "CoroutineFunction",

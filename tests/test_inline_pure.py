@@ -893,3 +893,70 @@ def test_local_mode_results_errors_and_compute_once():
 def test_local_mode_same_waiting_call_twice_runs_once():
     assert same_waiting_call_twice().compute(scheduler="sync") == ["side", "side"]
     assert LOG == ["side"]
+
+
+# --------------------------------------------------------------------------
+# issue 24: a call keeps its outcome; stop before the next call
+
+
+@coroutine
+def fails_once(tag):
+    LOG.append(tag)
+    if LOG.count(tag) == 1:
+        raise ValueError(tag)
+    return tag
+
+
+@coroutine
+def yields_a_failed_call_again():
+    c = fails_once("x")
+    got = []
+    for _ in range(2):
+        try:
+            got.append((yield c))
+        except ValueError as e:
+            got.append(repr(e))
+    return got
+
+
+def test_a_call_that_raised_inline_keeps_its_error():
+    _, out = start(yields_a_failed_call_again)
+    assert returned(out) == ["ValueError('x')"] * 2
+    assert LOG == ["x"]  # run once
+
+
+def test_a_graph_built_on_a_call_that_raised_raises_its_error():
+    c = fails_once("y")
+    _, out = start(yields_one_call, c)
+    assert type(raised(out)) is ValueError
+    # Its task (a dependent's input) raises the same error, without a rerun.
+    with pytest.raises(ValueError, match="y"):
+        dask.compute(c, scheduler="sync")
+    assert LOG == ["y"]
+
+
+@coroutine
+def yields_one_call(c):
+    return (yield c)
+
+
+def test_stop_is_read_before_every_inline_call():
+    t = make()
+    calls = []
+
+    @coroutine
+    def leaf(i):
+        calls.append(i)
+        if i == 2:
+            t.stop = True  # as the worker runner sets it, from another thread
+        return i
+
+    @coroutine
+    def many():
+        for i in range(1000):
+            yield leaf(i)
+
+    out = t.start(many.__wrapped__, (), {}, "root-scope")
+    assert type(out) is Stopped
+    assert calls == [0, 1, 2]
+    assert t.close() == []

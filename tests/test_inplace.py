@@ -304,3 +304,20 @@ async def test_calls_computed_in_place_are_counted_by_function(c, s, a):
     t = await dask_coro.tree(f)
     done = {name: counts["done"] for name, counts in t.functions.items()}
     assert done == {"gen": 1, "my_len": 1, "inc": 25}, t.functions
+
+
+def test_a_future_in_the_graph_is_not_computed_in_place():
+    # dask.delayed(future): the graph maps the future's key to the Future (a
+    # TaskRef) itself; dask's convert_legacy_task would make it an Alias of
+    # its own key. Either way the value is on the cluster: not local.
+    from dask.delayed import Delayed
+    from dask.highlevelgraph import HighLevelGraph
+
+    from dask_coro._internals.dask_private import Alias, TaskRef
+    from dask_coro.core.localize import analyse
+
+    for node in (TaskRef("k"), Alias("k", "k")):
+        d = Delayed("k", HighLevelGraph.from_collections("k", {"k": node}))
+        assert analyse(d, {}, {}, lambda f: False, None) is None
+        plus = d + 1
+        assert analyse(plus, {}, {}, lambda f: False, None) is None

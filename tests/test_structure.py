@@ -196,3 +196,109 @@ def test_rebuild_length_mismatch():
     s0 = Structure(5, is_leaf)
     with pytest.raises(ValueError, match=r"^expected 0 results, got 1$"):
         s0.rebuild([1])
+
+
+# -- what is walked is what dask.compute walks (issue 24, item 4) -------------
+
+import collections  # noqa: E402
+import dataclasses  # noqa: E402
+import typing  # noqa: E402
+
+import dask  # noqa: E402
+import dask.utils  # noqa: E402
+
+from dask_coro.core.structure import is_namedtuple_instance  # noqa: E402
+
+
+@dataclasses.dataclass
+class DC:
+    a: object
+    b: object = 0
+
+
+class TypedPoint(typing.NamedTuple):
+    x: object
+    y: object
+
+
+class SubDict(dict):
+    pass
+
+
+class SubList(list):
+    pass
+
+
+class SubTuple(tuple):
+    pass
+
+
+class FieldsOnly(tuple):
+    _fields = ("a",)  # not the namedtuple API: dask does not walk it
+
+
+def shapes(leaf):
+    """Containers holding ``leaf()``s (fresh each call), the kinds dask
+    walks and the kinds it does not."""
+    return [
+        [leaf(), 1],
+        (leaf(), [leaf()]),
+        {"a": leaf(), "b": (leaf(),)},
+        collections.OrderedDict(a=leaf(), b=2),
+        DC(leaf(), [leaf()]),
+        DC(collections.OrderedDict(z=leaf())),
+        Point(leaf(), 3),
+        TypedPoint(leaf(), DC(leaf())),
+        SubDict(a=leaf()),
+        SubList([leaf()]),
+        SubTuple((leaf(),)),
+        FieldsOnly((leaf(),)),
+        DC,  # a dataclass type is a value, not a container
+    ]
+
+
+def test_walks_what_dask_compute_walks():
+    # A Delayed leaf: dask.compute replaces each one it reaches by its value.
+    # The same shapes with Leaf: Structure replaces the leaves it reaches. The
+    # two must reach the same ones and rebuild the same types.
+    n = [0]
+
+    def delayed_leaf():
+        n[0] += 1
+        return dask.delayed(n[0], name=f"leaf-{n[0]}")
+
+    def leaf():
+        n[0] += 1
+        return Leaf(n[0])
+
+    def fill(obj):
+        # a Leaf becomes its number, as a Delayed leaf computes to its number
+        s = Structure(obj, is_leaf)
+        return s.rebuild([x.name for x in s.leaves])
+
+    def delayed_to_marker(obj):
+        # What dask.compute left alone still holds Delayeds: compare them by key
+        return repr(obj).replace("Delayed('leaf-", "Leaf(").replace("')", ")")
+
+    n[0] = 0
+    ours = [fill(x) for x in shapes(leaf)]
+    n[0] = 0
+    theirs = [dask.compute(x, scheduler="sync")[0] for x in shapes(delayed_leaf)]
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert type(a) is type(b), (a, b)
+        assert repr(a) == delayed_to_marker(b), (a, b)
+
+
+def test_namedtuple_check_is_dask_s():
+    for obj in [Point(1, 2), TypedPoint(1, 2), (1, 2), FieldsOnly((1,)), SubTuple(()), [1], DC(1)]:
+        assert is_namedtuple_instance(obj) == dask.utils.is_namedtuple_instance(obj), obj
+
+
+def test_dataclass_and_ordered_dict_paths_and_rebuild():
+    a, b, c = Leaf("a"), Leaf("b"), Leaf("c")
+    s = Structure(DC(a, collections.OrderedDict(k=b, j=c)), is_leaf)
+    assert s.paths == [("a",), ("b", "k"), ("b", "j")]
+    out = s.rebuild([1, 2, 3])
+    assert out == DC(1, collections.OrderedDict(k=2, j=3))
+    assert type(out.b) is collections.OrderedDict and list(out.b) == ["k", "j"]

@@ -70,6 +70,27 @@ class _NotDone:
 NOT_DONE: Any = _NotDone()
 
 
+class Failed:
+    """``InlineCall.__dask_coro_value__`` of a call that raised ``error``
+    inline. A computed key keeps its outcome (dask's rule, as a task's error
+    stays with its key): yielding the same call again raises ``error`` again
+    instead of running it again, and a graph built on the call raises it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"Failed({self.error!r})"
+
+
+def _fail(leaf: Any, error: BaseException) -> None:
+    """Call ``leaf`` raised ``error``: its outcome, kept on it."""
+    leaf.__dask_coro_value__ = Failed(error)
+    leaf.__dask_coro_inline__ = None
+
+
 class InlineCall(Protocol):
     """What the engine needs of a call object (``Trampoline(call_type=...)``)
     to run it inline. ``runtime.call.CoroutineCall`` implements it. Plain
@@ -284,6 +305,9 @@ class Trampoline:
         Capacity elsewhere, as the caller last learned it (see ``Idle``).
     cancelled
         Asked every ``check_every`` calls run inline; True stops the run.
+        The prompt way is ``stop``: set it (from any thread: one attribute
+        store) when the run must stop, and no inline call starts after the
+        loop next reads it, before its next call.
     on_ended
         Called, at once, with each frame with a ``scope`` whose yield ended
         (resumed, or abandoned by an error) or whose body ended, so the caller
@@ -318,6 +342,9 @@ class Trampoline:
         self.idle = idle or _NO_IDLE
         self.cancelled = cancelled
         self.check_every = check_every
+        #: Set by the caller when the run must stop (its task was cancelled):
+        #: read before every inline call, which then returns ``Stopped``.
+        self.stop = False
         self.localize = localize
         self.stack: list[Frame] = []
         #: Without ``on_ended``: frames with a ``scope`` whose yield ended, or
@@ -704,6 +731,7 @@ class Trampoline:
                         at = top.at
                         top = stack[-1]
                     if ended is _RAISED:
+                        _fail(top.leaves[at], out)
                         self._abandon(top)
                         method, arg = top.body.throw, out
                         continue
@@ -814,12 +842,21 @@ class Trampoline:
                 if func is None:
                     done = leaf.__dask_coro_value__
                     if done is not NOT_DONE:
+                        if type(done) is Failed:
+                            # It raised before: raised again at this yield.
+                            self._abandon(top)
+                            method, arg = top.body.throw, done.error
+                            break
                         results[pos] = done
                         continue
                     # Handed out meanwhile at another position (the same call
                     # object yielded twice, stolen there): wait for that task.
                     self._to_remote(top, (pos,))
                     continue
+                if self.stop:
+                    # Cancelled: no call starts after this read (one
+                    # attribute load per call; fib(25) measures no cost).
+                    return Stopped()
                 countdown -= 1
                 if not countdown:
                     countdown = self.check_every
@@ -843,6 +880,7 @@ class Trampoline:
                 except BaseException as e:
                     if self._closing:
                         raise  # unwinding a parked body (close)
+                    _fail(leaf, e)
                     if run is not None:
                         self._failed(func)
                     if stack[-1] is not top:
@@ -1045,8 +1083,9 @@ class Trampoline:
 
     @staticmethod
     def _to_remote(frame: Frame, positions: Sequence[int]) -> int:
-        """Hand ``positions`` to the caller, but for calls computed already;
-        how many were handed."""
+        """Hand ``positions`` to the caller, but for calls computed already
+        (one that raised is handed out: its task raises its error); how many
+        were handed."""
         if frame.remote is _EMPTY:
             frame.remote = []
         remote = frame.remote
@@ -1054,7 +1093,7 @@ class Trampoline:
         n = 0
         for p in positions:
             done = frame.leaves[p].__dask_coro_value__
-            if done is not NOT_DONE:
+            if done is not NOT_DONE and type(done) is not Failed:
                 frame.results[p] = done
             else:
                 remote.append(p)

@@ -176,10 +176,16 @@ def analyse(
         node, layer = entry
         if layer is _ANNOTATED:
             return None
+        if isinstance(node, TaskRef):
+            # A Future (or a Promise's) in the graph, under its own key
+            # (``dask.delayed(future)``): its value is on the cluster.
+            # Checked before converting: ``convert_legacy_task`` makes it an
+            # ``Alias`` of its own key, which nothing here could compute.
+            return None
         if not isinstance(node, GraphNode):
             node = convert_legacy_task(k, node, nodes.keys())
             nodes[k] = (node, layer)
-        if isinstance(node, TaskRef) or _kind(node, is_call) < 0:
+        if _kind(node, is_call) < 0 or (isinstance(node, Alias) and node.target == k):
             return None
         if len(seen) > limit:
             return None
@@ -210,7 +216,7 @@ def _alias(target: Key, have: Mapping[Any, Any]) -> Any:
 def _call_of(
     node: Task, make_call: Callable[[Any, tuple[Any, ...], dict[str, Any], Key], Any], have: Mapping[Any, Any]
 ) -> Any:
-    args, kwargs = _arguments(node, have)
+    args, kwargs = arguments(node, have)
     return make_call(node.func, args, kwargs, node.key)
 
 
@@ -306,7 +312,7 @@ def evaluate(local: Local, fetched: Mapping[Key, Any]) -> Generator[list[Any], l
     return have[local.out]
 
 
-def _arguments(node: Task, have: Mapping[Key, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def arguments(node: Task, have: Mapping[Key, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """A coroutine task's arguments, computed as its task would receive them."""
     deps = {d: have[d] for d in node.dependencies}
     packed = Task(node.key, _pack, *node.args, **node.kwargs)

@@ -43,7 +43,7 @@ class Scope(Generic[H]):
         self.cache = ResultCache()
         self.held: dict[Key, H] = {}
         self.pending: dict[int, tuple[Key, H]] = {}
-        self.error: Exception | None = None
+        self.error: BaseException | None = None
 
     @staticmethod
     def wanted(outputs: Sequence[Key], keep: Sequence[Key], graph: Mapping[Key, Any]) -> list[Key]:

@@ -1,12 +1,21 @@
 """Flatten what a coroutine yielded into leaves, and rebuild the same shape.
 
-Pure: no dask, no distributed. Lists, tuples (namedtuples included) and dicts
-are walked; everything else is handed to ``classify``, which says whether it is a
-leaf to compute (True), a plain value to return as is (False), or raises.
+Pure: no dask, no distributed. What is walked is what ``dask.compute``
+walks (``dask.base.unpack_collections``, dask 2026.8.0): a ``list`` or
+``tuple``, a ``dict`` or ``OrderedDict`` (exact types: a subclass of either
+is a plain value, as dask returns it untouched), a dataclass instance (its
+``dataclasses.fields``, rebuilt as ``type(*values)``) and a namedtuple
+(``dask.utils.is_namedtuple_instance``, rebuilt as ``type(*items)``).
+Everything else is handed to ``classify``, which says whether it is a leaf to
+compute (True), a plain value to return as is (False), or raises (a set, which
+dask would walk, is refused there: it has no order to give results back in).
+``tests/test_structure.py`` compares the walk with ``dask.compute``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,11 +51,19 @@ class Structure:
         typ = type(obj)
         if typ is list:
             return [self._walk(x, (*path, i), classify) for i, x in enumerate(obj)]
-        if typ is tuple or (isinstance(obj, tuple) and hasattr(obj, "_fields")):
+        if typ is tuple or is_namedtuple_instance(obj):
             items = [self._walk(x, (*path, i), classify) for i, x in enumerate(obj)]
             return _TupleTemplate(typ, items)
         if typ is dict:
             return {k: self._walk(v, (*path, k), classify) for k, v in obj.items()}
+        if typ is OrderedDict:
+            return _DictTemplate(typ, {k: self._walk(v, (*path, k), classify) for k, v in obj.items()})
+        if hasattr(typ, _DATACLASS_FIELDS):  # dataclasses.is_dataclass, for an instance
+            items = [
+                self._walk(getattr(obj, f.name), (*path, f.name), classify)
+                for f in dataclasses.fields(obj)
+            ]
+            return _TupleTemplate(typ, items)
         if classify(obj, path):
             self.leaves.append(obj)
             self.paths.append(path)
@@ -75,11 +92,40 @@ class _Value:
 
 
 class _TupleTemplate:
+    """A tuple, namedtuple or dataclass: rebuilt as ``typ(*items)``."""
+
     __slots__ = ("typ", "items")
 
     def __init__(self, typ: type, items: list[Any]):
         self.typ = typ
         self.items = items
+
+
+class _DictTemplate:
+    """An ``OrderedDict``: rebuilt as ``typ(items)``."""
+
+    __slots__ = ("typ", "items")
+
+    def __init__(self, typ: type, items: dict[Any, Any]):
+        self.typ = typ
+        self.items = items
+
+
+_DATACLASS_FIELDS = "__dataclass_fields__"  # what dataclasses.is_dataclass looks for
+
+
+def is_namedtuple_instance(obj: Any) -> bool:
+    """``dask.utils.is_namedtuple_instance``, restated (this module imports no
+    dask; ``tests/test_structure.py`` compares the two): a tuple with the
+    namedtuple API."""
+    return (
+        isinstance(obj, tuple)
+        and hasattr(obj, "_make")
+        and hasattr(obj, "_asdict")
+        and hasattr(obj, "_replace")
+        and hasattr(obj, "_fields")
+        and hasattr(obj, "_field_defaults")
+    )
 
 
 def _fill(t: Any, results: Sequence[Any]) -> Any:
@@ -92,6 +138,8 @@ def _fill(t: Any, results: Sequence[Any]) -> Any:
         return [_fill(x, results) for x in t]
     if typ is dict:
         return {k: _fill(v, results) for k, v in t.items()}
+    if typ is _DictTemplate:
+        return t.typ({k: _fill(v, results) for k, v in t.items.items()})
     assert typ is _TupleTemplate
     items = [_fill(x, results) for x in t.items]
     return t.typ(*items) if t.typ is not tuple else tuple(items)

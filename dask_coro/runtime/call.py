@@ -24,7 +24,7 @@ from .. import _config
 from .._exceptions import Rejected
 from .._internals.dask_private import DataNode, Task, annotations_in_effect
 from ..core.classify import classifier, is_lazy
-from ..core.engine import NOT_DONE, Frame, Idle, Request, Trampoline
+from ..core.engine import NOT_DONE, Failed, Frame, Idle, Request, Trampoline
 from ..core.plan import func_token
 from .ops import _DASK, _KEY, _LENGTH, BuiltLazily, bind_operators
 
@@ -82,9 +82,10 @@ class CoroutineCall(BuiltLazily):
 
     @property
     def __dask_coro_done__(self) -> tuple[Any] | None:
-        """``(value,)`` once the call computed ``value`` inline, else None."""
+        """``(value,)`` once the call computed ``value`` inline, else None
+        (also when it raised: ``__dask_coro_value__`` is then ``Failed``)."""
         value = self.__dask_coro_value__
-        return None if value is NOT_DONE else (value,)
+        return None if value is NOT_DONE or type(value) is Failed else (value,)
 
     # No Delayed.__init__: ``CoroutineCall()`` makes an empty call, in C.
     __init__ = object.__init__
@@ -113,8 +114,15 @@ class CoroutineCall(BuiltLazily):
                     key = f"{fn.prefix}-{tokenize(fn.__wrapped__, args, kwargs)}"
                 else:
                     key = f"{fn.prefix}-{uuid.uuid4().hex}"
+            value = self.__dask_coro_value__
             done = self.__dask_coro_done__
-            if done is not None:
+            if type(value) is Failed:
+                # It raised inline: its key keeps that outcome, so its task
+                # (and every dependent) raises the same error.
+                graph = HighLevelGraph.from_collections(
+                    key, {key: Task(key, _reraise, DataNode(None, value.error))}, dependencies=()
+                )
+            elif done is not None:
                 # Computed inline already: dependents get the value, not a rerun.
                 graph = HighLevelGraph.from_collections(
                     key, {key: DataNode(key, done[0])}, dependencies=()
@@ -139,6 +147,11 @@ class CoroutineCall(BuiltLazily):
 
 
 bind_operators(CoroutineCall)  # x[i], x + y, sum(calls): LazyOp, built lazily too
+
+
+def _reraise(error: BaseException) -> Any:
+    """The task of a call that raised ``error`` inline."""
+    raise error
 
 
 def _built_call(key: Any, graph: Any, length: int | None) -> CoroutineCall:

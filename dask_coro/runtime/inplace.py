@@ -20,12 +20,12 @@ from functools import partial
 from typing import Any
 
 from dask.base import is_dask_collection
-from dask.delayed import Delayed
+from dask.delayed import Delayed, unpack_collections
 from dask.typing import Key
 from dask.utils import key_split
 
-from ..core.engine import NOT_DONE, Frame
-from ..core.localize import Local, analyse, evaluate
+from ..core.engine import NOT_DONE, Failed, Frame
+from ..core.localize import CHEAP, Local, analyse, evaluate
 from ..core.scope import Scope
 from .call import (
     _PLAIN,
@@ -127,6 +127,8 @@ def _analyse(leaf: Delayed, values: dict[Key, Any], known: dict[Key, Key]) -> tu
                 continue
             local.seen.add(name)
             if x.__dask_coro_inline__ is None and x.__dask_coro_value__ is not NOT_DONE:
+                if type(x.__dask_coro_value__) is Failed:
+                    return None  # planned, its task raises the error it raised
                 local.start[name] = x.__dask_coro_value__
                 continue
             if not x.built():
@@ -187,6 +189,8 @@ def _children(x: Any) -> list[Any] | None:
         if x._kwargs:
             args = (*args, *x._kwargs.values())
     else:
+        if x.op not in CHEAP:
+            return None  # a method call (``ops.Invoke``): its cost is unknown
         args = x.operands
     out: list[Any] = []
     for a in args:
@@ -212,6 +216,11 @@ def _lazy_in(a: Any) -> Iterator[Any]:
             yield from _lazy_in(b)
     elif is_dask_collection(a) or (type(a) in (set, frozenset) and any(isinstance(b, Delayed) for b in a)):
         yield None  # a collection (its graph is optimized as a whole), a Future
+    elif type(a) not in _PLAIN and unpack_collections(a)[1]:
+        # Another container dask unpacks in an argument (a dataclass, a
+        # namedtuple, a slice; ``dask.delayed.unpack_collections``) holding
+        # lazy values: a task, whose arguments dask computes as it would.
+        yield None
 
 
 def _subst(a: Any, have: Mapping[Any, Any]) -> Any:

@@ -74,6 +74,36 @@ class BuiltLazily(Delayed):
     # unknown attribute raises AttributeError.
     __setattr__ = object.__setattr__
 
+    def __getattr__(self, attr: str) -> Any:
+        """``x.attr``: a ``LazyOp`` of ``getattr``, as ``Delayed.__getattr__``
+        makes a ``DelayedAttr`` (its rules: no private names, dask's own
+        object under ``dask.annotate``), so it is awaitable and computed in
+        place like ``x[i]``. Reached only for names that are not attributes:
+        an unset slot (``_name``) raises at once."""
+        if attr.startswith("_"):
+            raise AttributeError(f"Attribute {attr} not found")
+        ann = annotations_in_effect.get()
+        if ann and ann.keys() != _SPAN_ONLY:
+            return Delayed.__getattr__(self, attr)
+        if attr == "dtype" and type(self) is LazyOp and self.op is getattr and self.operands[1] == "dtype":
+            # DelayedAttr.__getattr__'s guard: numpy probes x.dtype.dtype... (dask #4374)
+            raise AttributeError("Attribute dtype not found")
+        return make(getattr, (self, attr))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``x(...)``, and ``x.meth(...)`` on ``x.meth``: a ``LazyOp`` calling
+        it, as dask's ``Delayed.__call__`` and ``DelayedAttr.__call__`` make a
+        call (``call_function``, a new key each time: ``pure`` is off). Its
+        cost is unknown: a task, never computed in place. ``dask_key_name=``,
+        ``pure=`` and ``dask.annotate`` get dask's own object."""
+        ann = annotations_in_effect.get()
+        if "dask_key_name" in kwargs or "pure" in kwargs or (ann and ann.keys() != _SPAN_ONLY):
+            return Delayed.__call__(self, *args, **kwargs)
+        if type(self) is LazyOp and self.op is getattr and self.__dask_coro_value__ is NOT_DONE:
+            obj, name = self.operands
+            return make(Invoke(name), (obj, args, kwargs))
+        return make(Invoke(None), (self, args, kwargs))
+
 
 class LazyOp(BuiltLazily):
     """``op(*operands)`` on coroutine calls or other ``LazyOp``s: a full
@@ -149,6 +179,25 @@ class LazyOp(BuiltLazily):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _built, (self.key, self.dask, self._length)
+
+
+class Invoke:
+    """The operation of ``x.name(*args, **kwargs)`` (or of ``x(...)``, with
+    no name) in a ``LazyOp``: ``Invoke(name)(x, args, kwargs)``. Each is a
+    new token, so each call gets a key of its own (``pure=False``, dask's
+    default for ``call_function``)."""
+
+    def __init__(self, name: str | None):
+        self.name = name
+        self.__name__ = name or "call"  # the key's prefix (dask.utils.funcname)
+        self.token = uuid.uuid4().hex
+
+    def __call__(self, obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        f = obj if self.name is None else getattr(obj, self.name)
+        return f(*args, **kwargs)
+
+    def __dask_tokenize__(self) -> tuple[str, str]:
+        return ("dask_coro.Invoke", self.token)
 
 
 def _built(key: Any, graph: Any, length: int | None) -> Delayed:

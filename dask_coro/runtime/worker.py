@@ -50,7 +50,7 @@ from distributed.worker import get_worker
 
 from .. import _config
 from .._context import running_key
-from .._exceptions import CoroutineCancelledError, DaskCoroError, Released
+from .._exceptions import BaseExceptionError, CoroutineCancelledError, DaskCoroError, Released
 from .._internals import distributed_private as private
 from ..core.engine import Done, Frame, Idle, Outcome, Raised, Returned, Stopped, Submit, Trampoline
 from ..core.localize import evaluate
@@ -340,6 +340,7 @@ class _Run:
         # task stops running here (``changed``), and whether we cancelled it.
         self.waiting: asyncio.Future[Any] | None = None
         self.stopped = False
+        self.tramp: Trampoline | None = None  # ``changed`` stops it
         self.root: Scope[Future] = Scope(self.key)
         self.scopes: dict[int, Scope[Future]] = {id(self.root): self.root}
         self.start = time()
@@ -444,6 +445,7 @@ class _Run:
             localize=localizer(self._scope_of, self._fetch),
             count=count,
         )
+        self.tramp = tramp
         reporter = asyncio.ensure_future(self._report_calls(tramp)) if count else None
         step: Returned | Raised | None = None
         try:
@@ -467,7 +469,7 @@ class _Run:
                 out = await self._join(tramp, out.frame)
             if type(step) is Returned:
                 return step.value
-            raise step.error  # type: ignore[union-attr]
+            raise _deliverable(step.error)  # type: ignore[union-attr]
         except Released:
             logger.debug("coroutine %r cancelled; closing it", self.key)
             step = None
@@ -658,15 +660,32 @@ class _Run:
             await hold_segments(self.worker, self.key, results)
         except Released:
             raise
-        except Exception as e:
+        except _NOT_A_CHILD_S:
+            raise  # this worker is closing (or its loop is being stopped)
+        except BaseException as e:
+            # A child's error, a BaseException subclass too (as inline and
+            # without a cluster); the original of one a coroutine child could
+            # only deliver wrapped.
+            if type(e) is BaseExceptionError:
+                e = e.error
             return await self._step(tramp, tramp.throw, e)
         return await self._step(tramp, tramp.resume, results)
 
     def changed(self) -> None:
         """Our task changed state on this worker (a worker plugin's
-        transition hook, on the event loop): stop waiting if it no longer runs."""
+        transition hook, on the event loop): if it no longer runs, stop
+        waiting, and stop the trampoline before its next inline call."""
+        tramp = self.tramp
+        if self._alive():
+            if tramp is not None:
+                # Asked for again before the loop read the stop (cancelled,
+                # then back to executing): go on, as if never stopped.
+                tramp.stop = False
+            return
+        if tramp is not None:
+            tramp.stop = True  # read by the pool thread before each call
         waiting = self.waiting
-        if waiting is not None and not waiting.done() and not self._alive():
+        if waiting is not None and not waiting.done():
             self.stopped = True
             waiting.cancel()
 
@@ -731,6 +750,28 @@ _PLUGINS = {
     InlinePlugin.name: ("hands calls run inline out to idle threads", "coro.inline.enabled"),
     ReleasePlugin.name: ("lets workers release keys themselves", "coro.worker-release.enabled"),
 }
+
+
+#: Not a child's error when ``_join`` sees it: distributed passes these on
+#: (``_run_task_async`` re-raises SystemExit and KeyboardInterrupt) and
+#: cancels with the first.
+_NOT_A_CHILD_S = (asyncio.CancelledError, SystemExit, KeyboardInterrupt)
+
+
+def _deliverable(error: BaseException) -> BaseException:
+    """The error a coroutine task ends with for its body's ``error``: as is,
+    but for a BaseException a client could not receive (see
+    ``BaseExceptionError``)."""
+    if isinstance(error, (Exception, *_NOT_A_CHILD_S)):
+        return error
+    out = BaseExceptionError(
+        f"coroutine raised {error!r}, a BaseException that is not an Exception: a "
+        "distributed client waits forever on a task that ended with one, so the "
+        "task ends with this error; .error (and __cause__) is the original",
+        error,
+    )
+    out.__cause__ = error
+    return out
 
 
 async def _install(worker: Worker, plugin: Any) -> None:

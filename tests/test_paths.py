@@ -1,0 +1,519 @@
+"""One answer on every path (issue 24): the same coroutine run locally
+(without a cluster) and on a cluster, with calls inline (the default) and
+with every call a task (``coro.inline.enabled: False``), compared with what
+plain Dask gives for the same program.
+
+The cluster is one in-process worker with two threads (``processes=False``,
+so ``dask.config.set`` here reaches the worker that runs the coroutine).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import dask
+import pytest
+from distributed import Client, LocalCluster
+
+from dask_coro import coroutine, gather
+
+PATHS = ["local-inline", "local-task", "inline", "task"]
+
+
+@pytest.fixture(scope="module")
+def client():
+    with LocalCluster(
+        n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0"
+    ) as lc, Client(lc, set_as_default=False) as c:
+        yield c
+
+
+def compute(path, client, call):
+    """``call`` computed on ``path``; its error raised here."""
+    with dask.config.set({"coro.inline.enabled": path.endswith("inline")}):
+        if path.startswith("local"):
+            return call.compute(scheduler="sync")
+        return client.compute(call).result()
+
+
+def plain(path, client, obj):
+    """``obj`` computed by plain Dask on ``path``'s scheduler."""
+    return dask.compute(obj, scheduler="sync" if path.startswith("local") else client)[0]
+
+
+@dask.delayed(pure=False)
+def inc(x):
+    return x + 1
+
+
+# -- issue 24, item 4: containers dask traverses are traversed ---------------
+
+
+@dataclasses.dataclass
+class Pair:
+    a: object
+    b: object
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+class SubDict(dict):
+    pass
+
+
+def containers():
+    """Each container of Delayeds, made afresh (a Delayed is computed once)."""
+    return {
+        "ordered": lambda: collections.OrderedDict(a=inc(1), b=[inc(2), 5]),
+        "dataclass": lambda: Pair(inc(1), {"k": inc(2)}),
+        "namedtuple": lambda: Point(inc(1), (inc(2), 3)),
+        "nested": lambda: [Pair(Point(inc(1), 0), collections.OrderedDict(z=inc(2)))],
+        # Not traversed by dask.compute (dask/base.py unpack_collections walks
+        # dict and OrderedDict by exact type): returned as it is, Delayeds in it.
+        "dict-subclass": lambda: SubDict(a=1, b="x"),
+    }
+
+
+@coroutine
+def yields(kind):
+    got = yield containers()[kind]()
+    return got
+
+
+@coroutine
+async def awaits(kind):
+    return await gather(containers()[kind]())
+
+
+@pytest.mark.parametrize("kind", list(containers()))
+@pytest.mark.parametrize("body", [yields, awaits], ids=["yield", "await"])
+@pytest.mark.parametrize("path", PATHS)
+def test_containers_dask_traverses_are_traversed(client, path, body, kind):
+    got = compute(path, client, body(kind))
+    want = plain(path, client, containers()[kind]())
+    assert got == want
+    assert type(got) is type(want)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_dict_subclass_is_a_plain_value_as_in_dask(client, path):
+    @coroutine
+    def f():
+        d = SubDict(a=inc(1))
+        got = yield d
+        return got is d, type(got["a"]).__name__
+
+    assert compute(path, client, f()) == (True, "Delayed")
+    d = SubDict(a=inc(1))
+    assert plain(path, client, d) is d
+
+
+@coroutine
+def takes(x):
+    return x
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_containers_in_arguments_are_computed_as_dask_does(client, path):
+    # A call with a container argument holding lazy values: computed in
+    # place or as a task, its argument is what dask.delayed gives a task.
+    @coroutine
+    def f():
+        return (yield [takes(Pair(inc(1), 2)), takes(Point(inc(1), inc(2)))])
+
+    want = plain(path, client, [dask.delayed(takes.__wrapped__)(Pair(inc(1), 2)),
+                                dask.delayed(takes.__wrapped__)(Point(inc(1), inc(2)))])
+    assert compute(path, client, f()) == want == [Pair(2, 2), Point(2, 3)]
+
+
+# -- issue 24, item 1: a Delayed wrapping a Future, a Promise -----------------
+
+CLUSTER_PATHS = ["inline", "task"]  # a Future needs a cluster
+
+
+@coroutine
+def yields_wrapped(kind, key):
+    from distributed import Future, get_client
+
+    from dask_coro import Promise
+
+    if kind.startswith("promise"):
+        p = Promise()
+        p.resolve_with(inc(4))
+        x = p if kind == "promise" else p + 1
+    else:
+        f = Future(key, get_client())
+        x = {
+            "delayed": dask.delayed(f),
+            "delayed+1": dask.delayed(f) + 1,
+            "call": dask.delayed(lambda v: v + 1)(f),
+            "in-list": [dask.delayed(f), 1],
+        }[kind]
+    return (yield x)
+
+
+@pytest.mark.parametrize("kind", ["delayed", "delayed+1", "call", "in-list", "promise", "promise+1"])
+@pytest.mark.parametrize("path", CLUSTER_PATHS)
+def test_a_delayed_wrapping_a_future_and_a_promise(client, path, kind):
+    f = client.submit(lambda: 41, pure=False)
+    want = {
+        "delayed": 41,
+        "delayed+1": 42,
+        "call": 42,
+        "in-list": [41, 1],
+        "promise": 5,
+        "promise+1": 6,
+    }[kind]
+    # plain Dask, for what it can express here
+    if kind in ("delayed", "delayed+1", "call"):
+        plain_value = {"delayed": dask.delayed(f), "delayed+1": dask.delayed(f) + 1,
+                       "call": dask.delayed(lambda v: v + 1)(f)}[kind]
+        assert plain(path, client, plain_value) == want
+    assert compute(path, client, yields_wrapped(kind, f.key)) == want
+
+
+# -- issue 24, item 8: every lazy value built from a call is awaitable ---------
+
+
+class Box:
+    def __init__(self, v):
+        self.v = v
+        self.inner = {"k": [v, v + 1]}
+
+    def times(self, k, plus=0):
+        return self.v * k + plus
+
+    def __getitem__(self, i):
+        return self.v + i
+
+    def __call__(self, x):
+        return self.v - x
+
+
+def box_body(v):
+    return Box(v)
+
+
+box = coroutine(box_body)
+plain_box = dask.delayed(box_body, pure=True)
+
+
+def derived(b):
+    """The lazy values a user builds from a call (or a Delayed) ``b``."""
+    return {
+        "attr": lambda: b.v,
+        "attr.attr[i]": lambda: b.inner["k"][1],
+        "item": lambda: b[10],
+        "method": lambda: b.times(3),
+        "method-kwargs": lambda: b.times(2, plus=inc(0)),
+        "call": lambda: b(1),
+        "operator": lambda: b.v * 2 + 1,
+        "swapped": lambda: 100 - b.v,
+        "attr-of-method": lambda: b.times(3).real,
+    }
+
+
+EXPRESSIONS = list(derived(None))
+
+
+@coroutine
+async def awaits_derived(name):
+    return await derived(box(7))[name]()
+
+
+@coroutine
+async def gathers_derived(name):
+    return await gather(derived(box(7))[name]())
+
+
+@coroutine
+def yields_derived(name):
+    return (yield derived(box(7))[name]())
+
+
+@pytest.mark.parametrize("name", EXPRESSIONS)
+@pytest.mark.parametrize("path", PATHS)
+def test_await_of_every_lazy_value_built_from_a_call(client, path, name):
+    want = plain(path, client, derived(plain_box(7))[name]())
+    assert not dask.is_dask_collection(want)
+    assert compute(path, client, awaits_derived(name)) == want
+    assert compute(path, client, gathers_derived(name)) == want
+    assert compute(path, client, yields_derived(name)) == want
+
+
+# -- issue 24, item 3: recursion with task children, deep, without a cluster --
+
+LOCAL_PATHS = ["local-inline", "local-task"]
+
+
+@coroutine(inline=False)
+def down_tasks(n):
+    if n == 0:
+        return 0
+    return (yield down_tasks(n - 1)) + 1
+
+
+@coroutine
+def down_lazy(n):
+    # A lazy argument: a plain dask.delayed one keeps the call a task.
+    if n == 0:
+        return 0
+    return (yield down_lazy(inc(n - 2))) + 1
+
+
+@pytest.mark.parametrize("body", [down_tasks, down_lazy], ids=["inline=False", "lazy-argument"])
+@pytest.mark.parametrize("path", LOCAL_PATHS)
+def test_deep_recursion_of_task_children_without_a_cluster(path, body):
+    import sys
+
+    depth = 600
+    assert depth > sys.getrecursionlimit() / 2  # a level took ~14 frames before
+    assert compute(path, None, body(depth)) == depth
+
+
+@pytest.mark.parametrize("path", CLUSTER_PATHS)
+def test_recursion_of_task_children_on_a_cluster(client, path):
+    # The same program, shallower (every level is a task here): one answer.
+    assert compute(path, client, down_tasks(30)) == 30
+    assert compute(path, client, down_lazy(30)) == 30
+
+
+# -- issue 24, item 9: a BaseException subclass raised by a child ------------
+
+
+class UserBase(BaseException):
+    """A user's BaseException subclass (not SystemExit/KeyboardInterrupt)."""
+
+
+def raises_base(kind):
+    if kind == "system-exit":
+        raise SystemExit(3)
+    raise UserBase("from the child")
+
+
+child_inline = coroutine(raises_base, name="child_inline")
+child_task = coroutine(raises_base, inline=False, name="child_task")
+
+
+@coroutine
+def catches_base(kind, task):
+    child = {False: child_inline, True: child_task, "delayed": dask.delayed(raises_base)}[task]
+    try:
+        yield child(kind)
+    except BaseException as e:
+        return f"caught {type(e).__name__}: {e}"
+    return "not raised"
+
+
+@pytest.mark.parametrize("task", [False, True, "delayed"], ids=["inline-child", "task-child", "delayed-child"])
+@pytest.mark.parametrize("kind", ["user", "system-exit"])
+@pytest.mark.parametrize("path", LOCAL_PATHS)
+def test_a_base_exception_of_a_child_is_raised_at_the_yield_locally(path, kind, task):
+    want = "caught UserBase: from the child" if kind == "user" else "caught SystemExit: 3"
+    assert compute(path, None, catches_base(kind, task)) == want
+    # plain Dask on the sync scheduler raises it to the caller, type kept
+    with pytest.raises(UserBase if kind == "user" else SystemExit):
+        dask.compute(dask.delayed(raises_base)(kind), scheduler="sync")
+
+
+@pytest.mark.parametrize("task", [False, True, "delayed"], ids=["inline-child", "task-child", "delayed-child"])
+@pytest.mark.parametrize("path", CLUSTER_PATHS)
+def test_a_base_exception_of_a_child_is_raised_at_the_yield_on_a_cluster(client, path, task):
+    # (SystemExit and KeyboardInterrupt are not tried here: distributed's
+    # worker passes them on to its event loop, _run_task_async, which stops.)
+    assert compute(path, client, catches_base("user", task)) == "caught UserBase: from the child"
+
+
+@coroutine
+def root_raises_base():
+    yield inc(1)
+    raise UserBase("from the root")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_root_raising_a_base_exception(client, path):
+    # Locally dask's synchronous scheduler raises it as it is. On a cluster a
+    # client never returns from a task that ended with one (a plain task's
+    # Future.result() waits forever: distributed.utils.sync catches Exception
+    # only), so the coroutine's task ends with BaseExceptionError instead.
+    from dask_coro import BaseExceptionError
+
+    if path.startswith("local"):
+        with pytest.raises(UserBase, match="from the root"):
+            compute(path, client, root_raises_base())
+        return
+    with pytest.raises(BaseExceptionError, match="UserBase") as info:
+        compute(path, client, root_raises_base())
+    assert type(info.value.error) is UserBase
+    assert str(info.value.error) == "from the root"
+
+
+# -- issue 24, item 7: a cancel stops inline calls at the next call ------------
+
+import threading  # noqa: E402
+
+GATE = threading.Event()  # in-process workers: the test and the calls share it
+STARTED: list[int] = []
+CLOSED: list[str] = []
+
+
+def step_body(i):
+    STARTED.append(i)
+    if i == 5:
+        GATE.wait(60)  # held until the worker knows of the cancel
+    return i
+
+
+step_inline = coroutine(step_body, name="step_inline")
+step_task = coroutine(step_body, inline=False, name="step_task")
+
+
+@coroutine
+def many_steps(task):
+    try:
+        for i in range(1000):
+            yield (step_task if task else step_inline)(i)
+    finally:
+        CLOSED.append("finally")
+
+
+@pytest.mark.parametrize("path", CLUSTER_PATHS)
+def test_cancel_stops_calls_at_the_next_call(client, path):
+    from distributed.utils import sync
+
+    GATE.clear()
+    STARTED.clear()
+    CLOSED.clear()
+    (worker,) = client.cluster.workers.values()
+    with dask.config.set({"coro.inline.enabled": path == "inline"}):
+        call = many_steps(path == "task")
+        fut = client.compute(call)
+        key = fut.key
+
+        async def until(predicate):
+            from distributed.utils_test import async_poll_for
+
+            await async_poll_for(predicate, timeout=30)
+
+        sync(client.loop, until, lambda: 5 in STARTED)
+        assert key in worker.state.tasks
+        fut.cancel()
+        # The worker learned of it: its task no longer runs there.
+        sync(client.loop, until, lambda: getattr(worker.state.tasks.get(key), "state", None)
+             not in ("executing", "long-running"))
+        GATE.set()
+        sync(client.loop, until, lambda: CLOSED == ["finally"])
+    # Call 5 was running when the cancel came; none started after it.
+    assert STARTED == list(range(6))
+
+
+# -- issue 24, item 6: yielding a call again after it raised -----------------
+
+RUNS: list[int] = []  # in-process workers: the calls append here
+
+
+def flaky_body(x):
+    RUNS.append(x)
+    if len(RUNS) == 1:
+        raise ValueError("first run fails")
+    return len(RUNS)
+
+
+flaky_inline = coroutine(flaky_body, name="flaky_inline")
+flaky_task = coroutine(flaky_body, inline=False, name="flaky_task")
+
+
+@coroutine
+def yields_again(how):
+    c = (flaky_task if how.endswith("task") else flaky_inline)(1)
+    outcomes = []
+    for _ in range(2):
+        try:
+            outcomes.append((yield (takes(c) if how.startswith("argument") else c)))
+        except ValueError as e:
+            outcomes.append(f"ValueError: {e}")
+    return outcomes
+
+
+@pytest.mark.parametrize("how", ["same-call", "same-task", "argument", "argument-task"])
+@pytest.mark.parametrize("path", PATHS)
+def test_a_call_that_raised_raises_again_when_yielded_again(client, path, how):
+    RUNS.clear()
+    got = compute(path, client, yields_again(how))
+    assert got == ["ValueError: first run fails"] * 2
+    assert RUNS == [1]  # its outcome is kept: it did not run again
+
+
+@pytest.mark.parametrize("path", CLUSTER_PATHS)
+def test_plain_dask_keeps_an_erred_key_s_outcome(client, path):
+    # The rule borrowed: a key computed to an error, asked for again while
+    # held, gives the same error; its task does not run again.
+    RUNS.clear()
+    d = dask.delayed(flaky_body, pure=False)(1)
+    first = client.compute(d)
+    with pytest.raises(ValueError, match="first run fails"):
+        first.result()
+    second = client.compute(d)
+    with pytest.raises(ValueError, match="first run fails"):
+        second.result()
+    assert RUNS == [1]
+
+
+# -- handed out: an unstarted inline call becomes a task ----------------------
+# A sibling that waits on the cluster first (an inline call yielding a plain
+# task) makes the engine promote every unstarted call of the stack to a task
+# before it waits: the path a stolen call takes (handed out, planned as
+# itself), here without depending on when a thread is idle.
+
+
+@coroutine
+def waits_first():
+    return (yield inc(0))
+
+
+@coroutine
+def handed_out_again():
+    c = flaky_inline(1)
+    outcomes = []
+    try:
+        outcomes.append((yield c))  # runs inline, raises
+    except ValueError as e:
+        outcomes.append(f"ValueError: {e}")
+    try:
+        outcomes.append((yield [waits_first(), c])[1])  # c handed out as a task
+    except ValueError as e:
+        outcomes.append(f"ValueError: {e}")
+    return outcomes
+
+
+def test_handed_out_a_call_that_raised_raises_again(client):
+    RUNS.clear()
+    assert compute("inline", client, handed_out_again()) == ["ValueError: first run fails"] * 2
+    assert RUNS == [1]
+
+
+@coroutine
+async def handed_out_derived(name):
+    _, value = await gather([waits_first(), derived(box(7))[name]()])
+    return value
+
+
+@pytest.mark.parametrize("name", EXPRESSIONS)
+def test_handed_out_lazy_values_built_from_a_call(client, name):
+    want = plain("inline", client, derived(plain_box(7))[name]())
+    assert compute("inline", client, handed_out_derived(name)) == want
+
+
+@coroutine
+def handed_out_wrapped(key):
+    from distributed import Future, get_client
+
+    f = Future(key, get_client())
+    return (yield [waits_first(), dask.delayed(f) + 1])[1]
+
+
+def test_handed_out_a_delayed_wrapping_a_future(client):
+    f = client.submit(lambda: 41, pure=False)
+    assert compute("inline", client, handed_out_wrapped(f.key)) == 42
