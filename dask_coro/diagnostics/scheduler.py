@@ -87,7 +87,7 @@ class TreePlugin(SchedulerPlugin):
                 )
 
     def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
-        if key not in self.book.nodes:
+        if not self.book.follows(key):
             return
         if finish == "forgotten":
             self.book.forget(key)
