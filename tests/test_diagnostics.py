@@ -12,6 +12,7 @@ import re
 import shutil
 import threading
 import time
+from functools import partial
 
 import dask
 import pytest
@@ -293,6 +294,81 @@ async def test_root_forgotten_takes_its_tree(c, s, a, b):
     del f
     await async_poll_for(lambda: key not in s.tasks, 10)
     assert plugin.book.nodes == {} and plugin.book.roots == {}
+
+
+def book_is_empty(book) -> bool:
+    return not (book.nodes or book.roots or book.hidden or book.slots)
+
+
+@coroutine
+def spread(i, fail=False):
+    out = yield [leaf_task(i * 10 + j) for j in range(3)]
+    if fail:
+        raise ValueError(f"root {i} failed")
+    return out
+
+
+def plain_spread(i, fail=False):
+    def finish(out):
+        if fail:
+            raise ValueError(f"root {i} failed")
+        return out
+
+    return dask.delayed(finish)([dask.delayed(lambda x: x)(i * 10 + j) for j in range(3)])
+
+
+N_ROOTS = 20
+
+
+@pytest.mark.parametrize("inline", [True, False])
+@gen_cluster(client=True, nthreads=[("", 1), ("", 1)])
+async def test_every_end_of_a_root_takes_its_tree(c, s, a, b, inline):
+    # Success, error, cancel (right after each root started) and the client
+    # closing: after each, with the scheduler's tasks gone, the book is empty.
+    await c.register_plugin(dask_coro.TreePlugin())
+    book = s.plugins[NAME].book
+    with dask.config.set({"coro.inline.enabled": inline}):
+        # success, as plain dask computes it
+        fs = c.compute([spread(i) for i in range(N_ROOTS)])
+        assert await c.gather(fs) == dask.compute(
+            [plain_spread(i) for i in range(N_ROOTS)], scheduler="sync"
+        )[0]
+        assert len(book.roots) == N_ROOTS
+        del fs
+        await async_poll_for(lambda: not s.tasks, timeout=10)
+        assert book_is_empty(book)
+
+        # error, the same one plain dask raises
+        fs = c.compute([spread(i, fail=True) for i in range(N_ROOTS)])
+        for i, f in enumerate(fs):
+            with pytest.raises(ValueError, match=f"root {i} failed"):
+                await f
+            with pytest.raises(ValueError, match=f"root {i} failed"):
+                dask.compute(plain_spread(i, fail=True), scheduler="sync")
+        for f in fs:  # the raised errors' tracebacks refer to the futures
+            f.release()
+        await async_poll_for(lambda: not s.tasks, timeout=10)
+        assert book_is_empty(book)
+
+        # cancelled right after it started: its children's submission from
+        # the worker may reach the scheduler after it forgot the root
+        def started(key):
+            return key in s.tasks and s.tasks[key].state in ("processing", "memory")
+
+        for i in range(N_ROOTS):
+            f = c.compute(spread(i))
+            await async_poll_for(partial(started, f.key), timeout=10)
+            await f.cancel()
+        del f
+        await async_poll_for(lambda: not s.tasks, timeout=10)
+        assert book_is_empty(book)
+
+        # the client that computed them closes while they run
+        async with Client(s.address, asynchronous=True) as other:
+            fs = other.compute([spread(i) for i in range(N_ROOTS)])
+            await async_poll_for(lambda: book.roots, timeout=10)
+        await async_poll_for(lambda: not s.tasks, timeout=10)
+        assert book_is_empty(book)
 
 
 @gen_cluster(client=True, nthreads=[("", 1)])
