@@ -5,13 +5,18 @@ rewrite of scheduler state is checked by distributed's own invariants."""
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import dask
 import pytest
 from distributed import Event
 from distributed.utils_test import async_poll_for, gen_cluster
 
 from dask_coro import Promise, PromiseError, coroutine
-from dask_coro.examples import logical_task  # the README's promise example
+from dask_coro.examples import (
+    inc,
+    logical_task,  # the README's promise example
+)
 
 validated = dict(
     client=True,
@@ -29,6 +34,16 @@ class HandleOf:
 
     def __getitem__(self, i):
         return self.p
+
+
+class HandlesOf:
+    """Carries promises into a task without making them dependencies."""
+
+    def __init__(self, ps):
+        self.ps = list(ps)
+
+    def __getitem__(self, i):
+        return self.ps[i]
 
 
 @gen_cluster(**validated)
@@ -122,6 +137,92 @@ async def test_value_not_copied_when_target_is_local(c, s, a, b):
     # The promise ran on its target's worker, as an alias: the same object.
     assert holder.data[p.key] is holder.data[target.key]
     del keep_target
+
+
+# --- containers: traversed as dask.compute and a yield traverse them -----------
+
+Pair = namedtuple("Pair", "left right")
+
+
+@dask.delayed
+def plus_one(x):
+    return x + 1
+
+
+def containers():
+    """Containers of lazy values resolve_with must compute (delayed and
+    coroutine calls, a collection, nested, the same value twice), with what
+    plain dask computes for each."""
+    da = pytest.importorskip("dask.array")
+    twice = plus_one(10)
+    return [
+        [inc(1), inc(2)],
+        (plus_one(1), "plain", [inc(5), {"deep": plus_one(2)}]),
+        {"a": inc(1), "b": [twice, twice], "n": 3},
+        Pair(inc(1), da.ones(4, chunks=2).sum()),
+        [1, {"no": ("lazy", "value")}],
+    ]
+
+
+@gen_cluster(**validated)
+async def test_resolve_with_a_container_computes_it(c, s, a, b):
+    for x in containers():
+        (expected,) = dask.compute(x, scheduler="sync")  # plain dask, no cluster
+        p = await asyncio_to(Promise)
+        await asyncio_to(p.resolve_with, x)
+        assert await c.compute(p) == expected
+        assert type(await c.compute(p)) is type(expected)
+    # Futures in a container: the values, as gather gives them.
+    fut = c.submit(lambda: "from a future", key="the-future")
+    x = {"a": fut, "b": [fut, inc(1)]}
+    p = await asyncio_to(Promise)
+    await asyncio_to(p.resolve_with, x)
+    assert await c.compute(p) == {"a": "from a future", "b": ["from a future", 2]}
+    assert await c.gather({"a": fut}) == {"a": "from a future"}
+    # A dependent of the promise gets the computed container too.
+    p = await asyncio_to(Promise)
+    dep = c.compute(dask.delayed(sum)(p))
+    await asyncio_to(p.resolve_with, [inc(1), plus_one(2)])
+    assert await dep == 2 + 3
+
+
+@gen_cluster(**validated)
+async def test_resolve_with_a_set_of_lazy_values_is_refused(c, s, a, b):
+    p = await asyncio_to(Promise)
+    with pytest.raises(PromiseError, match=r"set of lazy values at \[1\].*use a list"):
+        await asyncio_to(p.resolve_with, [1, {plus_one(1)}])
+    await asyncio_to(p.resolve_with, [{1, 2}])  # a set of plain values is a value
+    assert await c.compute(p) == [{1, 2}]
+
+
+@coroutine
+def resolves_container(handle):
+    # What containers() builds, here inside a running coroutine.
+    for i, x in enumerate(containers()):
+        handle[i].resolve_with(x)
+    return "resolved"
+
+
+@coroutine
+def drives(handle):
+    return (yield resolves_container(handle))
+
+
+@pytest.mark.parametrize("inline", [True, False])
+@gen_cluster(**validated)
+async def test_resolve_with_a_container_from_a_coroutine(c, s, a, b, inline):
+    # The resolver runs as an inline call of its parent, or as a task.
+    expected = dask.compute(containers(), scheduler="sync")[0]
+    promises = [await asyncio_to(Promise) for _ in expected]
+    with dask.config.set({"coro.inline.enabled": inline}):
+        assert await c.compute(drives(HandlesOf(promises))) == "resolved"
+    assert await c.gather(c.compute(promises)) == expected
+
+
+def test_promise_in_a_coroutine_without_a_cluster():
+    # The local path: no scheduler to park a promise on, a clear error.
+    with pytest.raises(PromiseError, match="distributed"):
+        creates_and_waits().compute(scheduler="sync")
 
 
 # --- errors ---------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import uuid
+from functools import partial
 from typing import Any
 
 import dask
@@ -22,6 +23,7 @@ from .._context import current_key
 from .._exceptions import NotInTaskError, PromiseError
 from .._internals.dask_private import DataNode, GraphNode, Task, TaskRef, convert_legacy_task
 from ..core.plan import collection_graph
+from ..core.structure import Path, Structure, format_path
 from .parked import PARK_RESOURCE, unresolved
 
 
@@ -131,9 +133,12 @@ class Promise(Delayed):
 
     def resolve_with(self, x: Any) -> None:
         """Point this promise at ``x`` (a ``Delayed`` or coroutine call, a
-        ``Future``, a dask collection or a plain value) and return at once.
+        ``Future``, a dask collection, lists, tuples and dicts of them, or a
+        plain value) and return at once.
 
-        Its value becomes the value of ``x``; nothing waits for ``x`` here.
+        Its value becomes the value of ``x``, containers traversed as
+        ``dask.compute`` and a yield traverse them (``[inc(1), inc(2)]``
+        gives ``[2, 3]``); nothing waits for ``x`` here.
 
         Raises
         ------
@@ -186,18 +191,33 @@ class Promise(Delayed):
 
     def _target_graph(self, x: Any) -> tuple[Key, dict[Key, Any]]:
         """The key ``x`` lives under and the graph to submit for it, with this
-        promise standing for itself (see the class docstring)."""
+        promise standing for itself (see the class docstring).
+
+        A list, tuple or dict (what ``core.structure`` walks, as a yield does)
+        holding lazy values becomes one task that rebuilds it from their
+        results, as ``dask.compute`` would give it; without lazy values it is
+        a plain value."""
         if isinstance(x, TaskRef):  # a Future: already on the cluster
             return x.key, {}
-        if isinstance(x, Delayed):
-            target = x.key
-            dsk: dict[Key, Any] = dict(x.__dask_graph__())
-        elif dask.is_dask_collection(x):
-            target, nodes = collection_graph(x)
-            dsk = {k: v for k, (v, _) in nodes.items()}
+        if _is_lazy(x):
+            target, dsk = _lazy_graph(x)
         else:
+            shape = Structure(x, partial(_classify, self.key))
+            if not shape.leaves:
+                target = f"promise-value-{uuid.uuid4().hex}"
+                return target, {target: DataNode(target, x)}
+            dsk = {}
+            refs = []
+            for leaf in shape.leaves:
+                if isinstance(leaf, TaskRef):  # a Future: the graph carries it
+                    key: Key = leaf.key
+                    dsk[key] = leaf
+                else:
+                    key, leaf_dsk = _lazy_graph(leaf)
+                    dsk.update(leaf_dsk)
+                refs.append(TaskRef(key))
             target = f"promise-value-{uuid.uuid4().hex}"
-            return target, {target: DataNode(target, x)}
+            dsk[target] = Task(target, _rebuild, shape, *refs)
         dsk.pop(self.key, None)
         me = DataNode(None, self)
         for k, v in list(dsk.items()):
@@ -213,6 +233,40 @@ class Promise(Delayed):
                     v = Task(k, _Resolving(self.key, v.func), *v.args, **v.kwargs)
             dsk[k] = v
         return target, dsk
+
+
+def _is_lazy(x: Any) -> bool:
+    return isinstance(x, Delayed) or dask.is_dask_collection(x)
+
+
+def _lazy_graph(x: Any) -> tuple[Key, dict[Key, Any]]:
+    """The key and graph of a ``Delayed`` (coroutine calls, promises) or of
+    any other dask collection, as ``Client.compute`` would submit it."""
+    if isinstance(x, Delayed):
+        return x.key, dict(x.__dask_graph__())
+    target, nodes = collection_graph(x)
+    return target, {k: v for k, (v, _) in nodes.items()}
+
+
+def _classify(promise: Key, obj: Any, path: Path) -> bool:
+    """A leaf of ``resolve_with``'s container: True for a value to compute."""
+    if isinstance(obj, TaskRef) or _is_lazy(obj):
+        return True
+    if isinstance(obj, (set, frozenset)) and any(
+        isinstance(o, TaskRef) or _is_lazy(o) for o in obj
+    ):
+        raise PromiseError(
+            f"cannot resolve promise {promise!r} with a set of lazy values at "
+            f"{format_path(path)}: a set has no order to give results back in; "
+            "use a list instead"
+        )
+    return False
+
+
+def _rebuild(shape: Structure, *values: Any) -> Any:
+    """The task a container target becomes: its shape, with the values of its
+    lazy leaves."""
+    return shape.rebuild(values)
 
 
 def _promise_from_key(key: Key) -> Promise:
