@@ -335,6 +335,146 @@ async def test_resolving_with_itself(c, s, a, b):
         await asyncio_to(p.resolve_with, p)
 
 
+# --- a forgotten promise is refused at once (no wait for it to arrive) ----------
+
+
+@coroutine
+def resolves_first(handle, x):
+    try:
+        handle[0].resolve_with(x)
+    except PromiseError as e:
+        return str(e)
+    return "resolved"
+
+
+@pytest.mark.parametrize("where", ["client", "inline", "task"])
+@gen_cluster(**validated)
+async def test_resolving_a_cancelled_promise(c, s, a, b, where):
+    # The default test timeout (30 s) is below the 60 s this used to wait.
+    p = await asyncio_to(Promise)
+    dep = c.compute(plus_one(p))
+    await c.cancel([c.compute(p)])  # this client's only wish: forgotten
+    await async_poll_for(lambda: p.key not in s.tasks, timeout=10)
+    if where == "client":
+        with pytest.raises(PromiseError, match="not known to the scheduler: it was cancelled"):
+            await asyncio_to(p.resolve_with, 1)
+    else:
+        with dask.config.set({"coro.inline.enabled": where == "inline"}):
+            message = await c.compute(drives_first(HandlesOf([p]), 1))
+        assert "not known to the scheduler: it was cancelled" in message
+    # As a plain dask dependent of a cancelled future: cancelled too.
+    assert dep.cancelled()
+    assert not s.plugins["dask-coro-promises"].marks
+
+
+@coroutine
+def drives_first(handle, x):
+    return (yield resolves_first(handle, x))
+
+
+@gen_cluster(**validated)
+async def test_a_promise_resolved_while_its_creation_is_in_flight(c, s, a, b):
+    # The check waits for the client's own stream, not for a timeout: with
+    # the stream slow, the creation and earlier rewirings still arrive first.
+    from dask_coro._internals.distributed_private import set_batch_interval
+
+    set_batch_interval(c, 0.3)
+
+    def create_and_resolve():
+        p, q = Promise(), Promise()
+        q.resolve_with(plus_one(1))
+        p.resolve_with(plus_one(q))  # q's rewiring is on the stream, p's check is not
+        return p
+
+    p = await asyncio_to(create_and_resolve)
+    assert await c.compute(p) == 3
+
+
+# --- cycles are refused ----------------------------------------------------------
+
+
+def test_plain_dask_refuses_a_cycle():
+    # What we match: dask refuses a cyclic graph at once.
+    with pytest.raises(RuntimeError, match=r"[Cc]ycle"):
+        dask.get({"a": (abs, "b"), "b": (abs, "a")}, "a")
+
+
+@gen_cluster(**validated)
+async def test_resolving_promises_with_each_other(c, s, a, b):
+    p1, p2, p3 = [await asyncio_to(Promise) for _ in range(3)]
+    dep = c.compute(plus_one(p1))
+    await asyncio_to(p2.resolve_with, p1)
+    with pytest.raises(PromiseError, match=rf"{p1.key}.*dependency cycle"):
+        await asyncio_to(p1.resolve_with, p2)
+    # longer: p1 -> p3 -> p2 -> p1
+    await asyncio_to(p3.resolve_with, p2)
+    with pytest.raises(PromiseError, match="dependency cycle"):
+        await asyncio_to(p1.resolve_with, p3)
+    # Refused, nothing changed: p1 may still be resolved with a value.
+    await asyncio_to(p1.resolve_with, 41)
+    assert await dep == 42
+    assert await c.gather(c.compute([p1, p2, p3])) == [41, 41, 41]
+
+
+@pytest.mark.parametrize("where", ["client", "inline", "task"])
+@gen_cluster(**validated)
+async def test_a_cycle_through_ordinary_tasks(c, s, a, b, where):
+    # p1 resolved with a task that depends on p2, p2 with one depending on p1.
+    p1, p2 = [await asyncio_to(Promise) for _ in range(2)]
+    await asyncio_to(p1.resolve_with, [plus_one(p2), 0])
+    if where == "client":
+        with pytest.raises(PromiseError, match=rf"cannot be resolved with .*{p1.key}.*dependency cycle"):
+            await asyncio_to(p2.resolve_with, on_top_of(p1))
+    else:
+        with dask.config.set({"coro.inline.enabled": where == "inline"}):
+            message = await c.compute(closes_cycle(HandlesOf([p1, p2])))
+        assert "dependency cycle" in message and p1.key in message
+    await asyncio_to(p2.resolve_with, 1)
+    assert await c.compute(p1) == [2, 0]
+
+
+def on_top_of(p):
+    return dask.delayed(sum)([plus_one(plus_one(p)), 1])
+
+
+@coroutine
+def resolves_second_with_first(handle):
+    # Built here, so that the promise is not a dependency of this coroutine.
+    try:
+        handle[1].resolve_with(on_top_of(handle[0]))
+    except PromiseError as e:
+        return str(e)
+    return "resolved"
+
+
+@coroutine
+def closes_cycle(handle):
+    return (yield resolves_second_with_first(handle))
+
+
+@gen_cluster(**validated)
+async def test_two_resolves_racing_into_a_cycle_fail_rather_than_hang(c, s, a, b):
+    # Both checks pass before either rewiring arrives (done here by hand, as
+    # two clients' streams could): the second rewiring to arrive closes the
+    # loop, is refused on the scheduler, and the promises fail.
+    from dask_coro._internals.distributed_private import send_on_client_stream
+
+    p1, p2 = [await asyncio_to(Promise) for _ in range(2)]
+    await async_poll_for(lambda: p1.key in s.tasks and p2.key in s.tasks, timeout=10)
+    t1, t2 = plus_one(p2), plus_one(p1)
+    for p, t, up in [(p1, t1, p2), (p2, t2, p1)]:
+        reply = await c.scheduler.dask_coro_promise_check(promise=p.key, target=t.key, upstream=[up.key])
+        assert reply == {"status": "OK"}
+    held = c.compute([t1, t2])
+    for p, t in [(p1, t1), (p2, t2)]:
+        send_on_client_stream(c, {"op": "dask-coro-promise-resolve", "promise": p.key, "target": t.key})
+    with pytest.raises(PromiseError, match=rf"{p2.key}.*dependency cycle"):
+        await c.compute(p2)
+    with pytest.raises(PromiseError, match="dependency cycle"):
+        await c.compute(p1)  # it waits on p2 through t1
+    del held
+
+
 def test_promise_needs_a_cluster():
     with pytest.raises(PromiseError, match=r"needs a distributed Client|distributed scheduler"):
         Promise()

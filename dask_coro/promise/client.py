@@ -89,7 +89,10 @@ class Promise(Delayed):
     - once it points at a task, only that task may point it elsewhere; the
       last target wins; a task that re-runs (its worker died) and resolves
       again is a no-op;
-    - a promise with a final value cannot be resolved again;
+    - a promise with a final value cannot be resolved again, nor one the
+      scheduler forgot (cancelled or released);
+    - a promise cannot depend on itself: resolving it with anything that
+      depends on it (through other promises or tasks) is refused;
     - a promise created in a task, which that task finished without resolving,
       fails with ``PromiseError`` (nothing else could resolve it);
     - a promise whose target fails gets the target's exception; one whose
@@ -143,30 +146,39 @@ class Promise(Delayed):
         Raises
         ------
         PromiseError
-            If the promise already has a final value, or if it points at a task
-            other than the caller.
+            If the promise already has a final value, if it points at a task
+            other than the caller, if the scheduler forgot it (cancelled or
+            released), or if ``x`` depends on the promise (a cycle: the
+            promise would wait for itself; inside ``x``'s own graph the
+            promise stands for itself instead, see the class docstring).
         """
         client = _client()
         _install(client)
         resolver = _running_key()
         target, dsk = self._target_graph(x)
+        # distributed is loaded: we hold one of its clients.
+        from .._internals.distributed_private import send_on_client_stream
+
         # Vet first (one round trip, so errors reach the caller), then send the
         # target's graph and the rewiring on the client's batched stream, where
         # the scheduler handles them in order without waiting for each other.
+        # The check waits for a mark sent on that stream first: it sees what
+        # this client sent before (the promise's creation, earlier rewirings).
+        mark = uuid.uuid4().hex
+        send_on_client_stream(client, {"op": "dask-coro-promise-mark", "token": mark})
         reply = client.sync(
             client.scheduler.dask_coro_promise_check,
             promise=self.key,
             target=target,
             resolver=resolver,
+            mark=mark,
+            upstream=_upstream(target, dsk),
         )
         if reply.get("status") != "OK":
             raise PromiseError(reply.get("message", repr(reply)))
         if reply.get("noop"):
             return
         futures = client.get(dsk, [target], sync=False) if dsk else []
-        # distributed is loaded: we hold one of its clients.
-        from .._internals.distributed_private import send_on_client_stream
-
         send_on_client_stream(
             client,
             {
@@ -233,6 +245,21 @@ class Promise(Delayed):
                     v = Task(k, _Resolving(self.key, v.func), *v.args, **v.kwargs)
             dsk[k] = v
         return target, dsk
+
+
+def _upstream(target: Key, dsk: dict[Key, Any]) -> list[Key]:
+    """The keys already on the scheduler that the graph of ``target`` depends
+    on (its Futures, and dependencies outside it): where a dependency cycle
+    back to the promise would have to pass."""
+    if not dsk:
+        return [target]
+    out = set()
+    for k, v in dsk.items():
+        if isinstance(v, TaskRef):
+            out.add(k)
+        elif isinstance(v, GraphNode):
+            out.update(d for d in v.dependencies if d not in dsk)
+    return list(out)
 
 
 def _is_lazy(x: Any) -> bool:
