@@ -453,6 +453,20 @@ def closes_cycle(handle):
 
 
 @gen_cluster(**validated)
+async def test_a_cycle_through_a_task_already_on_the_scheduler(c, s, a, b):
+    # d, computed first, is the scheduler's task under its key, depending on
+    # p, though inside the target's graph p would stand for itself.
+    p = await asyncio_to(Promise)
+    d = plus_one(p)
+    dep = c.compute(d)
+    await async_poll_for(lambda: dep.key in s.tasks, timeout=10)
+    with pytest.raises(PromiseError, match=rf"{dep.key}.*dependency cycle"):
+        await asyncio_to(p.resolve_with, dask.delayed(sum)([d, 1]))
+    await asyncio_to(p.resolve_with, 1)
+    assert await dep == 2
+
+
+@gen_cluster(**validated)
 async def test_two_resolves_racing_into_a_cycle_fail_rather_than_hang(c, s, a, b):
     # Both checks pass before either rewiring arrives (done here by hand, as
     # two clients' streams could): the second rewiring to arrive closes the
@@ -472,6 +486,38 @@ async def test_two_resolves_racing_into_a_cycle_fail_rather_than_hang(c, s, a, b
         await c.compute(p2)
     with pytest.raises(PromiseError, match="dependency cycle"):
         await c.compute(p1)  # it waits on p2 through t1
+    del held
+
+
+@gen_cluster(**validated)
+async def test_a_re_pointing_racing_into_a_cycle_is_refused_to_its_resolver(c, s, a, b):
+    # p points at task T; T re-points it to X (depending on p2) while p2 is
+    # resolved with Y (depending on p), both granted before either arrives.
+    # The re-pointing arrives second: refused, and ``applied``, which T waits
+    # in, says why (resolve_with raises it in T, and p fails with T).
+    from dask_coro._internals.distributed_private import send_on_client_stream
+
+    p, p2 = [await asyncio_to(Promise) for _ in range(2)]
+    ev = Event()
+    t = dask.delayed(lambda h: Event(ev.name).wait())(HandleOf(p))
+    await asyncio_to(p.resolve_with, t)
+    await async_poll_for(lambda: s.plugins["dask-coro-promises"].targets.get(p.key) == t.key, timeout=10)
+    x, y = plus_one(p2), plus_one(p)
+    checks = [(p, x, t.key, p2), (p2, y, None, p)]
+    for q, target, resolver, up in checks:
+        reply = await c.scheduler.dask_coro_promise_check(
+            promise=q.key, target=target.key, resolver=resolver, upstream=[up.key]
+        )
+        assert reply["status"] == "OK"
+    held = c.compute([x, y])
+    for q, target, resolver, _ in checks[::-1]:
+        send_on_client_stream(
+            c, {"op": "dask-coro-promise-resolve", "promise": q.key, "target": target.key, "resolver": resolver}
+        )
+    reply = await c.scheduler.dask_coro_promise_applied(promise=p.key, target=x.key)
+    assert reply["status"] == "error" and "dependency cycle" in reply["message"]
+    assert s.plugins["dask-coro-promises"].targets[p.key] == t.key  # unchanged
+    await ev.set()
     del held
 
 

@@ -155,7 +155,7 @@ class Promise(Delayed):
         client = _client()
         _install(client)
         resolver = _running_key()
-        target, dsk = self._target_graph(x)
+        target, dsk, receivers = self._target_graph(x)
         # distributed is loaded: we hold one of its clients.
         from .._internals.distributed_private import send_on_client_stream
 
@@ -172,7 +172,7 @@ class Promise(Delayed):
             target=target,
             resolver=resolver,
             mark=mark,
-            upstream=_upstream(target, dsk),
+            upstream=_upstream(target, dsk, receivers),
         )
         if reply.get("status") != "OK":
             raise PromiseError(reply.get("message", repr(reply)))
@@ -201,23 +201,24 @@ class Promise(Delayed):
         for f in futures:
             f.release()
 
-    def _target_graph(self, x: Any) -> tuple[Key, dict[Key, Any]]:
-        """The key ``x`` lives under and the graph to submit for it, with this
-        promise standing for itself (see the class docstring).
+    def _target_graph(self, x: Any) -> tuple[Key, dict[Key, Any], list[Key]]:
+        """The key ``x`` lives under, the graph to submit for it, with this
+        promise standing for itself (see the class docstring), and the keys of
+        that graph whose task received the promise that way.
 
         A list, tuple or dict (what ``core.structure`` walks, as a yield does)
         holding lazy values becomes one task that rebuilds it from their
         results, as ``dask.compute`` would give it; without lazy values it is
         a plain value."""
         if isinstance(x, TaskRef):  # a Future: already on the cluster
-            return x.key, {}
+            return x.key, {}, []
         if _is_lazy(x):
             target, dsk = _lazy_graph(x)
         else:
             shape = Structure(x, partial(_classify, self.key))
             if not shape.leaves:
                 target = f"promise-value-{uuid.uuid4().hex}"
-                return target, {target: DataNode(target, x)}
+                return target, {target: DataNode(target, x)}, []
             dsk = {}
             refs = []
             for leaf in shape.leaves:
@@ -232,28 +233,32 @@ class Promise(Delayed):
             dsk[target] = Task(target, _rebuild, shape, *refs)
         dsk.pop(self.key, None)
         me = DataNode(None, self)
+        receivers = []
         for k, v in list(dsk.items()):
             if isinstance(v, TaskRef):
                 continue  # a Future already on the cluster
             if not isinstance(v, GraphNode):
                 v = convert_legacy_task(k, v, dsk.keys())
             if self.key in v.dependencies:
+                receivers.append(k)
                 v = v.substitute({self.key: me})
                 if isinstance(v, Task):
                     # A task that receives the promise is one of its resolvers:
                     # if it fails, say which promise it left unresolved.
                     v = Task(k, _Resolving(self.key, v.func), *v.args, **v.kwargs)
             dsk[k] = v
-        return target, dsk
+        return target, dsk, receivers
 
 
-def _upstream(target: Key, dsk: dict[Key, Any]) -> list[Key]:
-    """The keys already on the scheduler that the graph of ``target`` depends
-    on (its Futures, and dependencies outside it): where a dependency cycle
-    back to the promise would have to pass."""
+def _upstream(target: Key, dsk: dict[Key, Any], receivers: list[Key]) -> list[Key]:
+    """Where a dependency cycle from the graph of ``target`` back to the
+    promise would have to pass: the keys already on the scheduler it depends
+    on (its Futures, and dependencies outside it), and its tasks that received
+    the promise (one with the same key may be on the scheduler already,
+    depending on the promise: the scheduler keeps its task, not ours)."""
     if not dsk:
         return [target]
-    out = set()
+    out = set(receivers)
     for k, v in dsk.items():
         if isinstance(v, TaskRef):
             out.add(k)
