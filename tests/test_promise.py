@@ -576,3 +576,89 @@ async def test_resolver_cancelled_before_resolving(c, s, a, b):
     with pytest.raises(FutureCancelledError, match=p.key + "|lost dependencies|cancelled"):
         await dep
     await ev.set()
+
+
+# --- the cycle walk's cost, on a stand-in for the scheduler's task table ---------
+
+
+class _TS:
+    def __init__(self, key, state="waiting"):
+        self.key = key
+        self.state = state
+        self.dependencies = set()
+        self.dependents = set()
+
+
+class _CountingTasks(dict):
+    looked_up = 0
+
+    def get(self, key, default=None):
+        type(self).looked_up += 1
+        return super().get(key, default)
+
+
+def _chain(tasks, prefix, n, state="waiting"):
+    """n tasks, each depending on the one before; returns (first, last)."""
+    prev = None
+    for i in range(n):
+        ts = tasks[f"{prefix}-{i}"] = _TS(f"{prefix}-{i}", state)
+        if prev is not None:
+            ts.dependencies.add(prev)
+            prev.dependents.add(ts)
+        prev = ts
+    return tasks[f"{prefix}-0"], prev
+
+
+def _plugin_on(tasks):
+    from types import SimpleNamespace
+
+    from dask_coro.promise.scheduler import PromisePlugin
+
+    plugin = PromisePlugin()
+    plugin.scheduler = SimpleNamespace(tasks=tasks)
+    return plugin
+
+
+def test_cycle_walk_searches_from_the_smaller_side(caplog):
+    from dask_coro.promise import scheduler as promise_scheduler
+
+    tasks = _CountingTasks()
+    p = tasks["p"] = _TS("p", "no-worker")
+    _, big_end = _chain(tasks, "up", 10_000)  # the target's large unfinished graph
+    dep = tasks["dep"] = _TS("dep")  # the promise's one dependent
+    dep.dependencies.add(p)
+    p.dependents.add(dep)
+    plugin = _plugin_on(tasks)
+    _CountingTasks.looked_up = 0
+    assert plugin._path_to("p", [big_end.key], pending=False) is None
+    assert _CountingTasks.looked_up < 10  # not the 10,000 upstream
+    # The same target with the promise at the bottom of its graph: found,
+    # with the whole path.
+    bottom = tasks["up-0"]
+    bottom.dependencies.add(p)
+    p.dependents.add(bottom)
+    path = plugin._path_to("p", [big_end.key], pending=True)
+    assert path[0] == big_end.key and path[-2:] == ["up-0", "p"] and len(path) == 10_001
+    # Finished tasks wait for nothing: no path through them.
+    tasks["up-5000"].state = "memory"
+    assert plugin._path_to("p", [big_end.key], pending=False) is None
+    # Past the bound, both sides large: no answer, a warning.
+    tasks["up-5000"].state = "waiting"
+    _chain(tasks, "down", 10_000)  # the promise's large unfinished graph
+    tasks["down-0"].dependencies.add(p)
+    p.dependents.add(tasks["down-0"])
+    p.dependents.discard(bottom)
+    bottom.dependencies.discard(p)
+    old = promise_scheduler.CYCLE_WALK_LIMIT
+    promise_scheduler.CYCLE_WALK_LIMIT = 1_000
+    try:
+        with caplog.at_level("WARNING", logger="dask_coro"):
+            assert plugin._path_to("p", [big_end.key], pending=False) is None
+        assert "not checked for a dependency cycle" in caplog.text
+    finally:
+        promise_scheduler.CYCLE_WALK_LIMIT = old
+    # A granted rewiring in flight is an edge of the check's walk only.
+    plugin.pending["q"] = (None, "p")
+    tasks["q"] = _TS("q", "no-worker")
+    assert plugin._path_to("p", ["q"], pending=True) == ["q", "p"]
+    assert plugin._path_to("p", ["q"], pending=False) is None
