@@ -363,7 +363,7 @@ async def test_resolving_a_cancelled_promise(c, s, a, b, where):
             message = await c.compute(drives_first(HandlesOf([p]), 1))
         assert "not known to the scheduler: it was cancelled" in message
     # As a plain dask dependent of a cancelled future: cancelled too.
-    assert dep.cancelled()
+    await async_poll_for(dep.cancelled, timeout=10)
     assert not s.plugins["dask-coro-promises"].marks
 
 
