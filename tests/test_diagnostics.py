@@ -12,6 +12,7 @@ import re
 import shutil
 import threading
 import time
+from functools import partial
 
 import dask
 import pytest
@@ -93,6 +94,31 @@ def test_book_keeps_at_most_max_nodes():
     assert list(book.roots) == ["root"]
     book.forget("root")
     assert not book.nodes and not book.hidden
+
+
+def test_book_counts_untracked_tasks_to_their_end():
+    # Past the cap a task is not listed, but its end counts as a recorded one's.
+    book = TreeBook(max_nodes=5)
+    keys = [f"k{i}" for i in range(20)]
+    book.children("root", keys, 1.0)
+    assert all(book.follows(k) for k in keys)
+    for k in keys[:-1]:
+        book.state(k, "processing", 2.0)
+        book.state(k, "memory", 3.0)
+        book.state(k, "memory", 3.5)  # a second transition to memory counts once
+    book.state(keys[-1], "erred", 4.0)
+    counts = book.counts("root")
+    assert (counts["spawned"], counts["done"], counts["failed"]) == (20, 19, 1)
+    # An untracked task's entry goes when the scheduler forgets it (bounded
+    # memory); its counts stay.
+    for k in keys:
+        book.forget(k)
+    assert not book.hidden and not book.roots["root"].hidden
+    assert not book.follows(keys[-1]) and book.follows(keys[0])  # recorded: kept
+    book.state(keys[-1], "memory", 5.0)  # forgotten: nothing to count
+    assert book.counts("root") == counts
+    book.forget("root")
+    assert not book.nodes and not book.roots
 
 
 # -- on clusters ---------------------------------------------------------------
@@ -270,6 +296,81 @@ async def test_root_forgotten_takes_its_tree(c, s, a, b):
     assert plugin.book.nodes == {} and plugin.book.roots == {}
 
 
+def book_is_empty(book) -> bool:
+    return not (book.nodes or book.roots or book.hidden or book.slots)
+
+
+@coroutine
+def spread(i, fail=False):
+    out = yield [leaf_task(i * 10 + j) for j in range(3)]
+    if fail:
+        raise ValueError(f"root {i} failed")
+    return out
+
+
+def plain_spread(i, fail=False):
+    def finish(out):
+        if fail:
+            raise ValueError(f"root {i} failed")
+        return out
+
+    return dask.delayed(finish)([dask.delayed(lambda x: x)(i * 10 + j) for j in range(3)])
+
+
+N_ROOTS = 20
+
+
+@pytest.mark.parametrize("inline", [True, False])
+@gen_cluster(client=True, nthreads=[("", 1), ("", 1)])
+async def test_every_end_of_a_root_takes_its_tree(c, s, a, b, inline):
+    # Success, error, cancel (right after each root started) and the client
+    # closing: after each, with the scheduler's tasks gone, the book is empty.
+    await c.register_plugin(dask_coro.TreePlugin())
+    book = s.plugins[NAME].book
+    with dask.config.set({"coro.inline.enabled": inline}):
+        # success, as plain dask computes it
+        fs = c.compute([spread(i) for i in range(N_ROOTS)])
+        assert await c.gather(fs) == dask.compute(
+            [plain_spread(i) for i in range(N_ROOTS)], scheduler="sync"
+        )[0]
+        assert len(book.roots) == N_ROOTS
+        del fs
+        await async_poll_for(lambda: not s.tasks, timeout=10)
+        assert book_is_empty(book)
+
+        # error, the same one plain dask raises
+        fs = c.compute([spread(i, fail=True) for i in range(N_ROOTS)])
+        for i, f in enumerate(fs):
+            with pytest.raises(ValueError, match=f"root {i} failed"):
+                await f
+            with pytest.raises(ValueError, match=f"root {i} failed"):
+                dask.compute(plain_spread(i, fail=True), scheduler="sync")
+        for f in fs:  # the raised errors' tracebacks refer to the futures
+            f.release()
+        await async_poll_for(lambda: not s.tasks, timeout=10)
+        assert book_is_empty(book)
+
+        # cancelled right after it started: its children's submission from
+        # the worker may reach the scheduler after it forgot the root
+        def started(key):
+            return key in s.tasks and s.tasks[key].state in ("processing", "memory")
+
+        for i in range(N_ROOTS):
+            f = c.compute(spread(i))
+            await async_poll_for(partial(started, f.key), timeout=10)
+            await f.cancel()
+        del f
+        await async_poll_for(lambda: not s.tasks, timeout=10)
+        assert book_is_empty(book)
+
+        # the client that computed them closes while they run
+        async with Client(s.address, asynchronous=True) as other:
+            fs = other.compute([spread(i) for i in range(N_ROOTS)])
+            await async_poll_for(lambda: book.roots, timeout=10)
+        await async_poll_for(lambda: not s.tasks, timeout=10)
+        assert book_is_empty(book)
+
+
 @gen_cluster(client=True, nthreads=[("", 1)])
 async def test_tree_can_be_turned_off(c, s, a):
     with dask.config.set({"coro.tree.enabled": False}):
@@ -287,14 +388,101 @@ async def test_tree_can_be_turned_off(c, s, a):
     assert NAME not in s.plugins
 
 
+@pytest.mark.parametrize("inline", [True, False])
 @gen_cluster(client=True, nthreads=[("", 1)])
-async def test_max_nodes(c, s, a):
+async def test_max_nodes(c, s, a, inline):
+    # Only the recorded nodes are capped: the counts past the cap are exact,
+    # on both cluster paths (without a cluster there is no tree).
     await c.register_plugin(dask_coro.TreePlugin())
-    s.plugins[NAME].book.max_nodes = 10
-    f = c.compute(fib(6))
-    assert await f == 8
-    counts = s.plugins[NAME].book.counts(f.key)
-    assert counts["spawned"] == fib_calls(6) - 1 and counts["untracked"] == fib_calls(6) - 1 - 10
+    book = s.plugins[NAME].book
+    book.max_nodes = 10
+    with dask.config.set({"coro.inline.enabled": inline}):
+        f = c.compute(branches(3, 6))
+        totals = await dask_coro.progress(f, interval=0.02, file=io.StringIO())
+    expected = [[i * 10 + j for j in range(6)] for i in range(3)]
+    assert await f == expected == dask.compute(plain_branches(3, 6), scheduler="sync")[0]
+    counts = book.counts(f.key)
+    assert {k: totals[k] for k in ("spawned", "done", "failed", "depth")} == {
+        k: counts[k] for k in ("spawned", "done", "failed", "depth")
+    }
+    # Each of the 3 branches is a task or an inline call (inline, the first
+    # runs in the root's step, the others are promoted to tasks when it
+    # waits); their 18 leaves are tasks.
+    inline_calls = sum(c["done"] for c in totals["functions"].values())
+    assert counts["spawned"] + inline_calls == 3 + 3 * 6
+    assert (inline_calls > 0) == inline
+    assert counts["untracked"] == counts["spawned"] - 10
+    assert counts["done"] == counts["spawned"] and counts["failed"] == 0
+    assert len(book.subtree(f.key)) == 10 + 1  # the root and 10 recorded
+    del f
+    await async_poll_for(lambda: not s.tasks, timeout=10)
+    assert not book.nodes and not book.roots and not book.hidden
+
+
+@pytest.mark.parametrize("inline", [True, False])
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_max_nodes_counts_failures(c, s, a, inline):
+    await c.register_plugin(dask_coro.TreePlugin())
+    book = s.plugins[NAME].book
+    book.max_nodes = 3
+    with dask.config.set({"coro.inline.enabled": inline}):
+        f = c.compute(fails_some(8))
+        totals = await dask_coro.progress(f, interval=0.02, file=io.StringIO())
+    # As in plain dask: the failed children's errors, caught by the parent.
+    assert await f == [i for i in range(8) if i % 3] == [v for v in plain_fails_some(8) if v is not None]
+    assert totals["spawned"] == 8 and book.counts(f.key)["untracked"] == 8 - 3
+    assert (totals["done"], totals["failed"]) == (8 - 3, 3)
+
+
+@coroutine(inline=False)
+def leaf_task(x):
+    return x
+
+
+@coroutine
+def branch(i, n):
+    return (yield [leaf_task(i * 10 + j) for j in range(n)])
+
+
+@coroutine
+def branches(m, n):
+    return (yield [branch(i, n) for i in range(m)])
+
+
+def plain_branches(m, n):
+    return [[dask.delayed(lambda x: x)(i * 10 + j) for j in range(n)] for i in range(m)]
+
+
+def fail_on_multiple_of_3(i):
+    if i % 3 == 0:
+        raise ValueError(i)
+    return i
+
+
+@coroutine(inline=False)
+def fail_task(i):
+    return fail_on_multiple_of_3(i)
+
+
+@coroutine
+def fails_some(n):
+    out = []
+    for i in range(n):
+        try:
+            out.append((yield fail_task(i)))
+        except ValueError:
+            pass
+    return out
+
+
+def plain_fails_some(n):
+    out = []
+    for i in range(n):
+        try:
+            out.append(dask.compute(dask.delayed(fail_on_multiple_of_3)(i), scheduler="sync")[0])
+        except ValueError:
+            out.append(None)
+    return out
 
 
 # -- spans ----------------------------------------------------------------------

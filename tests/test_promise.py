@@ -5,13 +5,18 @@ rewrite of scheduler state is checked by distributed's own invariants."""
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import dask
 import pytest
 from distributed import Event
 from distributed.utils_test import async_poll_for, gen_cluster
 
 from dask_coro import Promise, PromiseError, coroutine
-from dask_coro.examples import logical_task  # the README's promise example
+from dask_coro.examples import (
+    inc,
+    logical_task,  # the README's promise example
+)
 
 validated = dict(
     client=True,
@@ -29,6 +34,16 @@ class HandleOf:
 
     def __getitem__(self, i):
         return self.p
+
+
+class HandlesOf:
+    """Carries promises into a task without making them dependencies."""
+
+    def __init__(self, ps):
+        self.ps = list(ps)
+
+    def __getitem__(self, i):
+        return self.ps[i]
 
 
 @gen_cluster(**validated)
@@ -122,6 +137,92 @@ async def test_value_not_copied_when_target_is_local(c, s, a, b):
     # The promise ran on its target's worker, as an alias: the same object.
     assert holder.data[p.key] is holder.data[target.key]
     del keep_target
+
+
+# --- containers: traversed as dask.compute and a yield traverse them -----------
+
+Pair = namedtuple("Pair", "left right")
+
+
+@dask.delayed
+def plus_one(x):
+    return x + 1
+
+
+def containers():
+    """Containers of lazy values resolve_with must compute (delayed and
+    coroutine calls, a collection, nested, the same value twice), with what
+    plain dask computes for each."""
+    da = pytest.importorskip("dask.array")
+    twice = plus_one(10)
+    return [
+        [inc(1), inc(2)],
+        (plus_one(1), "plain", [inc(5), {"deep": plus_one(2)}]),
+        {"a": inc(1), "b": [twice, twice], "n": 3},
+        Pair(inc(1), da.ones(4, chunks=2).sum()),
+        [1, {"no": ("lazy", "value")}],
+    ]
+
+
+@gen_cluster(**validated)
+async def test_resolve_with_a_container_computes_it(c, s, a, b):
+    for x in containers():
+        (expected,) = dask.compute(x, scheduler="sync")  # plain dask, no cluster
+        p = await asyncio_to(Promise)
+        await asyncio_to(p.resolve_with, x)
+        assert await c.compute(p) == expected
+        assert type(await c.compute(p)) is type(expected)
+    # Futures in a container: the values, as gather gives them.
+    fut = c.submit(lambda: "from a future", key="the-future")
+    x = {"a": fut, "b": [fut, inc(1)]}
+    p = await asyncio_to(Promise)
+    await asyncio_to(p.resolve_with, x)
+    assert await c.compute(p) == {"a": "from a future", "b": ["from a future", 2]}
+    assert await c.gather({"a": fut}) == {"a": "from a future"}
+    # A dependent of the promise gets the computed container too.
+    p = await asyncio_to(Promise)
+    dep = c.compute(dask.delayed(sum)(p))
+    await asyncio_to(p.resolve_with, [inc(1), plus_one(2)])
+    assert await dep == 2 + 3
+
+
+@gen_cluster(**validated)
+async def test_resolve_with_a_set_of_lazy_values_is_refused(c, s, a, b):
+    p = await asyncio_to(Promise)
+    with pytest.raises(PromiseError, match=r"set of lazy values at \[1\].*use a list"):
+        await asyncio_to(p.resolve_with, [1, {plus_one(1)}])
+    await asyncio_to(p.resolve_with, [{1, 2}])  # a set of plain values is a value
+    assert await c.compute(p) == [{1, 2}]
+
+
+@coroutine
+def resolves_container(handle):
+    # What containers() builds, here inside a running coroutine.
+    for i, x in enumerate(containers()):
+        handle[i].resolve_with(x)
+    return "resolved"
+
+
+@coroutine
+def drives(handle):
+    return (yield resolves_container(handle))
+
+
+@pytest.mark.parametrize("inline", [True, False])
+@gen_cluster(**validated)
+async def test_resolve_with_a_container_from_a_coroutine(c, s, a, b, inline):
+    # The resolver runs as an inline call of its parent, or as a task.
+    expected = dask.compute(containers(), scheduler="sync")[0]
+    promises = [await asyncio_to(Promise) for _ in expected]
+    with dask.config.set({"coro.inline.enabled": inline}):
+        assert await c.compute(drives(HandlesOf(promises))) == "resolved"
+    assert await c.gather(c.compute(promises)) == expected
+
+
+def test_promise_in_a_coroutine_without_a_cluster():
+    # The local path: no scheduler to park a promise on, a clear error.
+    with pytest.raises(PromiseError, match="distributed"):
+        creates_and_waits().compute(scheduler="sync")
 
 
 # --- errors ---------------------------------------------------------------------
@@ -234,6 +335,192 @@ async def test_resolving_with_itself(c, s, a, b):
         await asyncio_to(p.resolve_with, p)
 
 
+# --- a forgotten promise is refused at once (no wait for it to arrive) ----------
+
+
+@coroutine
+def resolves_first(handle, x):
+    try:
+        handle[0].resolve_with(x)
+    except PromiseError as e:
+        return str(e)
+    return "resolved"
+
+
+@pytest.mark.parametrize("where", ["client", "inline", "task"])
+@gen_cluster(**validated)
+async def test_resolving_a_cancelled_promise(c, s, a, b, where):
+    # The default test timeout (30 s) is below the 60 s this used to wait.
+    p = await asyncio_to(Promise)
+    dep = c.compute(plus_one(p))
+    await c.cancel([c.compute(p)])  # this client's only wish: forgotten
+    await async_poll_for(lambda: p.key not in s.tasks, timeout=10)
+    if where == "client":
+        with pytest.raises(PromiseError, match="not known to the scheduler: it was cancelled"):
+            await asyncio_to(p.resolve_with, 1)
+    else:
+        with dask.config.set({"coro.inline.enabled": where == "inline"}):
+            message = await c.compute(drives_first(HandlesOf([p]), 1))
+        assert "not known to the scheduler: it was cancelled" in message
+    # As a plain dask dependent of a cancelled future: cancelled too.
+    await async_poll_for(dep.cancelled, timeout=10)
+    assert not s.plugins["dask-coro-promises"].marks
+
+
+@coroutine
+def drives_first(handle, x):
+    return (yield resolves_first(handle, x))
+
+
+@gen_cluster(**validated)
+async def test_a_promise_resolved_while_its_creation_is_in_flight(c, s, a, b):
+    # The check waits for the client's own stream, not for a timeout: with
+    # the stream slow, the creation and earlier rewirings still arrive first.
+    from dask_coro._internals.distributed_private import set_batch_interval
+
+    set_batch_interval(c, 0.3)
+
+    def create_and_resolve():
+        p, q = Promise(), Promise()
+        q.resolve_with(plus_one(1))
+        p.resolve_with(plus_one(q))  # q's rewiring is on the stream, p's check is not
+        return p
+
+    p = await asyncio_to(create_and_resolve)
+    assert await c.compute(p) == 3
+
+
+# --- cycles are refused ----------------------------------------------------------
+
+
+def test_plain_dask_refuses_a_cycle():
+    # What we match: dask refuses a cyclic graph at once.
+    with pytest.raises(RuntimeError, match=r"[Cc]ycle"):
+        dask.get({"a": (abs, "b"), "b": (abs, "a")}, "a")
+
+
+@gen_cluster(**validated)
+async def test_resolving_promises_with_each_other(c, s, a, b):
+    p1, p2, p3 = [await asyncio_to(Promise) for _ in range(3)]
+    dep = c.compute(plus_one(p1))
+    await asyncio_to(p2.resolve_with, p1)
+    with pytest.raises(PromiseError, match=rf"{p1.key}.*dependency cycle"):
+        await asyncio_to(p1.resolve_with, p2)
+    # longer: p1 -> p3 -> p2 -> p1
+    await asyncio_to(p3.resolve_with, p2)
+    with pytest.raises(PromiseError, match="dependency cycle"):
+        await asyncio_to(p1.resolve_with, p3)
+    # Refused, nothing changed: p1 may still be resolved with a value.
+    await asyncio_to(p1.resolve_with, 41)
+    assert await dep == 42
+    assert await c.gather(c.compute([p1, p2, p3])) == [41, 41, 41]
+
+
+@pytest.mark.parametrize("where", ["client", "inline", "task"])
+@gen_cluster(**validated)
+async def test_a_cycle_through_ordinary_tasks(c, s, a, b, where):
+    # p1 resolved with a task that depends on p2, p2 with one depending on p1.
+    p1, p2 = [await asyncio_to(Promise) for _ in range(2)]
+    await asyncio_to(p1.resolve_with, [plus_one(p2), 0])
+    if where == "client":
+        with pytest.raises(PromiseError, match=rf"cannot be resolved with .*{p1.key}.*dependency cycle"):
+            await asyncio_to(p2.resolve_with, on_top_of(p1))
+    else:
+        with dask.config.set({"coro.inline.enabled": where == "inline"}):
+            message = await c.compute(closes_cycle(HandlesOf([p1, p2])))
+        assert "dependency cycle" in message and p1.key in message
+    await asyncio_to(p2.resolve_with, 1)
+    assert await c.compute(p1) == [2, 0]
+
+
+def on_top_of(p):
+    return dask.delayed(sum)([plus_one(plus_one(p)), 1])
+
+
+@coroutine
+def resolves_second_with_first(handle):
+    # Built here, so that the promise is not a dependency of this coroutine.
+    try:
+        handle[1].resolve_with(on_top_of(handle[0]))
+    except PromiseError as e:
+        return str(e)
+    return "resolved"
+
+
+@coroutine
+def closes_cycle(handle):
+    return (yield resolves_second_with_first(handle))
+
+
+@gen_cluster(**validated)
+async def test_a_cycle_through_a_task_already_on_the_scheduler(c, s, a, b):
+    # d, computed first, is the scheduler's task under its key, depending on
+    # p, though inside the target's graph p would stand for itself.
+    p = await asyncio_to(Promise)
+    d = plus_one(p)
+    dep = c.compute(d)
+    await async_poll_for(lambda: dep.key in s.tasks, timeout=10)
+    with pytest.raises(PromiseError, match=rf"{dep.key}.*dependency cycle"):
+        await asyncio_to(p.resolve_with, dask.delayed(sum)([d, 1]))
+    await asyncio_to(p.resolve_with, 1)
+    assert await dep == 2
+
+
+@gen_cluster(**validated)
+async def test_two_resolves_racing_into_a_cycle_fail_rather_than_hang(c, s, a, b):
+    # Both checks pass before either rewiring arrives (done here by hand, as
+    # two clients' streams could): the second rewiring to arrive closes the
+    # loop, is refused on the scheduler, and the promises fail.
+    from dask_coro._internals.distributed_private import send_on_client_stream
+
+    p1, p2 = [await asyncio_to(Promise) for _ in range(2)]
+    await async_poll_for(lambda: p1.key in s.tasks and p2.key in s.tasks, timeout=10)
+    t1, t2 = plus_one(p2), plus_one(p1)
+    for p, t, up in [(p1, t1, p2), (p2, t2, p1)]:
+        reply = await c.scheduler.dask_coro_promise_check(promise=p.key, target=t.key, upstream=[up.key])
+        assert reply == {"status": "OK"}
+    held = c.compute([t1, t2])
+    for p, t in [(p1, t1), (p2, t2)]:
+        send_on_client_stream(c, {"op": "dask-coro-promise-resolve", "promise": p.key, "target": t.key})
+    with pytest.raises(PromiseError, match=rf"{p2.key}.*dependency cycle"):
+        await c.compute(p2)
+    with pytest.raises(PromiseError, match="dependency cycle"):
+        await c.compute(p1)  # it waits on p2 through t1
+    del held
+
+
+@gen_cluster(**validated)
+async def test_a_re_pointing_racing_into_a_cycle_is_refused_to_its_resolver(c, s, a, b):
+    # p points at task T; T re-points it to X (depending on p2) while p2 is
+    # resolved with Y (depending on p), both granted before either arrives.
+    # The re-pointing arrives second: refused, and ``applied``, which T waits
+    # in, says why (resolve_with raises it in T, and p fails with T).
+    from dask_coro._internals.distributed_private import send_on_client_stream
+
+    p, p2 = [await asyncio_to(Promise) for _ in range(2)]
+    ev = Event()
+    t = dask.delayed(lambda h: Event(ev.name).wait())(HandleOf(p))
+    await asyncio_to(p.resolve_with, t)
+    await async_poll_for(lambda: s.plugins["dask-coro-promises"].targets.get(p.key) == t.key, timeout=10)
+    x, y = plus_one(p2), plus_one(p)
+    checks = [(p, x, t.key, p2), (p2, y, None, p)]
+    for q, target, resolver, up in checks:
+        reply = await c.scheduler.dask_coro_promise_check(
+            promise=q.key, target=target.key, resolver=resolver, upstream=[up.key]
+        )
+        assert reply["status"] == "OK"
+    held = c.compute([x, y])
+    for q, target, resolver, _ in checks[::-1]:
+        send_on_client_stream(
+            c, {"op": "dask-coro-promise-resolve", "promise": q.key, "target": target.key, "resolver": resolver}
+        )
+    reply = await c.scheduler.dask_coro_promise_applied(promise=p.key, target=x.key)
+    assert reply["status"] == "error" and "dependency cycle" in reply["message"]
+    assert s.plugins["dask-coro-promises"].targets[p.key] == t.key  # unchanged
+    await ev.set()
+    del held
+
+
 def test_promise_needs_a_cluster():
     with pytest.raises(PromiseError, match=r"needs a distributed Client|distributed scheduler"):
         Promise()
@@ -289,3 +576,89 @@ async def test_resolver_cancelled_before_resolving(c, s, a, b):
     with pytest.raises(FutureCancelledError, match=p.key + "|lost dependencies|cancelled"):
         await dep
     await ev.set()
+
+
+# --- the cycle walk's cost, on a stand-in for the scheduler's task table ---------
+
+
+class _TS:
+    def __init__(self, key, state="waiting"):
+        self.key = key
+        self.state = state
+        self.dependencies = set()
+        self.dependents = set()
+
+
+class _CountingTasks(dict):
+    looked_up = 0
+
+    def get(self, key, default=None):
+        type(self).looked_up += 1
+        return super().get(key, default)
+
+
+def _chain(tasks, prefix, n, state="waiting"):
+    """n tasks, each depending on the one before; returns (first, last)."""
+    prev = None
+    for i in range(n):
+        ts = tasks[f"{prefix}-{i}"] = _TS(f"{prefix}-{i}", state)
+        if prev is not None:
+            ts.dependencies.add(prev)
+            prev.dependents.add(ts)
+        prev = ts
+    return tasks[f"{prefix}-0"], prev
+
+
+def _plugin_on(tasks):
+    from types import SimpleNamespace
+
+    from dask_coro.promise.scheduler import PromisePlugin
+
+    plugin = PromisePlugin()
+    plugin.scheduler = SimpleNamespace(tasks=tasks)
+    return plugin
+
+
+def test_cycle_walk_searches_from_the_smaller_side(caplog):
+    from dask_coro.promise import scheduler as promise_scheduler
+
+    tasks = _CountingTasks()
+    p = tasks["p"] = _TS("p", "no-worker")
+    _, big_end = _chain(tasks, "up", 10_000)  # the target's large unfinished graph
+    dep = tasks["dep"] = _TS("dep")  # the promise's one dependent
+    dep.dependencies.add(p)
+    p.dependents.add(dep)
+    plugin = _plugin_on(tasks)
+    _CountingTasks.looked_up = 0
+    assert plugin._path_to("p", [big_end.key], pending=False) is None
+    assert _CountingTasks.looked_up < 10  # not the 10,000 upstream
+    # The same target with the promise at the bottom of its graph: found,
+    # with the whole path.
+    bottom = tasks["up-0"]
+    bottom.dependencies.add(p)
+    p.dependents.add(bottom)
+    path = plugin._path_to("p", [big_end.key], pending=True)
+    assert path[0] == big_end.key and path[-2:] == ["up-0", "p"] and len(path) == 10_001
+    # Finished tasks wait for nothing: no path through them.
+    tasks["up-5000"].state = "memory"
+    assert plugin._path_to("p", [big_end.key], pending=False) is None
+    # Past the bound, both sides large: no answer, a warning.
+    tasks["up-5000"].state = "waiting"
+    _chain(tasks, "down", 10_000)  # the promise's large unfinished graph
+    tasks["down-0"].dependencies.add(p)
+    p.dependents.add(tasks["down-0"])
+    p.dependents.discard(bottom)
+    bottom.dependencies.discard(p)
+    old = promise_scheduler.CYCLE_WALK_LIMIT
+    promise_scheduler.CYCLE_WALK_LIMIT = 1_000
+    try:
+        with caplog.at_level("WARNING", logger="dask_coro"):
+            assert plugin._path_to("p", [big_end.key], pending=False) is None
+        assert "not checked for a dependency cycle" in caplog.text
+    finally:
+        promise_scheduler.CYCLE_WALK_LIMIT = old
+    # A granted rewiring in flight is an edge of the check's walk only.
+    plugin.pending["q"] = (None, "p")
+    tasks["q"] = _TS("q", "no-worker")
+    assert plugin._path_to("p", ["q"], pending=True) == ["q", "p"]
+    assert plugin._path_to("p", ["q"], pending=False) is None

@@ -5,8 +5,14 @@ A root is a task whose children were submitted by a coroutine and which has no
 recorded parent itself (the coroutine a client computed). Every task a
 coroutine submits, at any depth, joins its root's tree. The tree of a root is
 kept until the root is forgotten, with at most ``max_nodes`` nodes recorded;
-beyond that a task is only counted as spawned (and its root and depth kept, so
-that its own children are counted too).
+beyond that a task is *untracked*: it is counted (spawned, then done or failed,
+exactly as a recorded one) but not listed. An untracked task is remembered
+(its root, depth and whether it finished, so that its own children and its end
+are counted) only while the scheduler holds it: its entry goes when it is
+forgotten, so the book's memory is at most ``max_nodes`` nodes per root plus
+one small entry per task the scheduler holds. (An untracked task forgotten and
+later submitted again, by a parent that re-ran after its result was lost,
+counts again: the book no longer knows it.)
 
 Inline calls. Calls a coroutine ran inline (no task, no key) are counted per
 function name under the root of the task that ran them: ``calls`` adds what
@@ -52,6 +58,17 @@ class Node:
         return (self.key, self.parent, self.depth, self.state, self.start, self.stop, self.replaces)
 
 
+class Untracked:
+    """A task beyond ``max_nodes``: counted, not listed."""
+
+    __slots__ = ("depth", "done", "root")
+
+    def __init__(self, root: Key, depth: int) -> None:
+        self.root = root
+        self.depth = depth
+        self.done = False  # reached memory (or erred) once: counted
+
+
 class Root:
     __slots__ = (
         "depth", "done", "failed", "functions", "hidden", "keys", "replayed", "spawned", "untracked"
@@ -65,7 +82,7 @@ class Root:
         self.untracked = 0  # spawned beyond max_nodes: counted, not recorded
         self.replayed = 0  # children that differ from the first run's at their slot
         self.keys: list[Key] = []
-        self.hidden: list[Key] = []  # the untracked ones: their children still count
+        self.hidden: set[Key] = set()  # the untracked ones the scheduler still holds
         #: Inline calls under this root: function name -> [started, done, failed].
         self.functions: dict[str, list[int]] = {}
 
@@ -92,7 +109,7 @@ class TreeBook:
         self.max_nodes = max_nodes
         self.nodes: dict[Key, Node] = {}
         self.roots: dict[Key, Root] = {}
-        self.hidden: dict[Key, tuple[Key, int]] = {}  # untracked key -> (root, depth)
+        self.hidden: dict[Key, Untracked] = {}  # held untracked key -> its root, depth
         self.slots: dict[str, Key] = {}  # slot -> the recorded child last seen there
 
     def children(self, parent: Key, keys: Iterable[Key], now: float) -> list[tuple[Key, Key]]:
@@ -105,8 +122,8 @@ class TreeBook:
         if pnode is not None:
             root_key, depth = pnode.root, pnode.depth + 1
         elif parent in self.hidden:
-            root_key, parent_depth = self.hidden[parent]
-            depth = parent_depth + 1
+            hidden = self.hidden[parent]
+            root_key, depth = hidden.root, hidden.depth + 1
         else:  # a root: its own task was not submitted by a coroutine
             pnode = self.nodes[parent] = Node(parent, None, parent, 0, now)
             pnode.state = "processing"
@@ -121,8 +138,8 @@ class TreeBook:
             root.depth = max(root.depth, depth)
             if len(root.keys) > self.max_nodes:
                 root.untracked += 1
-                root.hidden.append(key)
-                self.hidden[key] = (root_key, depth)
+                root.hidden.add(key)
+                self.hidden[key] = Untracked(root_key, depth)
                 continue
             node = self.nodes[key] = Node(key, parent, root_key, depth, now)
             root.keys.append(key)
@@ -144,7 +161,7 @@ class TreeBook:
         if node is not None:
             root_key = node.root
         elif key in self.hidden:
-            root_key = self.hidden[key][0]
+            root_key = self.hidden[key].root
         else:
             node = self.nodes[key] = Node(key, None, key, 0, now)
             node.state = "processing"
@@ -165,9 +182,22 @@ class TreeBook:
         root = self.roots.get(key)
         return None if root is None else root.function_counts()
 
+    def follows(self, key: Key) -> bool:
+        """Whether ``key`` is in a tree (recorded or untracked): its
+        transitions matter."""
+        return key in self.nodes or key in self.hidden
+
     def state(self, key: Key, state: str, now: float, compute: tuple[float, float] | None = None) -> None:
         node = self.nodes.get(key)
         if node is None:
+            hidden = self.hidden.get(key)
+            if hidden is not None and state in (DONE, FAILED) and not hidden.done:
+                hidden.done = True  # counted as a recorded node is, once
+                root = self.roots[hidden.root]
+                if state == DONE:
+                    root.done += 1
+                else:
+                    root.failed += 1
             return
         if node.done and state in ("released", "forgotten"):
             return  # its outcome stays what the tree shows
@@ -187,9 +217,13 @@ class TreeBook:
 
     def forget(self, key: Key) -> None:
         """``key`` was forgotten: a root takes its tree with it; another node
-        keeps its last state (the tree shows what ran)."""
+        keeps its last state (the tree shows what ran); an untracked task's
+        entry goes (its counts stay)."""
         node = self.nodes.get(key)
         if node is None:
+            hidden = self.hidden.pop(key, None)
+            if hidden is not None:
+                self.roots[hidden.root].hidden.discard(key)
             return
         if node.parent is None:
             root = self.roots.pop(key)

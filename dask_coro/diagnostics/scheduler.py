@@ -76,6 +76,11 @@ class TreePlugin(SchedulerPlugin):
     ) -> None:
         now = time()
         for parent, keys in children_by_parent(annotations).items():
+            if not self.book.follows(parent) and parent not in scheduler.tasks:
+                # Its parent was forgotten (cancelled right after it started)
+                # before this submission from its worker arrived: there is no
+                # tree to join, and a root made of it would never be forgotten.
+                continue
             replays = self.book.children(parent, keys, now)
             if replays:
                 old, new = replays[0]
@@ -89,7 +94,7 @@ class TreePlugin(SchedulerPlugin):
                 )
 
     def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
-        if key not in self.book.nodes:
+        if not self.book.follows(key):
             return
         if finish == "forgotten":
             self.book.forget(key)

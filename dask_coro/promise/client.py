@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import uuid
+from functools import partial
 from typing import Any
 
 import dask
@@ -22,6 +23,7 @@ from .._context import current_key
 from .._exceptions import NotInTaskError, PromiseError
 from .._internals.dask_private import DataNode, GraphNode, Task, TaskRef, convert_legacy_task
 from ..core.plan import collection_graph
+from ..core.structure import Path, Structure, format_path
 from .parked import PARK_RESOURCE, unresolved
 
 
@@ -87,7 +89,10 @@ class Promise(Delayed):
     - once it points at a task, only that task may point it elsewhere; the
       last target wins; a task that re-runs (its worker died) and resolves
       again is a no-op;
-    - a promise with a final value cannot be resolved again;
+    - a promise with a final value cannot be resolved again, nor one the
+      scheduler forgot (cancelled or released);
+    - a promise cannot depend on itself: resolving it with anything that
+      depends on it (through other promises or tasks) is refused;
     - a promise created in a task, which that task finished without resolving,
       fails with ``PromiseError`` (nothing else could resolve it);
     - a promise whose target fails gets the target's exception; one whose
@@ -131,37 +136,49 @@ class Promise(Delayed):
 
     def resolve_with(self, x: Any) -> None:
         """Point this promise at ``x`` (a ``Delayed`` or coroutine call, a
-        ``Future``, a dask collection or a plain value) and return at once.
+        ``Future``, a dask collection, lists, tuples and dicts of them, or a
+        plain value) and return at once.
 
-        Its value becomes the value of ``x``; nothing waits for ``x`` here.
+        Its value becomes the value of ``x``, containers traversed as
+        ``dask.compute`` and a yield traverse them (``[inc(1), inc(2)]``
+        gives ``[2, 3]``); nothing waits for ``x`` here.
 
         Raises
         ------
         PromiseError
-            If the promise already has a final value, or if it points at a task
-            other than the caller.
+            If the promise already has a final value, if it points at a task
+            other than the caller, if the scheduler forgot it (cancelled or
+            released), or if ``x`` depends on the promise (a cycle: the
+            promise would wait for itself; inside ``x``'s own graph the
+            promise stands for itself instead, see the class docstring).
         """
         client = _client()
         _install(client)
         resolver = _running_key()
-        target, dsk = self._target_graph(x)
+        target, dsk, receivers = self._target_graph(x)
+        # distributed is loaded: we hold one of its clients.
+        from .._internals.distributed_private import send_on_client_stream
+
         # Vet first (one round trip, so errors reach the caller), then send the
         # target's graph and the rewiring on the client's batched stream, where
         # the scheduler handles them in order without waiting for each other.
+        # The check waits for a mark sent on that stream first: it sees what
+        # this client sent before (the promise's creation, earlier rewirings).
+        mark = uuid.uuid4().hex
+        send_on_client_stream(client, {"op": "dask-coro-promise-mark", "token": mark})
         reply = client.sync(
             client.scheduler.dask_coro_promise_check,
             promise=self.key,
             target=target,
             resolver=resolver,
+            mark=mark,
+            upstream=_upstream(target, dsk, receivers),
         )
         if reply.get("status") != "OK":
             raise PromiseError(reply.get("message", repr(reply)))
         if reply.get("noop"):
             return
         futures = client.get(dsk, [target], sync=False) if dsk else []
-        # distributed is loaded: we hold one of its clients.
-        from .._internals.distributed_private import send_on_client_stream
-
         send_on_client_stream(
             client,
             {
@@ -184,35 +201,104 @@ class Promise(Delayed):
         for f in futures:
             f.release()
 
-    def _target_graph(self, x: Any) -> tuple[Key, dict[Key, Any]]:
-        """The key ``x`` lives under and the graph to submit for it, with this
-        promise standing for itself (see the class docstring)."""
+    def _target_graph(self, x: Any) -> tuple[Key, dict[Key, Any], list[Key]]:
+        """The key ``x`` lives under, the graph to submit for it, with this
+        promise standing for itself (see the class docstring), and the keys of
+        that graph whose task received the promise that way.
+
+        A list, tuple or dict (what ``core.structure`` walks, as a yield does)
+        holding lazy values becomes one task that rebuilds it from their
+        results, as ``dask.compute`` would give it; without lazy values it is
+        a plain value."""
         if isinstance(x, TaskRef):  # a Future: already on the cluster
-            return x.key, {}
-        if isinstance(x, Delayed):
-            target = x.key
-            dsk: dict[Key, Any] = dict(x.__dask_graph__())
-        elif dask.is_dask_collection(x):
-            target, nodes = collection_graph(x)
-            dsk = {k: v for k, (v, _) in nodes.items()}
+            return x.key, {}, []
+        if _is_lazy(x):
+            target, dsk = _lazy_graph(x)
         else:
+            shape = Structure(x, partial(_classify, self.key))
+            if not shape.leaves:
+                target = f"promise-value-{uuid.uuid4().hex}"
+                return target, {target: DataNode(target, x)}, []
+            dsk = {}
+            refs = []
+            for leaf in shape.leaves:
+                if isinstance(leaf, TaskRef):  # a Future: the graph carries it
+                    key: Key = leaf.key
+                    dsk[key] = leaf
+                else:
+                    key, leaf_dsk = _lazy_graph(leaf)
+                    dsk.update(leaf_dsk)
+                refs.append(TaskRef(key))
             target = f"promise-value-{uuid.uuid4().hex}"
-            return target, {target: DataNode(target, x)}
+            dsk[target] = Task(target, _rebuild, shape, *refs)
         dsk.pop(self.key, None)
         me = DataNode(None, self)
+        receivers = []
         for k, v in list(dsk.items()):
             if isinstance(v, TaskRef):
                 continue  # a Future already on the cluster
             if not isinstance(v, GraphNode):
                 v = convert_legacy_task(k, v, dsk.keys())
             if self.key in v.dependencies:
+                receivers.append(k)
                 v = v.substitute({self.key: me})
                 if isinstance(v, Task):
                     # A task that receives the promise is one of its resolvers:
                     # if it fails, say which promise it left unresolved.
                     v = Task(k, _Resolving(self.key, v.func), *v.args, **v.kwargs)
             dsk[k] = v
-        return target, dsk
+        return target, dsk, receivers
+
+
+def _upstream(target: Key, dsk: dict[Key, Any], receivers: list[Key]) -> list[Key]:
+    """Where a dependency cycle from the graph of ``target`` back to the
+    promise would have to pass: the keys already on the scheduler it depends
+    on (its Futures, and dependencies outside it), and its tasks that received
+    the promise (one with the same key may be on the scheduler already,
+    depending on the promise: the scheduler keeps its task, not ours)."""
+    if not dsk:
+        return [target]
+    out = set(receivers)
+    for k, v in dsk.items():
+        if isinstance(v, TaskRef):
+            out.add(k)
+        elif isinstance(v, GraphNode):
+            out.update(d for d in v.dependencies if d not in dsk)
+    return list(out)
+
+
+def _is_lazy(x: Any) -> bool:
+    return isinstance(x, Delayed) or dask.is_dask_collection(x)
+
+
+def _lazy_graph(x: Any) -> tuple[Key, dict[Key, Any]]:
+    """The key and graph of a ``Delayed`` (coroutine calls, promises) or of
+    any other dask collection, as ``Client.compute`` would submit it."""
+    if isinstance(x, Delayed):
+        return x.key, dict(x.__dask_graph__())
+    target, nodes = collection_graph(x)
+    return target, {k: v for k, (v, _) in nodes.items()}
+
+
+def _classify(promise: Key, obj: Any, path: Path) -> bool:
+    """A leaf of ``resolve_with``'s container: True for a value to compute."""
+    if isinstance(obj, TaskRef) or _is_lazy(obj):
+        return True
+    if isinstance(obj, (set, frozenset)) and any(
+        isinstance(o, TaskRef) or _is_lazy(o) for o in obj
+    ):
+        raise PromiseError(
+            f"cannot resolve promise {promise!r} with a set of lazy values at "
+            f"{format_path(path)}: a set has no order to give results back in; "
+            "use a list instead"
+        )
+    return False
+
+
+def _rebuild(shape: Structure, *values: Any) -> Any:
+    """The task a container target becomes: its shape, with the values of its
+    lazy leaves."""
+    return shape.rebuild(values)
 
 
 def _promise_from_key(key: Key) -> Promise:
