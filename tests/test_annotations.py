@@ -11,6 +11,7 @@ import os
 import time
 
 import dask
+import distributed
 import pytest
 from distributed import Event, Future, SchedulerPlugin, get_worker, worker_client
 from distributed.utils_test import async_poll_for
@@ -512,3 +513,32 @@ def test_a_calls_layer_has_the_annotations_in_effect_where_it_was_made():
 
     assert annotations(outside) is None and annotations(plain_outside) is None
     assert annotations(inside) == annotations(plain_inside) == {"retries": 3}
+
+
+# -- spans -------------------------------------------------------------------
+
+
+@coroutine
+def in_a_span_of_its_own(kind):
+    with distributed.span("inner"):
+        return (yield children(kind))
+
+
+def in_a_span_plain(kind):
+    with worker_client() as client, distributed.span("inner"):
+        return client.gather(client.compute([dask.delayed(_where)(i) for i in range(N)]))
+
+
+@pytest.mark.parametrize("how", ["coroutine", "delayed", "worker_client"])
+@cluster(nthreads=TWO)
+async def test_a_span_opened_in_the_body_holds_the_children(c, s, a, b, how):
+    # The task's own span is inherited; one opened around the yield nests in it.
+    with distributed.span("outer"):
+        if how == "worker_client":
+            fut = c.submit(in_a_span_plain, "delayed", pure=False)
+        else:
+            fut = c.compute(in_a_span_of_its_own(how))
+    assert len(await fut) == N
+    spans = s.extensions["spans"].spans.values()
+    (inner,) = [sp for sp in spans if sp.name == ("outer", "inner")]
+    assert {g.name for g in inner.groups} == {"where"}  # the children's group, all of it
