@@ -22,6 +22,7 @@ from dask_coro import coroutine, current_key
 from dask_coro._internals.dask_private import Task, TaskRef
 from dask_coro.core.keys import child_key, derive_key, named_by_user
 from dask_coro.core.plan import plan_yield
+from dask_coro.durability.scheduler import holder
 
 TWO = [("", 2, {"resources": {"GPU": 1}}), ("", 2)]  # a: GPU, b: none
 N = 6
@@ -382,6 +383,15 @@ async def test_a_named_key_is_kept_and_another_client_finds_it(c, s, a, how):
     else:
         fut = c.submit(yields_named_plain, gate.name, pure=False)
     await async_poll_for(lambda: "my-inc" in s.tasks and s.tasks["my-inc"].state == "memory", timeout=20)
+    if how == "coroutine":
+        # Held for the coroutine that submitted it, as any child of it
+        # (coro.durability.hold-children): a re-run would find it.
+        by = holder(fut.key)
+
+        def held():
+            return by in {cs.client_key for cs in s.tasks["my-inc"].who_wants}
+
+        await async_poll_for(held, timeout=20)
     async with Client(s.address, asynchronous=True, set_as_default=False) as other:
         # By its name, from another client: a graph of its own that needs
         # it (a bare Future("my-inc") does not ask the scheduler for it in
