@@ -85,8 +85,9 @@ def _double(x):
 
 @coroutine
 def remote_child(x):
-    # A dask.delayed task: submitted, with a key derived from this frame.
-    value = yield dask.delayed(_double)(x, dask_key_name=f"double-{x}")
+    # A dask.delayed task: submitted, with a key derived from this frame
+    # (dask names it double-<uuid>; a name of the user's would be kept).
+    value = yield dask.delayed(_double)(x)
     return value
 
 

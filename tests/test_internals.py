@@ -5,6 +5,7 @@ changes one fails the test named after it, not a hang somewhere else."""
 from __future__ import annotations
 
 import asyncio
+import operator
 import threading
 
 import dask
@@ -60,6 +61,16 @@ def test_finalized_graph_computes_a_collection():
     assert get_sync(graph, key) == 16
 
 
+def test_finalized_gives_the_annotations_the_scheduler_reads():
+    da = pytest.importorskip("dask.array")
+    with dask.annotate(retries=3):
+        x = da.ones(4, chunks=2) + 1
+    key, graph, by_type = dp.finalized(x, optimize=False)
+    assert get_sync(graph, key).tolist() == [2.0] * 4
+    assert by_type["retries"] and set(by_type["retries"].values()) == {3}
+    assert set(by_type["retries"]) <= set(graph)
+
+
 def test_task_is_coro_honours_the_tornado_flag():
     # CoroutineTask marks itself with __tornado_coroutine__ so a worker runs it
     # on its event loop (Task.is_coro -> distributed.utils.iscoroutinefunction).
@@ -70,6 +81,19 @@ def test_task_is_coro_honours_the_tornado_flag():
 
 
 # -- distributed: worker -------------------------------------------------------
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_annotated_graph_gives_each_task_its_own_annotations(c, s, a):
+    graph = {"x": dp.Task("x", operator.add, 1, 1), "y": dp.Task("y", operator.add, 2, 2)}
+    hlg = pv.annotated_graph(graph, {"x": {"retries": 2, "team": "red"}})
+    with dask.annotate(team="blue"):  # global ones lose to a layer's
+        fx, fy = c.get(hlg, ["x", "y"], sync=False)
+    assert await c.gather([fx, fy]) == [2, 4]
+    assert s.tasks["x"].annotations == {"retries": 2, "team": "red"}
+    assert s.tasks["x"].retries == 2
+    assert s.tasks["y"].annotations == {"team": "blue"}  # no None from dict.get
+    assert pv.annotated_graph(graph, {}) is graph
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])

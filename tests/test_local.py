@@ -979,7 +979,7 @@ def test_annotated_and_named_calls_are_tasks():
     # Tasks (in the order dask runs them), then the inline call.
     assert places(keys[:2]) == {
         derive_key("leaf", "root", 0, (0,)),
-        derive_key("mine", "root", 0, (1,)),  # the prefix of its own name
+        "mine",  # the key its caller named, kept
     }
     assert keys[2] == "root"  # plain arguments, no annotation: inline
 

@@ -42,10 +42,19 @@ def delayed_slot(name: str) -> Any:
 def finalized_graph(coll: Any, *, optimize: bool) -> tuple[Any, dict[Any, Any]]:
     """The key and graph of ``coll``'s computed result, as ``Client.compute``
     builds them (``FinalizeCompute(collections_to_expr(...)).optimize()``)."""
+    out, dsk, _ = finalized(coll, optimize=optimize)
+    return out, dsk
+
+
+def finalized(coll: Any, *, optimize: bool) -> tuple[Any, dict[Any, Any], dict[str, dict[Any, Any]]]:
+    """``finalized_graph`` and the annotations the scheduler would give its
+    tasks, ``{annotation: {key: value}}``: the expression's
+    ``__dask_annotations__``, which ``distributed.scheduler._materialize_graph``
+    reads for the graph ``Client.compute`` sends."""
     from dask._expr import FinalizeCompute
     from dask.base import collections_to_expr
     from dask.core import flatten
 
     expr = FinalizeCompute(collections_to_expr([coll], optimize_graph=optimize)).optimize()
     (out,) = flatten(expr.__dask_keys__())
-    return out, dict(expr.__dask_graph__())
+    return out, dict(expr.__dask_graph__()), dict(expr.__dask_annotations__())

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from time import time
 from typing import Any
 
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.typing import Key
 from distributed.comm import CommClosedError
 from distributed.core import Status, error_message
@@ -56,6 +57,29 @@ def thread_task_key() -> Key | None:
     """The key distributed set for the task running in this thread
     (``distributed.worker._run_task`` sets ``thread_state.key``), or None."""
     return getattr(thread_state, "key", None)
+
+
+def annotated_graph(graph: dict[Key, Any], annotated: dict[Key, dict[str, Any]]) -> Any:
+    """``graph`` as ``Client.get`` takes it, each task of ``annotated`` with
+    its own annotations, as if each came from a layer of its own. One layer,
+    whose annotation values are ``dict.get`` of ``{key: value}`` per
+    annotation: the scheduler calls a callable annotation with each key of
+    the layer (``HLGExpr.__dask_annotations__``, in
+    ``distributed.scheduler._materialize_graph``) and skips a None value
+    (``Scheduler._apply_annotations``), so a task gets exactly its own. A
+    layer's annotations win over the message's global ones there, as
+    client-side layers' do. Without annotations, the plain dict."""
+    if not annotated:
+        return graph
+    by_type: dict[str, dict[Key, Any]] = {}
+    for k, ann in annotated.items():
+        for name, value in ann.items():
+            by_type.setdefault(name, {})[k] = value
+    layer = MaterializedLayer(graph, annotations={name: d.get for name, d in by_type.items()})
+    return HighLevelGraph({_CHILDREN: layer}, {_CHILDREN: set()})
+
+
+_CHILDREN = "dask-coro-children"
 
 
 @contextlib.contextmanager

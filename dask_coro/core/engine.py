@@ -49,6 +49,7 @@ import hashlib
 import threading
 import types
 from collections.abc import Callable, Generator, Sequence
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 from dask.typing import Key
@@ -171,6 +172,9 @@ class Frame:
     to run inline (``next`` of them started), ``remote`` the positions the
     caller computes (``sent`` of them handed out). ``scope`` is the caller's
     state for this frame, set when it first starts remote leaves of it.
+    ``ann`` is what the current yield asks of the scheduler for every remote
+    leaf (the ``dask.annotate`` annotations in effect at the yield, see
+    ``Trampoline``), or None.
     """
 
     __slots__ = (
@@ -189,6 +193,7 @@ class Frame:
         "remote",
         "sent",
         "scope",
+        "ann",
     )
 
     # Set by each yield (slots, declared for the type checker):
@@ -209,6 +214,7 @@ class Frame:
         self.scope: Scope[Any] | None = None
         self.remote: Sequence[int] = _EMPTY
         self.sent = 0
+        self.ann: Any = None
         # The rest is set by each yield.
 
     @property
@@ -321,6 +327,17 @@ class Trampoline:
         raised at the yield.
     count
         Count the calls run inline, per function (``call_counts``).
+    annotations
+        ``annotations()``: the annotations in effect where a body yields (what
+        ``dask.annotate`` set: a dict, or None), read at each yield, each
+        ``wait`` and where the root starts. Those in effect where the root
+        starts are the run's own (on a worker, the span ``Worker.execute``
+        puts its task in); a yield made under any others (compared by
+        identity, then by value) is *annotated*: none of its leaves runs
+        inline or is computed in place, every one is remote, and
+        ``Frame.ann`` carries the annotations to the caller, which gives
+        them to each task the leaf adds (as a layer made under them would
+        have them).
     """
 
     def __init__(
@@ -335,6 +352,7 @@ class Trampoline:
         on_ended: Callable[[Frame], None] | None = None,
         localize: Callable[[Frame, Any], Any] | None = None,
         count: bool = False,
+        annotations: Callable[[], Any] | None = None,
     ):
         self.name = name
         self.call_type: Any = call_type
@@ -360,6 +378,19 @@ class Trampoline:
         #: (the loop adds runs of calls of one function every ``check_every``
         #: calls and whenever it stops; see ``call_counts``).
         self.calls: dict[Any, list[int]] | None = {} if count else None
+        self.annotations_now: Callable[[], Any] = annotations or _NO_ANNOTATIONS
+        #: The annotations in effect where the root started (``start``): a
+        #: yield under these is not annotated.
+        self.own_annotations: Any = None
+
+    def annotated(self) -> Any:
+        """The annotations in effect here if they differ from the run's own
+        (``own_annotations``), else None."""
+        now = self.annotations_now()
+        own = self.own_annotations
+        if not now or now is own or now == own:
+            return None
+        return now
 
     def call_counts(self) -> dict[Any, tuple[int, int, int]]:
         """``{func: (started, done, failed)}`` of the calls run inline (not
@@ -403,6 +434,7 @@ class Trampoline:
         is the caller's state for the root frame (frames without one get it
         when the caller first starts remote leaves of them)."""
         self._root_scope = scope
+        self.own_annotations = self.annotations_now()
         return self._enter(self._begin, (func, args, kwargs))
 
     def run(self) -> Outcome:
@@ -493,12 +525,17 @@ class Trampoline:
             value = value.value
         vt = type(value)
         call_type = self.call_type
-        if (vt is list or vt is tuple) and all(
-            type(x) is call_type
-            and (x.__dask_coro_inline__ is not None or x.__dask_coro_value__ is not NOT_DONE)
-            for x in value
+        if (
+            (vt is list or vt is tuple)
+            and all(
+                type(x) is call_type
+                and (x.__dask_coro_inline__ is not None or x.__dask_coro_value__ is not NOT_DONE)
+                for x in value
+            )
+            and self.annotated() is None
         ):
             # The common wait, set up as the loop sets up the common yield.
+            frame.ann = None
             frame.index += 1
             frame.shape = vt
             frame.leaves = value
@@ -614,6 +651,10 @@ class Trampoline:
         idle = self.idle
         call_type = self.call_type
         countdown = self.check_every
+        # The annotations in effect at a yield, and the run's own: a yield
+        # under others is set up by _yielded (every leaf remote).
+        ann_now = self.annotations_now
+        own = self.own_annotations
         barren = False  # a look found nothing to hand out, no yield of calls since
         top = stack[-1]
         fresh = -1  # >= 0: the body stepped is a call of top's leaf ``fresh``, no frame yet
@@ -673,6 +714,7 @@ class Trampoline:
                             new.scope = None
                             new.remote = _EMPTY
                             new.sent = 0
+                            new.ann = None
                             top = new
                             push(top)
                         else:  # it waited in wait() before this yield: it has a frame
@@ -682,7 +724,7 @@ class Trampoline:
                         body = None
                     # -- set up the yield ``out`` ----------------------------
                     vt: type[Any] | None = type(out)
-                    if vt is list or vt is tuple:
+                    if (vt is list or vt is tuple) and ((a := ann_now()) is own or not a):
                         # The common yield, set up here: inline calls only.
                         for x in out:
                             if type(x) is not call_type or (
@@ -766,6 +808,7 @@ class Trampoline:
                         value = shape.rebuild(results)
                     # The next yield resets the rest of the frame.
                     top.leaves = top.results = _EMPTY
+                    top.ann = None
                     if top.scope is not None:
                         self._ended(top)
                         method, arg = top.body.send, value
@@ -801,7 +844,7 @@ class Trampoline:
                         method, out, ended = _STEPPED, e, _RAISED
                         break
                     del value
-                    if type(y) is list:
+                    if type(y) is list and ((a := ann_now()) is own or not a):
                         for x in y:
                             if type(x) is not call_type or (
                                 x.__dask_coro_inline__ is None
@@ -918,7 +961,7 @@ class Trampoline:
                         fresh, body, method = pos, out, _STEPPED
                         out, ended = e, _RAISED
                         break
-                    if type(y) is list and stack[-1] is top:
+                    if type(y) is list and stack[-1] is top and ((a := ann_now()) is own or not a):
                         for x in y:
                             if type(x) is not call_type or (
                                 x.__dask_coro_inline__ is None
@@ -937,6 +980,7 @@ class Trampoline:
                             new.scope = None
                             new.remote = _EMPTY
                             new.sent = 0
+                            new.ann = None
                             n = len(y)
                             new.shape = list
                             new.leaves = leaves = y
@@ -981,6 +1025,9 @@ class Trampoline:
         frame.next = 0
         frame.remote = _EMPTY
         frame.sent = 0
+        # Under annotations of its own, a yield runs nothing inline and
+        # computes nothing in place: each leaf is a task carrying them.
+        ann = frame.ann = self.annotated()
         call_type = self.call_type
         if type(value) is call_type and (
             value.__dask_coro_inline__ is not None or value.__dask_coro_value__ is not NOT_DONE
@@ -988,7 +1035,11 @@ class Trampoline:
             frame.shape = None
             frame.leaves = (value,)
             frame.results = [_PENDING]
-            frame.todo = _ONE
+            if ann is not None and value.__dask_coro_inline__ is not None:
+                frame.todo = _EMPTY
+                frame.remote = [0]
+            else:
+                frame.todo = _ONE
             return None
         try:
             structure = Structure(value, self.classify(frame.label, frame.index))
@@ -1001,13 +1052,16 @@ class Trampoline:
         frame.results = [_PENDING] * len(structure.leaves)
         todo: list[int] = []
         remote: list[int] = []
-        localize = self.localize
+        localize = None if ann is not None else self.localize
         leaves = structure.leaves
         for pos, leaf in enumerate(leaves):
             if type(leaf) is call_type and (
                 leaf.__dask_coro_inline__ is not None or leaf.__dask_coro_value__ is not NOT_DONE
             ):
-                todo.append(pos)
+                if ann is None or leaf.__dask_coro_inline__ is None:
+                    todo.append(pos)  # to run inline, or computed already
+                else:
+                    remote.append(pos)
                 continue
             if localize is not None:
                 try:
@@ -1109,6 +1163,7 @@ class Trampoline:
         frame.remote = _EMPTY
         frame.sent = 0
         frame.shape = None
+        frame.ann = None
         if frame.scope is not None:
             self._ended(frame)
 
@@ -1251,5 +1306,7 @@ _NRANGES = 64
 _RANGES = [tuple(range(n)) for n in range(_NRANGES)]
 _STEPPED: Any = object()  # as ``method``: the body was stepped already, ``out`` is what came of it
 _new_frame = object.__new__
+#: ``annotations`` when the caller gives none: a ContextVar nobody sets.
+_NO_ANNOTATIONS: Callable[[], Any] = ContextVar("dask_coro_no_annotations", default=None).get
 _RETURNED = 1
 _RAISED = 2

@@ -18,6 +18,19 @@ content
 The prefix (``fib`` in ``fib-1f0c...``) is the original key's, so the
 dashboard groups tasks as before (``dask.utils.key_split`` stops at the
 first word with a digit or of 8 hex letters).
+
+Only keys dask made are renamed so; a key the user chose is kept
+(``named_by_user``): ``dask_key_name="my-inc"``, ``Delayed("my-inc", graph)``,
+``dask.delayed(obj, name=...)``. dask names what it makes ``<name>-<token>``:
+``tokenize`` gives 32 hex digits (an md5), an impure ``dask.delayed`` call a
+``uuid4`` (``dask.delayed.tokenize(pure=False)``, 36 characters with dashes),
+a coroutine call ``<prefix>-<token or uuid4 hex>``, a collection's key
+``(name, i, ...)`` with such a name. A key ending so, or one of ours
+(``child_key``), is taken as dask's; any other (another ending, a number, a
+tuple whose first item is not such a string) as the user's. The one false
+reading: a name the user chose that itself ends in ``-`` and 32 hex digits
+(``"data-" + tokenize(x)``, as dask's docs suggest for ``delayed(obj,
+name=...)``) is taken as dask's and renamed, which changes its name only.
 """
 
 from __future__ import annotations
@@ -30,6 +43,9 @@ if TYPE_CHECKING:  # for the type checker only: this module does not import dask
     from dask.typing import Key
 
 _CHILD = re.compile(r"-[0-9a-f]{32}-[0-9a-f]{16}\Z")
+_TOKEN = re.compile(
+    r"-(?:[0-9a-f]{32}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\Z"
+)
 
 
 def derive_key(prefix: str, *parts: Any) -> str:
@@ -52,3 +68,15 @@ def slot_of(key: Key) -> str | None:
     if isinstance(key, str) and _CHILD.search(key):
         return key[-49:-17]
     return None
+
+
+def named_by_user(key: Key) -> bool:
+    """Whether ``key`` is one the user chose, to keep as it is, rather than
+    one dask made (a name ending in a token), which a coroutine's child gets
+    renamed from (see the module's docstring)."""
+    name = key[0] if type(key) is tuple and key else key
+    if isinstance(name, bytes):
+        name = name.decode("utf-8", "replace")
+    if not isinstance(name, str):
+        return True
+    return not (_TOKEN.search(name) or _CHILD.search(name))

@@ -11,6 +11,22 @@ after a failure and yields the same calls submits the same keys again; one that
 yields other calls gets other keys at the same slots. The prefix (``fib`` in
 ``fib-1f0c...``) is kept, so the dashboard groups tasks as before.
 
+A key the user chose in a yielded ``Delayed`` (``dask_key_name=``, a
+``Delayed`` built with its key; ``keys.named_by_user``) is kept, as
+``Client.compute`` keeps it: another client's ``Future("my-inc")`` finds it,
+and two coroutines yielding it share one task. Tasks below such a key take
+their slot from it, not from the parent, so every coroutine that yields it
+submits the same graph. Collections' keys are all renamed.
+
+Annotations. What a task gets is what the scheduler would give it had the
+leaf been computed with ``Client.compute`` under the annotations in effect
+at the yield (``annotations``, ``Scheduler._apply_annotations``): those, with
+the annotations of its layer (a ``Delayed``'s, taken when the layer was made)
+or of its collection (``__dask_annotations__``) taking precedence, one
+annotation at a time. A callable annotation is called with the task's
+original key, the one the user knows. A layer annotated only as the run
+itself is (``own``: on a worker, its task's span) adds nothing.
+
 Compute once. ``known`` maps original keys computed by earlier yields of the
 same coroutine to the keys now holding their results; such tasks are referred
 to, never submitted again. ``Delayed`` graphs share their layers between every
@@ -22,7 +38,7 @@ from __future__ import annotations
 
 import types
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,9 +54,9 @@ from .._internals.dask_private import (
     Task,
     TaskRef,
     convert_legacy_task,
-    finalized_graph,
+    finalized,
 )
-from .keys import child_key, derive_key
+from .keys import child_key, derive_key, named_by_user
 
 __all__ = ["Plan", "collection_graph", "derive_key", "func_token", "plan_yield"]
 
@@ -58,12 +74,16 @@ class Plan:
         the caller holds them until their layer dies.
     layers
         ``(layer, {original_key: renamed_key})`` for the kept keys.
+    annotations
+        Renamed key -> the annotations of its task, for the tasks that have
+        any (see the module's docstring).
     """
 
     graph: dict[Key, GraphNode] = field(default_factory=dict)
     outputs: list[Key] = field(default_factory=list)
     keep: list[Key] = field(default_factory=list)
     layers: list[tuple[Any, dict[Key, Key]]] = field(default_factory=list)
+    annotations: dict[Key, dict[str, Any]] = field(default_factory=dict)
 
 
 def _identity(x: Any) -> Any:
@@ -77,11 +97,15 @@ def plan_yield(
     parent: Key,
     index: int,
     values: Mapping[Key, Any] | None = None,
+    annotations: Mapping[str, Any] | None = None,
+    own: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Plan the submission of ``leaves`` (yielded at ``paths``) for yield number
     ``index`` of the coroutine running as ``parent``. ``values`` holds results
     computed in place by earlier yields (``core.localize``): they go into the
-    graph as data, never computed again."""
+    graph as data, never computed again. ``annotations`` are those in effect
+    at the yield beyond the run's own, ``own`` the run's own (see the
+    module's docstring)."""
     plan = Plan()
     values = values or {}
     rename: dict[Key, Key] = dict(known)
@@ -105,19 +129,27 @@ def plan_yield(
             # key, is not followed by ours), and a key the scheduler does not
             # know fails that task instead of hanging.
             k = child_key(derive_key(key_split(leaf.key), parent, index, path), repr(leaf.key))
+            # (The task only hands the value on: no annotation is for it.)
             rename.setdefault(leaf.key, leaf.key)
             plan.graph[k] = Task(k, _identity, TaskRef(leaf.key))
             plan.outputs.append(k)
             continue
         out: Key
+        by_key: Mapping[Key, Mapping[str, Any]] | None = None
         if isinstance(leaf, Delayed):
             # Results are reused across yields while their layer lives; a
             # plain dict graph has no layers to follow.
             out, layer_of = leaf.key, hasattr(graph, "layers")
         else:
-            out, nodes = collection_graph(leaf, {**values, **rename} if values else rename)
+            out, nodes, by_key = _collection_graph(leaf, {**values, **rename} if values else rename)
             layer_of = False
-        added = _rename_below(out, nodes, rename, plan.graph, parent, index, path, values)
+        annotate = _annotator(annotations, own, nodes, by_key)
+        added = _rename_below(
+            out, nodes, rename, plan.graph, parent, index, path, values,
+            keep_names=isinstance(leaf, Delayed),
+            annotate=annotate,
+            annotated=plan.annotations,
+        )
         plan.outputs.append(rename[out])
         if layer_of:
             plan.keep.extend(rename[k] for k in added)
@@ -157,9 +189,55 @@ def collection_graph(
     result an earlier yield computed (``da.from_delayed(L, ...)``) would then
     compute it again. Such a collection is not optimized, so ``known`` keys
     stay in its graph and are referred to."""
+    out, nodes, _ = _collection_graph(coll, known)
+    return out, nodes
+
+
+def _collection_graph(
+    coll: Any, known: Mapping[Key, Key] | None = None
+) -> tuple[Key, dict[Key, tuple[Any, Any]], dict[Key, dict[str, Any]]]:
+    """``collection_graph``, and the annotations dask gives its tasks, by key."""
     optimize = not known or known.keys().isdisjoint(coll.__dask_graph__().keys())
-    out, dsk = finalized_graph(coll, optimize=optimize)
-    return out, {k: (v, None) for k, v in dsk.items()}
+    out, dsk, by_type = finalized(coll, optimize=optimize)
+    by_key: dict[Key, dict[str, Any]] = {}
+    for name, values in by_type.items():
+        for k, v in values.items():
+            by_key.setdefault(k, {})[name] = v
+    return out, {k: (v, None) for k, v in dsk.items()}, by_key
+
+
+def _annotator(
+    annotations: Mapping[str, Any] | None,
+    own: Mapping[str, Any] | None,
+    nodes: Mapping[Key, tuple[Any, Any]],
+    by_key: Mapping[Key, Mapping[str, Any]] | None,
+) -> Callable[[Key], dict[str, Any] | None] | None:
+    """``annotate(key)``: the annotations of the task of original key ``key``
+    (None for none), or None when no task of the leaf has any."""
+
+    def layer_of(k: Key) -> Mapping[str, Any] | None:
+        if by_key is not None:
+            ann = by_key.get(k)
+        else:
+            ann = getattr(nodes[k][1], "annotations", None)
+        # Made under the run's own annotations only (its span): nothing to add.
+        return None if not ann or ann == own else ann
+
+    if not annotations and not any(layer_of(k) for k in nodes):
+        return None
+
+    def annotate(k: Key) -> dict[str, Any] | None:
+        # As Scheduler._apply_annotations: the global ones, then the layer's
+        # wherever it says something (not None).
+        out = {a: v(k) if callable(v) else v for a, v in (annotations or {}).items()}
+        for a, v in (layer_of(k) or {}).items():
+            if callable(v):
+                v = v(k)
+            if v is not None:
+                out[a] = v
+        return out or None
+
+    return annotate
 
 
 def _rename_below(
@@ -171,20 +249,28 @@ def _rename_below(
     index: int,
     path: tuple[Any, ...],
     values: Mapping[Key, Any],
+    keep_names: bool = False,
+    annotate: Callable[[Key], dict[str, Any] | None] | None = None,
+    annotated: dict[Key, dict[str, Any]] | None = None,
 ) -> list[Key]:
     """Rename ``out`` and every task below it that is not renamed yet; add the
     renamed tasks to ``graph``, dependencies first. Returns the original keys
-    added, ``out`` first.
+    added, ``out`` first. With ``keep_names``, keys the user chose keep their
+    name. With ``annotate``, each added task's annotations go in ``annotated``.
 
-    A task's slot is its depth-first position under ``out``; its content token
-    covers its dependencies' new keys, so tasks are named bottom-up (a
-    post-order walk) once every position is known."""
+    A task's slot is its depth-first position under ``out`` or, below a key
+    the user named, under that key; its content token covers its
+    dependencies' new keys, so tasks are named bottom-up (a post-order walk)
+    once every position is known."""
     order: dict[Key, int] = {}  # original key -> depth-first position
+    place: dict[Key, tuple[Any, int]] = {}  # original key -> (named key above it or None, position)
+    counts: dict[Any, int] = {}
+    named: set[Key] = set()
     tasks: dict[Key, GraphNode] = {}
     post: list[Key] = []  # dependencies before dependents
-    stack: list[tuple[Key, bool]] = [(out, False)]
+    stack: list[tuple[Key, bool, Any]] = [(out, False, None)]
     while stack:
-        k, expanded = stack.pop()
+        k, expanded, above = stack.pop()
         if expanded:
             post.append(k)
             continue
@@ -202,19 +288,37 @@ def _rename_below(
         elif not isinstance(task, GraphNode):  # a legacy tuple task
             task = convert_legacy_task(k, task, nodes.keys())
         order[k] = len(order)
+        n = counts.get(above, 0)
+        counts[above] = n + 1
+        place[k] = (above, n)
+        if keep_names and named_by_user(k):
+            named.add(k)
+            above = k
         tasks[k] = task
-        stack.append((k, True))
-        stack.extend((d, False) for d in reversed(_ordered_deps(task)))
+        stack.append((k, True, None))
+        stack.extend((d, False, above) for d in reversed(_ordered_deps(task)))
     for k in post:
         task = tasks[k]
-        n = order[k]
-        prefix = key_split(k)
-        slot = derive_key(prefix, parent, index, path) if n == 0 else derive_key(prefix, parent, index, path, n)
-        rename[k] = child_key(slot, _content(task, rename))
+        if k in named:
+            rename[k] = k
+        else:
+            above, n = place[k]
+            prefix = key_split(k)
+            if above is not None:
+                slot = derive_key(prefix, above, n)
+            elif n == 0:
+                slot = derive_key(prefix, parent, index, path)
+            else:
+                slot = derive_key(prefix, parent, index, path, n)
+            rename[k] = child_key(slot, _content(task, rename))
         # A node's own ``.key`` may differ from the key the graph holds it
         # under (dask-expr's from_delayed stores Alias nodes keyed by their
         # target): the graph's key is the one dependents refer to.
         graph[rename[k]] = _renamed(k, task, rename)
+        if annotate is not None and annotated is not None:
+            ann = annotate(k)
+            if ann:
+                annotated[rename[k]] = ann
     return sorted(order, key=order.__getitem__)
 
 

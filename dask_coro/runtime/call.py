@@ -13,7 +13,6 @@ import weakref
 from collections.abc import Callable, Generator
 from typing import Any, ClassVar, Protocol
 
-import dask
 from dask.base import tokenize
 from dask.delayed import unpack_collections
 from dask.highlevelgraph import HighLevelGraph
@@ -24,7 +23,7 @@ from .. import _config
 from .._exceptions import Rejected
 from .._internals.dask_private import DataNode, Task, annotations_in_effect
 from ..core.classify import classifier, is_lazy
-from ..core.engine import NOT_DONE, Failed, Frame, Idle, Request, Trampoline
+from ..core.engine import NOT_DONE, Failed, Frame, Idle, Request, Trampoline, current_trampoline
 from ..core.plan import func_token
 from .ops import _DASK, _KEY, _LENGTH, BuiltLazily, bind_operators
 
@@ -127,13 +126,15 @@ class CoroutineCall(BuiltLazily):
                 graph = HighLevelGraph.from_collections(
                     key, {key: DataNode(key, done[0])}, dependencies=()
                 )
-            elif ann := getattr(self, "_ann", None):
-                # The annotations in effect where the call was made, as a
-                # Delayed's layer takes them when it is made.
-                with dask.annotate(**ann):
-                    graph = _graph(fn, key, args, kwargs)
             else:
-                graph = _graph(fn, key, args, kwargs)
+                # The annotations in effect where the call was made (none
+                # included), as a Delayed's layer takes them when it is made,
+                # not those where dask first asks for its graph.
+                token = annotations_in_effect.set(getattr(self, "_ann", None))
+                try:
+                    graph = _graph(fn, key, args, kwargs)
+                finally:
+                    annotations_in_effect.reset(token)
             _DASK.__set__(self, graph)
             _KEY.__set__(self, key)
             self.__dask_coro_inline__ = None  # it has a name now: compute it as a task
@@ -266,15 +267,26 @@ def _task_by_name(module: str, qualname: str, key: Key) -> CoroutineTask:
     return CoroutineTask(wrapper.run, key)
 
 
-_SPAN_ONLY = {"span": None}.keys()
-#: The annotations in effect last seen holding only a span (dask.annotate
-#: makes a new dict each time; nobody changes one after).
-_span_only: list[Any] = [None]
+_SPAN_ONLY = {"span": None}.keys()  # computed in place under these (runtime.inplace)
+#: The annotations in effect last seen that were a run's own (on a worker,
+#: the span Worker.execute puts the task in): calls made under them may run
+#: inline. dask.annotate makes a new dict each time; nobody changes one after.
+_own_seen: list[Any] = [None]
 # Bound once: ``annotations_in_effect.get()`` looks the method up on each call,
 # some 500 machine instructions of a ~4,000 call in CPython 3.11.
 _annotations_now = annotations_in_effect.get
 #: Argument types that hold no dask collection (exact types: a subclass could).
 _PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})
+
+
+def _is_own(ann: dict[str, Any]) -> bool:
+    """Whether ``ann`` are the annotations the running coroutine started
+    under (``Trampoline.own_annotations``), not ones set in its body."""
+    tramp = current_trampoline()
+    if tramp is None:
+        return False
+    own = tramp.own_annotations
+    return ann is own or ann == own
 
 
 def _plain_values(kwargs: dict[str, Any]) -> bool:
@@ -455,18 +467,18 @@ class CoroutineFunction:
                 func = None
         # What dask.annotate set here, as a layer would take it: an annotated
         # call is a task, its annotations are for the scheduler. But for the
-        # span: Worker.execute runs every task of a named span inside
-        # dask.annotate(span=...), and its children belong to it anyway.
+        # run's own (Worker.execute runs every task of a named span inside
+        # dask.annotate(span=...), and its children belong to it anyway).
         ann = _annotations_now()
         if ann:
             call._ann = ann
-            if ann is not _span_only[0]:
-                if ann.keys() != _SPAN_ONLY:
-                    func = None
+            if ann is not _own_seen[0]:
+                if _is_own(ann):
+                    # On a worker every call of a run sees the dict its
+                    # task's span put in effect: look it up once, not per call.
+                    _own_seen[0] = ann
                 else:
-                    # On a worker every call sees the dict its task's span
-                    # put in effect: compare its keys once, not per call.
-                    _span_only[0] = ann
+                    func = None
         if func is not None:
             if len(args) == 1:  # the common case, without a loop
                 t = type(args[0])
@@ -610,6 +622,7 @@ def trampoline(
         check_every=check_every,
         localize=localize,
         count=count,
+        annotations=_annotations_now,
     )
 
 

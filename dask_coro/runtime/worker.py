@@ -458,7 +458,7 @@ class _Run:
                     raise Released
                 assert type(out) is Submit
                 if out.batches:
-                    await self._submit(out.batches)
+                    await self._submit(out.batches, tramp.own_annotations)
                     if not out.wait:
                         watcher.handed(sum(len(p) for _, p in out.batches))
                 if not out.wait:
@@ -609,12 +609,14 @@ class _Run:
             client = futures[0].client
             client.loop.add_callback(plugin.let_go, client, [f.key for f in futures])
 
-    async def _submit(self, batches: list[tuple[Frame, list[int]]]) -> None:
+    async def _submit(self, batches: list[tuple[Frame, list[int]]], own: Any) -> None:
         """Plan the remote leaves of each frame (keys derived from the frame's
-        place under our key) and submit them all in one message."""
+        place under our key, annotated as the frame's yield was, ``own`` the
+        run's own annotations) and submit them all in one message."""
         client = await self._client()
         graph: dict[Key, Any] = {}
         wanted: dict[Key, None] = {}
+        annotated: dict[Key, dict[str, Any]] = {}
         plans = []
         for frame, positions in batches:
             scope = self._scope_of(frame)
@@ -626,11 +628,21 @@ class _Run:
                     scope.ident,
                     frame.index,
                     scope.cache.values,
+                    annotations=frame.ann,
+                    own=own,
                 )
+                if self.key in plan.graph:
+                    # A key the user named as our own: we would wait for ourselves.
+                    raise ValueError(
+                        f"coroutine {self.key!r} yielded a task named {self.key!r}, "
+                        "its own key: it would wait for itself; give the child "
+                        "another dask_key_name"
+                    )
             except Exception as e:  # raised at the yield when the frame waits
                 scope.error = e
                 continue
             graph.update(plan.graph)
+            annotated.update(plan.annotations)
             wanted.update(dict.fromkeys(Scope.wanted(plan.outputs, plan.keep, plan.graph)))
             plans.append((scope, positions, plan))
         new: dict[Key, Future] = {}
@@ -639,7 +651,7 @@ class _Run:
             # ranks a graph by its submitting task.
             annotations = await self._child_annotations()
             with private.submitting_as(self.key), dask.annotate(**annotations):
-                futures = client.get(graph, list(wanted), sync=False)
+                futures = client.get(private.annotated_graph(graph, annotated), list(wanted), sync=False)
             new = dict(zip(wanted, futures))
         for scope, positions, plan in plans:
             # Delayed results are held until no live lazy value needs them; the
