@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import io
 import threading
 import time
 from collections import Counter, OrderedDict, namedtuple
@@ -73,6 +74,7 @@ def _ran(what: tuple) -> None:
 
 def leaf(x: int, fail: bool) -> int:
     _ran(("leaf", x))
+    time.sleep(0.005 * (x % 3))  # some leaves take a while: a cancel may come meanwhile
     if fail:
         raise ValueError(f"leaf {x} failed")
     return x
@@ -151,48 +153,54 @@ def _error(events: list, e: BaseException) -> None:
 def _gen(src: str) -> Any:
     node = ast.literal_eval(src)
     _ran(("node", node[1]))
-    made: list = []
-    events: list = []
-    total = 0
-    for step in node[4]:
-        if step[0] == "raise":
-            raise ValueError(f"node {node[1]} raised")
-        shape = _build(step[1], made)
-        if step[2]:
-            try:
+    try:
+        made: list = []
+        events: list = []
+        total = 0
+        for step in node[4]:
+            if step[0] == "raise":
+                raise ValueError(f"node {node[1]} raised")
+            shape = _build(step[1], made)
+            if step[2]:
+                try:
+                    got = yield shape
+                except Exception as e:
+                    _error(events, e)
+                    continue
+            else:
                 got = yield shape
-            except Exception as e:
-                _error(events, e)
-                continue
-        else:
-            got = yield shape
-        total += _record(events, got)
-    return Out(total + len(events), tuple(events))
+            total += _record(events, got)
+        return Out(total + len(events), tuple(events))
+    finally:
+        _ran(("end", node[1]))  # returned, raised or closed
 
 
 async def _async(src: str) -> Any:
     node = ast.literal_eval(src)
     _ran(("node", node[1]))
-    made: list = []
-    events: list = []
-    total = 0
-    for step in node[4]:
-        if step[0] == "raise":
-            raise ValueError(f"node {node[1]} raised")
-        shape = _build(step[1], made)
-        # A call, or a lazy value of one, is awaited as it is; anything else
-        # (a plain Delayed has dask's own __await__) through gather.
-        direct = step[1][0] in ("call", "get")
-        if step[2]:
-            try:
+    try:
+        made: list = []
+        events: list = []
+        total = 0
+        for step in node[4]:
+            if step[0] == "raise":
+                raise ValueError(f"node {node[1]} raised")
+            shape = _build(step[1], made)
+            # A call, or a lazy value of one, is awaited as it is; anything else
+            # (a plain Delayed has dask's own __await__) through gather.
+            direct = step[1][0] in ("call", "get")
+            if step[2]:
+                try:
+                    got = await (shape if direct else gather(shape))
+                except Exception as e:
+                    _error(events, e)
+                    continue
+            else:
                 got = await (shape if direct else gather(shape))
-            except Exception as e:
-                _error(events, e)
-                continue
-        else:
-            got = await (shape if direct else gather(shape))
-        total += _record(events, got)
-    return Out(total + len(events), tuple(events))
+            total += _record(events, got)
+        return Out(total + len(events), tuple(events))
+    finally:
+        _ran(("end", node[1]))  # returned, raised or closed
 
 
 def _wait_from_a_helper(shape: Any) -> Any:
@@ -202,23 +210,26 @@ def _wait_from_a_helper(shape: Any) -> Any:
 def _plain(src: str) -> Any:
     node = ast.literal_eval(src)
     _ran(("node", node[1]))
-    made: list = []
-    events: list = []
-    total = 0
-    for step in node[4]:
-        if step[0] == "raise":
-            raise ValueError(f"node {node[1]} raised")
-        shape = _build(step[1], made)
-        if step[2]:
-            try:
+    try:
+        made: list = []
+        events: list = []
+        total = 0
+        for step in node[4]:
+            if step[0] == "raise":
+                raise ValueError(f"node {node[1]} raised")
+            shape = _build(step[1], made)
+            if step[2]:
+                try:
+                    got = _wait_from_a_helper(shape)
+                except Exception as e:
+                    _error(events, e)
+                    continue
+            else:
                 got = _wait_from_a_helper(shape)
-            except Exception as e:
-                _error(events, e)
-                continue
-        else:
-            got = _wait_from_a_helper(shape)
-        total += _record(events, got)
-    return Out(total + len(events), tuple(events))
+            total += _record(events, got)
+        return Out(total + len(events), tuple(events))
+    finally:
+        _ran(("end", node[1]))  # returned, raised or closed
 
 
 def gen_node(src: str) -> Any:
@@ -515,12 +526,14 @@ class Harness:
         self.client = client
         self.timeout = timeout
 
-    def run(self, node: tuple, path: str) -> tuple[Any, Counter]:
-        """``(outcome, runs)``: the described value, or ``Raised``; raises
-        ``AssertionError`` if a cluster path left anything behind."""
+    def run(self, node: tuple, path: str) -> tuple[Any, Counter, dict | None]:
+        """``(outcome, runs, progress)``: the described value, or ``Raised``;
+        the runs counted; ``dask_coro.progress``'s final counts on a cluster.
+        Raises ``AssertionError`` if a cluster path left anything behind."""
         with _RUNS_LOCK:
             RUNS.clear()
         inline = path in ("local-inline", "inline", "stolen")
+        counts = None
         with dask.config.set({"coro.inline.enabled": inline}):
             if path.startswith("local"):
                 try:
@@ -529,15 +542,18 @@ class Harness:
                 except Exception as e:
                     outcome = Raised(type(e).__name__, str(e))
             else:
-                outcome = self._on_cluster(node, stolen=path == "stolen")
+                outcome, counts = self._on_cluster(node, stolen=path == "stolen")
                 self.leftovers()
         with _RUNS_LOCK:
-            return outcome, Counter(RUNS)
+            return outcome, Counter(RUNS), counts
 
-    def _on_cluster(self, node: tuple, stolen: bool) -> Any:
+    def _on_cluster(self, node: tuple, stolen: bool) -> tuple[Any, dict | None]:
+        from dask_coro import progress
+
         if stolen:
             self.client.run(_set_idle, always=True)
         fut = self.client.compute(root_call(node))
+        counts = None
         try:
             outcome: Any = describe(fut.result(timeout=self.timeout))
         except TimeoutError:
@@ -546,6 +562,8 @@ class Harness:
         except Exception as e:
             outcome = Raised(type(e).__name__, str(e))
         finally:
+            if fut.done():
+                counts = progress(fut, file=io.StringIO())
             # A raised error's traceback holds the future (as in plain
             # distributed: the erred key stays while it lives): let go of it
             # explicitly, and then see that nothing else held anything.
@@ -553,7 +571,7 @@ class Harness:
             del fut
             if stolen:
                 self.client.run(_set_idle, always=False)
-        return outcome
+        return outcome, counts
 
     def leftovers(self) -> None:
         """Wait until the scheduler and workers hold no task; raise naming
@@ -572,6 +590,41 @@ class Harness:
         if left:
             raise AssertionError(f"left on the cluster: {left[:5]}")
 
+    def cancel(self, node: tuple, path: str, after: float) -> list[str]:
+        """Cancel the program ``after`` seconds into its run on a cluster
+        path: what it left behind, and bodies that never ended (their
+        ``finally`` did not run)."""
+        with _RUNS_LOCK:
+            RUNS.clear()
+        stolen = path == "stolen"
+        found = []
+        with dask.config.set({"coro.inline.enabled": path != "task"}):
+            if stolen:
+                self.client.run(_set_idle, always=True)
+            try:
+                fut = self.client.compute(root_call(node))
+                time.sleep(after)
+                fut.cancel()
+                del fut
+                try:
+                    self.leftovers()
+                except AssertionError as e:
+                    found.append(f"{path}, cancelled after {after} s: {e}")
+                    self.forget()
+            finally:
+                if stolen:
+                    self.client.run(_set_idle, always=False)
+        deadline = time.monotonic() + 10
+        while True:
+            with _RUNS_LOCK:
+                unended = sorted(k[1] for k in RUNS if k[0] == "node" and RUNS[k] != RUNS["end", k[1]])
+            if not unended or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        if unended:
+            found.append(f"{path}, cancelled after {after} s: bodies that never ended: {unended}")
+        return found
+
     def forget(self) -> None:
         """After a path left tasks behind: restart the cluster, so the next
         program starts clean."""
@@ -585,18 +638,38 @@ class Harness:
         found = []
         for path in paths:
             try:
-                got, got_runs = self.run(node, path)
+                got, got_runs, counts = self.run(node, path)
             except AssertionError as e:  # leftovers
                 found.append(f"{path}: {e}")
                 self.forget()
                 continue
             if _show(got) != want:
                 found.append(f"{path}: {_show(got)} != reference {want}")
-            else:
-                diff = {k: (got_runs[k], runs[k]) for k in (runs.keys() | got_runs.keys()) - open_ if got_runs[k] != runs[k]}
-                if diff:
-                    found.append(f"{path}: runs (got, reference) {diff}")
+                continue
+            ran = {k for k in runs.keys() | got_runs.keys() if k[0] != "end"} - open_
+            diff = {k: (got_runs[k], runs[k]) for k in ran if got_runs[k] != runs[k]}
+            if diff:
+                found.append(f"{path}: runs (got, reference) {diff}")
+            unended = {k[1] for k in got_runs if k[0] == "node" and got_runs[k] != got_runs["end", k[1]]}
+            if unended:
+                found.append(f"{path}: bodies started but never ended (no finally ran): {sorted(unended)}")
+            if counts is not None and not open_ and not _failed(expected, runs):
+                # Every run but the root's is a task or an inline call, each
+                # done; tasks may also be dask's operators on calls (c[0]),
+                # which other paths compute in place.
+                inline = counts["functions"].values()
+                started, done = sum(f["started"] for f in inline), sum(f["done"] for f in inline)
+                n = sum(v for k, v in runs.items() if k[0] != "end") - 1
+                if (counts["done"], counts["failed"], done) != (counts["spawned"], 0, started) or counts["spawned"] + started < n:
+                    found.append(f"{path}: progress {counts}, {n} runs below the root")
         return found
+
+
+def _failed(outcome: Any, runs: Counter) -> bool:
+    """Whether anything raised in a program (its progress counts failures)."""
+    if isinstance(outcome, Raised):
+        return True
+    return "'err'" in repr(outcome)
 
 
 def _show(outcome: Any) -> Any:

@@ -16,6 +16,7 @@ import conformance as C
 import pytest
 from distributed import Client, LocalCluster
 from hypothesis import HealthCheck, Phase, assume, given, seed, settings
+from hypothesis import strategies as st
 
 
 @pytest.fixture(scope="module")
@@ -76,5 +77,26 @@ def test_random_programs(harness, request):
         except C.Ambiguous:
             assume(False)
         assert found == [], f"program {node!r}"
+
+    each()
+
+
+def test_cancel_at_random_points(harness, request):
+    """A program cancelled at a random moment on a cluster path leaves nothing
+    on the scheduler or the workers, and every body that started ended (its
+    ``finally`` ran)."""
+    n = max(1, request.config.getoption("--conformance-examples") // 4)
+
+    @seed(20261203)
+    @settings(
+        max_examples=n,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(C.programs(), st.sampled_from(["inline", "task", "stolen"]), st.floats(0, 0.1))
+    def each(node, path, after):
+        assert harness.cancel(node, path, round(after, 3)) == [], f"program {node!r}"
 
     each()
