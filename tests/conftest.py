@@ -44,6 +44,12 @@ def pytest_addoption(parser):
         help="random DAGs the worker-release property test runs (tests/test_release_property.py)",
     )
     parser.addoption(
+        "--conformance-examples",
+        type=int,
+        default=100,
+        help="random programs the conformance test runs on every path (tests/test_conformance.py)",
+    )
+    parser.addoption(
         "--chaos-baseline-tasks",
         type=int,
         default=600,

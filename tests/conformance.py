@@ -1,0 +1,735 @@
+"""Random coroutine programs, the coroutines that run them, and a reference
+interpreter in plain Python (tests/test_conformance.py runs them on every path).
+
+A program is plain data (nested tuples), passed to its coroutine as its
+``repr``: a string is a plain argument, so the call may run inline. A *node* is one coroutine call::
+
+    ("node", ident, form, inline, steps)
+
+``form`` is how its body waits: ``"gen"`` (``v = yield s``), ``"async"``
+(``v = await gather(s)``) or ``"plain"`` (``v = result(s)`` from a helper the
+body calls). ``inline`` False makes it ``@coroutine(inline=False)``. Each step
+is one of::
+
+    ("wait", shape, catch)   wait for the children in ``shape``; with ``catch``
+                             an exception at the wait is recorded, not raised
+    ("raise",)               raise ValueError naming the node
+
+A shape nests children in containers dask traverses (list, tuple, dict, a
+namedtuple, an OrderedDict, a dataclass). A child is::
+
+    ("leaf", x, fail)        dask.delayed(leaf, pure=False)(x, fail): x, or raises
+    ("call", node)           a coroutine call of ``node``
+    ("get", how, child)      a lazy value of a call child: ``c[0]``, ``c.total``
+                             or ``c.total + 1``
+    ("again", j)             the j-th child this node made, yielded again
+
+A node returns ``Out(total, events)``: one event per wait, ``("ok",
+description of the value)`` or ``("err", type name, message)``, and the sum
+of every number it received. Every leaf and node counts its runs in ``RUNS``
+(gen_cluster's workers share this process).
+
+The rules the reference applies are the ones docs/coroutines.md states: a
+yield resumes with its children's values in the yielded shape, through every
+container dask traverses; an error of a child is raised at the yield with its
+type and message; a child yielded again gives its first outcome (value or
+error) and does not run again; a node body runs once, a leaf once.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import io
+import threading
+import time
+from collections import Counter, OrderedDict, namedtuple
+from typing import Any
+
+import dask
+
+from dask_coro import coroutine, gather, result
+
+RUNS: Counter = Counter()
+_RUNS_LOCK = threading.Lock()
+
+Out = namedtuple("Out", "total events")
+Pair = namedtuple("Pair", "a b")
+
+
+@dataclasses.dataclass
+class Box:
+    a: Any
+    b: Any
+
+
+# ----------------------------------------------------------------------------
+# What runs: the same interpreter for every body form.
+
+
+def _ran(what: tuple) -> None:
+    with _RUNS_LOCK:
+        RUNS[what] += 1
+
+
+def leaf(x: int, fail: bool) -> int:
+    _ran(("leaf", x))
+    time.sleep(0.005 * (x % 3))  # some leaves take a while: a cancel may come meanwhile
+    if fail:
+        raise ValueError(f"leaf {x} failed")
+    return x
+
+
+def _build(spec: Any, made: list) -> Any:
+    """The lazy object (or container of them) a shape spec stands for."""
+    kind = spec[0]
+    if kind == "leaf":
+        obj = dask.delayed(leaf, pure=False)(spec[1], spec[2])
+        made.append(obj)
+        return obj
+    if kind == "call":
+        node = spec[1]
+        obj = FUNCTIONS[node[2], node[3]](repr(node))
+        made.append(obj)
+        return obj
+    if kind == "get":
+        c = _build(spec[2], made)
+        return c[0] if spec[1] == "item" else c.total if spec[1] == "attr" else c.total + 1
+    if kind == "again":
+        return made[spec[1]]
+    items = [_build(s, made) for s in spec[1]]
+    if kind == "list":
+        return items
+    if kind == "tuple":
+        return tuple(items)
+    if kind == "pair":
+        return Pair(*items)
+    if kind == "box":
+        return Box(*items)
+    if kind == "dict":
+        return {f"k{i}": v for i, v in enumerate(items)}
+    if kind == "odict":
+        return OrderedDict((f"k{i}", v) for i, v in enumerate(items))
+    raise AssertionError(spec)
+
+
+def describe(v: Any) -> Any:
+    """A value as plain data, container types named, so paths compare exactly."""
+    if type(v) is Out:
+        return ("Out", v.total, v.events)
+    if type(v) is Pair:
+        return ("Pair", describe(v.a), describe(v.b))
+    if type(v) is Box:
+        return ("Box", describe(v.a), describe(v.b))
+    if type(v) is OrderedDict:
+        return ("OrderedDict", tuple((k, describe(x)) for k, x in v.items()))
+    if type(v) is dict:
+        return ("dict", tuple((k, describe(x)) for k, x in v.items()))
+    if type(v) in (list, tuple):
+        return (type(v).__name__, tuple(describe(x) for x in v))
+    if type(v) is int:
+        return v
+    return ("unexpected", type(v).__name__)  # an uncomputed Delayed, say
+
+
+def _numbers(d: Any) -> int:
+    if type(d) is int:
+        return d
+    if type(d) is tuple:
+        return sum(_numbers(x) for x in d)
+    return 0
+
+
+def _record(events: list, got: Any) -> int:
+    d = describe(got)
+    events.append(("ok", d))
+    return _numbers(d)
+
+
+def _error(events: list, e: BaseException) -> None:
+    events.append(("err", type(e).__name__, str(e)))
+
+
+def _gen(src: str) -> Any:
+    node = ast.literal_eval(src)
+    _ran(("node", node[1]))
+    try:
+        made: list = []
+        events: list = []
+        total = 0
+        for step in node[4]:
+            if step[0] == "raise":
+                raise ValueError(f"node {node[1]} raised")
+            shape = _build(step[1], made)
+            if step[2]:
+                try:
+                    got = yield shape
+                except Exception as e:
+                    _error(events, e)
+                    continue
+            else:
+                got = yield shape
+            total += _record(events, got)
+        return Out(total + len(events), tuple(events))
+    finally:
+        _ran(("end", node[1]))  # returned, raised or closed
+
+
+async def _async(src: str) -> Any:
+    node = ast.literal_eval(src)
+    _ran(("node", node[1]))
+    try:
+        made: list = []
+        events: list = []
+        total = 0
+        for step in node[4]:
+            if step[0] == "raise":
+                raise ValueError(f"node {node[1]} raised")
+            shape = _build(step[1], made)
+            # A call, or a lazy value of one, is awaited as it is; anything else
+            # (a plain Delayed has dask's own __await__) through gather.
+            direct = step[1][0] in ("call", "get")
+            if step[2]:
+                try:
+                    got = await (shape if direct else gather(shape))
+                except Exception as e:
+                    _error(events, e)
+                    continue
+            else:
+                got = await (shape if direct else gather(shape))
+            total += _record(events, got)
+        return Out(total + len(events), tuple(events))
+    finally:
+        _ran(("end", node[1]))  # returned, raised or closed
+
+
+def _wait_from_a_helper(shape: Any) -> Any:
+    return result(shape)
+
+
+def _plain(src: str) -> Any:
+    node = ast.literal_eval(src)
+    _ran(("node", node[1]))
+    try:
+        made: list = []
+        events: list = []
+        total = 0
+        for step in node[4]:
+            if step[0] == "raise":
+                raise ValueError(f"node {node[1]} raised")
+            shape = _build(step[1], made)
+            if step[2]:
+                try:
+                    got = _wait_from_a_helper(shape)
+                except Exception as e:
+                    _error(events, e)
+                    continue
+            else:
+                got = _wait_from_a_helper(shape)
+            total += _record(events, got)
+        return Out(total + len(events), tuple(events))
+    finally:
+        _ran(("end", node[1]))  # returned, raised or closed
+
+
+def gen_node(src: str) -> Any:
+    return (yield from _gen(src))
+
+
+FUNCTIONS = {
+    ("gen", True): coroutine(gen_node, name="gen"),
+    ("gen", False): coroutine(inline=False, name="gen-task")(gen_node),
+    ("async", True): coroutine(_async, name="async"),
+    ("async", False): coroutine(inline=False, name="async-task")(_async),
+    ("plain", True): coroutine(_plain, name="plain"),
+    ("plain", False): coroutine(inline=False, name="plain-task")(_plain),
+}
+
+
+def root_call(node: tuple) -> Any:
+    return FUNCTIONS[node[2], node[3]](repr(node))
+
+
+# ----------------------------------------------------------------------------
+# The reference: the same program in plain Python.
+
+
+class Raised(Exception):
+    """An outcome of the reference: what the program raises."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(kind, message)
+        self.kind, self.message = kind, message
+
+
+class Ambiguous(Exception):
+    """A wait whose children raise different errors: which one the yield
+    raises is the first to fail, a matter of timing. The test skips these."""
+
+
+class Reference:
+    def __init__(self) -> None:
+        self.runs: Counter = Counter()
+        # Runs the rules leave open: the siblings of a child that failed
+        # (and all below them) may have run, or not, or been cancelled.
+        self.open: set = set()
+
+    def node(self, node: tuple) -> Out:
+        self.runs[("node", node[1])] += 1
+        made: list = []
+        events: list = []
+        total = 0
+        for step in node[4]:
+            if step[0] == "raise":
+                raise Raised("ValueError", f"node {node[1]} raised")
+            try:
+                got = self.wait(step[1], made)
+            except Raised as e:
+                if not step[2]:
+                    raise
+                events.append(("err", e.kind, e.message))
+                continue
+            d = got
+            events.append(("ok", d))
+            total += _numbers(d)
+        return Out(total + len(events), tuple(events))
+
+    def wait(self, shape: Any, made: list) -> Any:
+        """The described value of a yielded shape, or ``Raised``."""
+        errors: list[Raised] = []
+        ok: list = []
+        d = self._shape(shape, made, errors, ok)
+        distinct = {(e.kind, e.message) for e in errors}
+        if len(distinct) > 1:
+            raise Ambiguous(distinct)
+        if errors:
+            for spec in ok:
+                self.open |= _runs_below(spec)
+            raise errors[0]
+        return d
+
+    def _outcome(self, make: Any) -> tuple[bool, Any]:
+        try:
+            return True, make()
+        except Raised as e:
+            return False, e
+
+    def _child(self, spec: Any, made: list) -> tuple[bool, Any]:
+        """(ok, value or Raised) of one child, memoized per made object."""
+        kind = spec[0]
+        if kind == "leaf":
+            x, fail = spec[1], spec[2]
+
+            def run_leaf() -> int:
+                self.runs[("leaf", x)] += 1
+                if fail:
+                    raise Raised("ValueError", f"leaf {x} failed")
+                return x
+
+            outcome = self._outcome(run_leaf)
+            made.append(outcome)
+            return outcome
+        if kind == "call":
+            outcome = self._outcome(lambda: self.node(spec[1]))
+            made.append(outcome)
+            return outcome
+        if kind == "again":
+            return made[spec[1]]
+        assert kind == "get", spec
+        ok, v = self._child(spec[2], made)
+        if not ok:
+            return ok, v
+        return True, v.total if spec[1] != "op" else v.total + 1
+
+    def _shape(self, spec: Any, made: list, errors: list, fine: list) -> Any:
+        kind = spec[0]
+        if kind in ("leaf", "call", "get", "again"):
+            ok, v = self._child(spec, made)
+            if not ok:
+                errors.append(v)
+                return None
+            if kind != "again":  # what ran before this yield stays counted
+                fine.append(spec)
+            return ("Out", v.total, v.events) if type(v) is Out else v
+        items = [self._shape(s, made, errors, fine) for s in spec[1]]
+        if kind == "list":
+            return ("list", tuple(items))
+        if kind == "tuple":
+            return ("tuple", tuple(items))
+        if kind == "pair":
+            return ("Pair", *items)
+        if kind == "box":
+            return ("Box", *items)
+        if kind in ("dict", "odict"):
+            name = "dict" if kind == "dict" else "OrderedDict"
+            return (name, tuple((f"k{i}", v) for i, v in enumerate(items)))
+        raise AssertionError(spec)
+
+
+def _runs_below(spec: Any) -> set:
+    """The run counters of every node and leaf a child spec may run."""
+    found: set = set()
+    stack = [spec]
+    while stack:
+        s = stack.pop()
+        if type(s) is not tuple or not s:
+            continue
+        if s[0] == "leaf":
+            found.add(("leaf", s[1]))
+        elif s[0] == "node":
+            found.add(("node", s[1]))
+            stack.extend(step[1] for step in s[4] if step[0] == "wait")
+        else:
+            stack.extend(x for x in s[1:] if type(x) is tuple)
+    return found
+
+
+def reference(node: tuple) -> tuple[Any, Counter, set]:
+    """``(outcome, runs, open)``: the root's described value or its
+    ``Raised``; how often each node and leaf ran; the counters the rules
+    leave open (siblings of a failed child may have run, or not, or been
+    cancelled mid-way)."""
+    ref = Reference()
+    try:
+        out: Any = ref.node(node)
+        outcome: Any = ("Out", out.total, out.events)
+    except Raised as e:
+        outcome = e
+    return outcome, ref.runs, ref.open
+
+
+# ----------------------------------------------------------------------------
+# Random programs.
+
+
+def programs(max_depth: int = 3):  # -> hypothesis strategy of nodes
+    from hypothesis import strategies as st
+
+    forms = st.sampled_from(["gen", "async", "plain"])
+    containers = st.sampled_from(["list", "tuple", "dict", "pair", "box", "odict"])
+
+    @st.composite
+    def node(draw, depth: int, counter: list) -> tuple:
+        ident = counter[0]
+        counter[0] += 1
+        made = 0
+
+        def child() -> Any:
+            nonlocal made
+            choices = ["leaf", "leaf", "get"] + (["call", "call"] if depth < max_depth else [])
+            if made:
+                choices.append("again")
+            kind = draw(st.sampled_from(choices))
+            if kind == "again":
+                return ("again", draw(st.integers(0, made - 1)))
+            if kind == "get" and depth >= max_depth:
+                kind = "leaf"  # a get is of a call, and calls stop at max_depth
+            if kind == "leaf":
+                counter[0] += 1
+                made += 1
+                return ("leaf", counter[0], draw(st.integers(0, 9)) == 0)
+            sub = draw(node(depth + 1, counter))
+            made += 1
+            if kind == "get":
+                return ("get", draw(st.sampled_from(["item", "attr", "op"])), ("call", sub))
+            return ("call", sub)
+
+        def shape(level: int) -> Any:
+            if level >= 2 or draw(st.booleans()):
+                return child()
+            kind = draw(containers)
+            n = 2 if kind in ("pair", "box") else draw(st.integers(0, 3))
+            return (kind, tuple(shape(level + 1) for _ in range(n)))
+
+        steps: list = []
+        for _ in range(draw(st.integers(0, 3))):
+            steps.append(("wait", shape(0), draw(st.booleans())))
+        if draw(st.integers(0, 9)) == 0:
+            steps.append(("raise",))
+        return ("node", ident, draw(forms), draw(st.booleans()), tuple(steps))
+
+    return st.deferred(lambda: node(0, [0]))
+
+
+# A program every path must agree on, written by hand: each of the divergences
+# tests/test_conformance.py found first, kept as a fixed example.
+EXAMPLES: dict[str, tuple] = {}
+
+
+def _again_after_error() -> tuple:
+    # issue: yielding the same call again after it raised.
+    failing = ("node", 1, "gen", True, (("raise",),))
+    steps = (
+        ("wait", ("call", failing), True),
+        ("wait", ("again", 0), True),
+    )
+    return ("node", 0, "gen", True, steps)
+
+
+EXAMPLES["again after error"] = _again_after_error()
+EXAMPLES["containers"] = (
+    "node",
+    0,
+    "gen",
+    True,
+    (
+        ("wait", ("odict", (("leaf", 1, False), ("leaf", 2, False))), False),
+        ("wait", ("box", (("leaf", 3, False), ("call", ("node", 4, "async", True, ())))), False),
+        ("wait", ("pair", (("leaf", 5, False), ("tuple", ()))), False),
+    ),
+)
+EXAMPLES["lazy attribute awaited"] = (
+    "node",
+    0,
+    "async",
+    True,
+    (("wait", ("get", "attr", ("call", ("node", 1, "gen", True, ()))), False),),
+)
+
+
+
+# ----------------------------------------------------------------------------
+# The paths, and the comparison.
+
+PATHS = ("local-inline", "local-task", "inline", "task", "stolen")
+
+
+class _AlwaysIdle:
+    """A worker's view of idle threads elsewhere that never runs out: every
+    call that could run inline is handed out as a task (the stolen path)."""
+
+    @property
+    def n(self) -> int:
+        return 1 << 20
+
+    @n.setter
+    def n(self, value: int) -> None:
+        pass
+
+
+def _set_idle(dask_worker: Any, always: bool) -> None:
+    from dask_coro.core.engine import Idle
+    from dask_coro.runtime.worker import _watcher
+
+    watcher = _watcher(dask_worker)
+    watcher.idle = _AlwaysIdle() if always else Idle()
+
+
+class Harness:
+    """Runs a program on each path and compares it with the reference.
+
+    ``client`` is a client of an in-process cluster (``processes=False``):
+    its workers count runs in this process's ``RUNS``.
+    """
+
+    def __init__(self, client: Any, timeout: float = 30):
+        self.client = client
+        self.timeout = timeout
+
+    def run(self, node: tuple, path: str) -> tuple[Any, Counter, dict | None]:
+        """``(outcome, runs, progress)``: the described value, or ``Raised``;
+        the runs counted; ``dask_coro.progress``'s final counts on a cluster.
+        Raises ``AssertionError`` if a cluster path left anything behind."""
+        with _RUNS_LOCK:
+            RUNS.clear()
+        inline = path in ("local-inline", "inline", "stolen")
+        counts = None
+        with dask.config.set({"coro.inline.enabled": inline}):
+            if path.startswith("local"):
+                try:
+                    (value,) = dask.compute(root_call(node), scheduler="sync")
+                    outcome: Any = describe(value)
+                except Exception as e:
+                    outcome = Raised(type(e).__name__, str(e))
+            else:
+                outcome, counts = self._on_cluster(node, stolen=path == "stolen")
+                self.leftovers()
+        with _RUNS_LOCK:
+            return outcome, Counter(RUNS), counts
+
+    def _on_cluster(self, node: tuple, stolen: bool) -> tuple[Any, dict | None]:
+        from dask_coro import progress
+
+        if stolen:
+            self.client.run(_set_idle, always=True)
+        fut = self.client.compute(root_call(node))
+        counts = None
+        try:
+            outcome: Any = describe(fut.result(timeout=self.timeout))
+        except TimeoutError:
+            fut.cancel()
+            outcome = Raised("Hang", f"no outcome in {self.timeout} s")
+        except Exception as e:
+            outcome = Raised(type(e).__name__, str(e))
+        finally:
+            if fut.done():
+                counts = progress(fut, file=io.StringIO())
+            # A raised error's traceback holds the future (as in plain
+            # distributed: the erred key stays while it lives): let go of it
+            # explicitly, and then see that nothing else held anything.
+            fut.release()
+            del fut
+            if stolen:
+                self.client.run(_set_idle, always=False)
+        return outcome, counts
+
+    def leftovers(self) -> None:
+        """Wait until the scheduler and workers hold no task; raise naming
+        what stays."""
+        deadline = time.monotonic() + 10
+
+        def held() -> list:
+            s = self.client.cluster.scheduler
+            keys = list(s.tasks)
+            for w in self.client.cluster.workers.values():
+                keys += [f"{w.name}:{k}" for k in w.state.tasks]
+            return keys
+
+        while (left := held()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if left:
+            raise AssertionError(f"left on the cluster: {left[:5]}")
+
+    def cancel(self, node: tuple, path: str, after: float) -> list[str]:
+        """Cancel the program ``after`` seconds into its run on a cluster
+        path: what it left behind, and bodies that never ended (their
+        ``finally`` did not run)."""
+        with _RUNS_LOCK:
+            RUNS.clear()
+        stolen = path == "stolen"
+        found = []
+        with dask.config.set({"coro.inline.enabled": path != "task"}):
+            if stolen:
+                self.client.run(_set_idle, always=True)
+            try:
+                fut = self.client.compute(root_call(node))
+                time.sleep(after)
+                fut.cancel()
+                del fut
+                try:
+                    self.leftovers()
+                except AssertionError as e:
+                    found.append(f"{path}, cancelled after {after} s: {e}")
+                    self.forget()
+            finally:
+                if stolen:
+                    self.client.run(_set_idle, always=False)
+        deadline = time.monotonic() + 10
+        while True:
+            with _RUNS_LOCK:
+                unended = sorted(k[1] for k in RUNS if k[0] == "node" and RUNS[k] != RUNS["end", k[1]])
+            if not unended or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        if unended:
+            found.append(f"{path}, cancelled after {after} s: bodies that never ended: {unended}")
+        return found
+
+    def forget(self) -> None:
+        """After a path left tasks behind: restart the cluster, so the next
+        program starts clean."""
+        self.client.restart()
+
+    def divergences(self, node: tuple, paths: tuple[str, ...] = PATHS) -> list[str]:
+        """What each path did differently from the reference (empty: none).
+        Raises ``Ambiguous`` for a program whose outcome depends on timing."""
+        expected, runs, open_ = reference(node)
+        want = _show(expected)
+        found = []
+        for path in paths:
+            try:
+                got, got_runs, counts = self.run(node, path)
+            except AssertionError as e:  # leftovers
+                found.append(f"{path}: {e}")
+                self.forget()
+                continue
+            if _show(got) != want:
+                found.append(f"{path}: {_show(got)} != reference {want}")
+                continue
+            ran = {k for k in runs.keys() | got_runs.keys() if k[0] != "end"} - open_
+            diff = {k: (got_runs[k], runs[k]) for k in ran if got_runs[k] != runs[k]}
+            if diff:
+                found.append(f"{path}: runs (got, reference) {diff}")
+            unended = {k[1] for k in got_runs if k[0] == "node" and got_runs[k] != got_runs["end", k[1]]}
+            if unended:
+                found.append(f"{path}: bodies started but never ended (no finally ran): {sorted(unended)}")
+            if counts is not None and not open_ and not _failed(expected, runs):
+                # Every run but the root's is a task or an inline call, each
+                # done; tasks may also be dask's operators on calls (c[0]),
+                # which other paths compute in place.
+                inline = counts["functions"].values()
+                started, done = sum(f["started"] for f in inline), sum(f["done"] for f in inline)
+                n = sum(v for k, v in runs.items() if k[0] != "end") - 1
+                if (counts["done"], counts["failed"], done) != (counts["spawned"], 0, started) or counts["spawned"] + started < n:
+                    found.append(f"{path}: progress {counts}, {n} runs below the root")
+        return found
+
+
+def _failed(outcome: Any, runs: Counter) -> bool:
+    """Whether anything raised in a program (its progress counts failures)."""
+    if isinstance(outcome, Raised):
+        return True
+    return "'err'" in repr(outcome)
+
+
+def _show(outcome: Any) -> Any:
+    if isinstance(outcome, Raised):
+        return ("raises", outcome.kind, outcome.message)
+    return outcome
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run random programs on every path and count the clean ones:
+    ``python tests/conformance.py --examples 1000``."""
+    import argparse
+
+    from distributed import Client, LocalCluster
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--examples", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--show", type=int, default=5, help="divergent programs to print")
+    args = parser.parse_args(argv)
+    import logging
+
+    logging.getLogger("distributed").setLevel(logging.CRITICAL)
+    clean = divergent = ambiguous = 0
+    by_path: Counter = Counter()
+    shown = 0
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, Client(cluster) as client:
+        harness = Harness(client)
+
+        @settings(max_examples=args.examples, deadline=None, database=None, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck))
+        @given(programs())
+        def each(node: tuple) -> None:
+            nonlocal clean, divergent, ambiguous, shown
+            try:
+                found = harness.divergences(node)
+            except Ambiguous:
+                ambiguous += 1
+                return
+            if not found:
+                clean += 1
+                return
+            divergent += 1
+            for line in found:
+                by_path[line.split(":", 1)[0]] += 1
+            if shown < args.show:
+                shown += 1
+                print(f"program {node!r}:\n  " + "\n  ".join(found), flush=True)
+
+        from hypothesis import seed
+
+        seed(args.seed)(each)()
+    print(f"{clean + divergent} programs ({ambiguous} more skipped as timing-dependent): "
+          f"{clean} clean, {divergent} divergent; divergences by path: {dict(by_path)}")
+
+
+if __name__ == "__main__":
+    # Import this file as a module: workers then find its functions by name
+    # (as __main__ they would travel by value, with RUNS and its lock).
+    import conformance
+
+    conformance.main()
