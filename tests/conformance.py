@@ -273,6 +273,7 @@ class Reference:
         # Runs the rules leave open: the siblings of a child that failed
         # (and all below them) may have run, or not, or been cancelled.
         self.open: set = set()
+        self.raised = False  # anything raised, caught or not
 
     def node(self, node: tuple) -> Out:
         self.runs[("node", node[1])] += 1
@@ -281,6 +282,7 @@ class Reference:
         total = 0
         for step in node[4]:
             if step[0] == "raise":
+                self.raised = True
                 raise Raised("ValueError", f"node {node[1]} raised")
             try:
                 got = self.wait(step[1], made)
@@ -323,6 +325,7 @@ class Reference:
             def run_leaf() -> int:
                 self.runs[("leaf", x)] += 1
                 if fail:
+                    self.raised = True
                     raise Raised("ValueError", f"leaf {x} failed")
                 return x
 
@@ -384,18 +387,18 @@ def _runs_below(spec: Any) -> set:
     return found
 
 
-def reference(node: tuple) -> tuple[Any, Counter, set]:
-    """``(outcome, runs, open)``: the root's described value or its
+def reference(node: tuple) -> tuple[Any, Counter, set, bool]:
+    """``(outcome, runs, open, raised)``: the root's described value or its
     ``Raised``; how often each node and leaf ran; the counters the rules
     leave open (siblings of a failed child may have run, or not, or been
-    cancelled mid-way)."""
+    cancelled mid-way); whether anything raised, caught or not."""
     ref = Reference()
     try:
         out: Any = ref.node(node)
         outcome: Any = ("Out", out.total, out.events)
     except Raised as e:
         outcome = e
-    return outcome, ref.runs, ref.open
+    return outcome, ref.runs, ref.open, ref.raised
 
 
 # ----------------------------------------------------------------------------
@@ -633,7 +636,7 @@ class Harness:
     def divergences(self, node: tuple, paths: tuple[str, ...] = PATHS) -> list[str]:
         """What each path did differently from the reference (empty: none).
         Raises ``Ambiguous`` for a program whose outcome depends on timing."""
-        expected, runs, open_ = reference(node)
+        expected, runs, open_, raised = reference(node)
         want = _show(expected)
         found = []
         for path in paths:
@@ -653,7 +656,7 @@ class Harness:
             unended = {k[1] for k in got_runs if k[0] == "node" and got_runs[k] != got_runs["end", k[1]]}
             if unended:
                 found.append(f"{path}: bodies started but never ended (no finally ran): {sorted(unended)}")
-            if counts is not None and not open_ and not _failed(expected, runs):
+            if counts is not None and not raised:
                 # Every run but the root's is a task or an inline call, each
                 # done; tasks may also be dask's operators on calls (c[0]),
                 # which other paths compute in place.
@@ -663,13 +666,6 @@ class Harness:
                 if (counts["done"], counts["failed"], done) != (counts["spawned"], 0, started) or counts["spawned"] + started < n:
                     found.append(f"{path}: progress {counts}, {n} runs below the root")
         return found
-
-
-def _failed(outcome: Any, runs: Counter) -> bool:
-    """Whether anything raised in a program (its progress counts failures)."""
-    if isinstance(outcome, Raised):
-        return True
-    return "'err'" in repr(outcome)
 
 
 def _show(outcome: Any) -> Any:

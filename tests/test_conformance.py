@@ -47,14 +47,14 @@ def test_fixed_example(harness, name):
 def test_reference_says_what_the_docs_say():
     """The reference interpreter itself, on programs whose outcome is known."""
     node = ("node", 0, "gen", True, (("wait", ("list", (("leaf", 1, False), ("leaf", 2, False))), False),))
-    outcome, runs, open_ = C.reference(node)
+    outcome, runs, open_, raised = C.reference(node)
     assert outcome == ("Out", 3 + 1, (("ok", ("list", (1, 2))),))
-    assert runs == {("node", 0): 1, ("leaf", 1): 1, ("leaf", 2): 1} and not open_
-    outcome, runs, open_ = C.reference(C.EXAMPLES["again after error"])
+    assert runs == {("node", 0): 1, ("leaf", 1): 1, ("leaf", 2): 1} and not open_ and not raised
+    outcome, runs, open_, raised = C.reference(C.EXAMPLES["again after error"])
     err = ("err", "ValueError", "node 1 raised")
-    assert outcome == ("Out", 2, (err, err)) and runs[("node", 1)] == 1 and not open_
+    assert outcome == ("Out", 2, (err, err)) and runs[("node", 1)] == 1 and not open_ and raised
     siblings = ("node", 0, "gen", True, (("wait", ("list", (("leaf", 1, True), ("call", ("node", 2, "gen", True, ())))), True),))
-    outcome, runs, open_ = C.reference(siblings)
+    outcome, runs, open_, raised = C.reference(siblings)
     assert outcome == ("Out", 1, (("err", "ValueError", "leaf 1 failed"),))
     assert open_ == {("node", 2)}
 
