@@ -481,6 +481,15 @@ EXAMPLES["containers"] = (
         ("wait", ("pair", (("leaf", 5, False), ("tuple", ()))), False),
     ),
 )
+# A task child's error caught by its parent, itself a task child: locally, the
+# error reached the root as well (the loop kept it when the parent returned).
+EXAMPLES["caught in a task child"] = (
+    "node",
+    0,
+    "gen",
+    True,
+    (("wait", ("call", ("node", 1, "gen", False, (("wait", ("call", ("node", 2, "gen", False, (("raise",),))), True),))), False),),
+)
 EXAMPLES["lazy attribute awaited"] = (
     "node",
     0,

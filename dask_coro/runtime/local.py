@@ -76,7 +76,11 @@ def run_local(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]
                 if error is None:
                     child = top.send(value)
                 else:
-                    child, error = top.throw(_Failed(error)), None
+                    # Taken before the throw: the run may end there (caught,
+                    # it returns), and the error must not reach its parent.
+                    thrown, error = error, None
+                    child = top.throw(_Failed(thrown))
+                    del thrown
             except StopIteration as stop:
                 stack.pop()
                 step = stop.value
