@@ -1,8 +1,8 @@
 """Random coroutine programs, the coroutines that run them, and a reference
 interpreter in plain Python (tests/test_conformance.py runs them on every path).
 
-A program is plain data (nested tuples), passed to its coroutine as its
-``repr``: a string is a plain argument, so the call may run inline. A *node* is one coroutine call::
+A program is plain data (nested tuples), passed to its coroutine pickled:
+bytes are a plain argument, so the call may run inline. A *node* is one coroutine call::
 
     ("node", ident, form, inline, steps)
 
@@ -38,9 +38,9 @@ error) and does not run again; a node body runs once, a leaf once.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import io
+import pickle
 import threading
 import time
 from collections import Counter, OrderedDict, namedtuple
@@ -89,7 +89,7 @@ def _build(spec: Any, made: list) -> Any:
         return obj
     if kind == "call":
         node = spec[1]
-        obj = FUNCTIONS[node[2], node[3]](repr(node))
+        obj = FUNCTIONS[node[2], node[3]](pickle.dumps(node))
         made.append(obj)
         return obj
     if kind == "get":
@@ -150,8 +150,8 @@ def _error(events: list, e: BaseException) -> None:
     events.append(("err", type(e).__name__, str(e)))
 
 
-def _gen(src: str) -> Any:
-    node = ast.literal_eval(src)
+def _gen(src: bytes) -> Any:
+    node = pickle.loads(src)
     _ran(("node", node[1]))
     try:
         made: list = []
@@ -175,8 +175,8 @@ def _gen(src: str) -> Any:
         _ran(("end", node[1]))  # returned, raised or closed
 
 
-async def _async(src: str) -> Any:
-    node = ast.literal_eval(src)
+async def _async(src: bytes) -> Any:
+    node = pickle.loads(src)
     _ran(("node", node[1]))
     try:
         made: list = []
@@ -207,8 +207,8 @@ def _wait_from_a_helper(shape: Any) -> Any:
     return result(shape)
 
 
-def _plain(src: str) -> Any:
-    node = ast.literal_eval(src)
+def _plain(src: bytes) -> Any:
+    node = pickle.loads(src)
     _ran(("node", node[1]))
     try:
         made: list = []
@@ -232,7 +232,7 @@ def _plain(src: str) -> Any:
         _ran(("end", node[1]))  # returned, raised or closed
 
 
-def gen_node(src: str) -> Any:
+def gen_node(src: bytes) -> Any:
     return (yield from _gen(src))
 
 
@@ -247,7 +247,7 @@ FUNCTIONS = {
 
 
 def root_call(node: tuple) -> Any:
-    return FUNCTIONS[node[2], node[3]](repr(node))
+    return FUNCTIONS[node[2], node[3]](pickle.dumps(node))
 
 
 # ----------------------------------------------------------------------------
@@ -375,15 +375,13 @@ def _runs_below(spec: Any) -> set:
     stack = [spec]
     while stack:
         s = stack.pop()
-        if type(s) is not tuple or not s:
+        if type(s) is not tuple:
             continue
-        if s[0] == "leaf":
+        if s[:1] == ("leaf",):
             found.add(("leaf", s[1]))
-        elif s[0] == "node":
+        elif s[:1] == ("node",):
             found.add(("node", s[1]))
-            stack.extend(step[1] for step in s[4] if step[0] == "wait")
-        else:
-            stack.extend(x for x in s[1:] if type(x) is tuple)
+        stack.extend(s)  # every tuple inside: shapes, items, steps
     return found
 
 
