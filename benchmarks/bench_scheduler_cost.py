@@ -18,6 +18,11 @@ plugins' hooks spent on the scheduler's event loop in that phase, divided by
 the number of roots; "durability hook per root" the part of it in
 ``DurablePlugin``'s ``transition`` (which ends each root's book).
 
+Books: the same events fed to the pure books alone, no cluster (CPU time of
+this thread, ``time.thread_time``): the durability book for N parents of
+3 children each, all waiting, then each ending; the release books for one
+key whose D dependents are assigned one at a time to one worker.
+
 Dependents: one key (a 1 MB array) and D tasks that each take it and an
 index, computed with worker release on (``ReleasePlugin``); "release hook per
 dependent" is the time in ``ReleasePlugin.transition`` over the whole
@@ -180,13 +185,84 @@ def dependents_row(d: int, workers: int) -> dict:
     return {"wall": wall, "hook": hook}
 
 
+def hold_book(n: int) -> float:
+    """N parents of 3 children each waiting at once, then each ending, fed to
+    the durability book: CPU seconds."""
+    from dask_coro.durability.book import HoldBook
+
+    book = HoldBook()
+    kids = {f"p{i}": [f"p{i}-{j}" for j in range(3)] for i in range(n)}
+    t0 = time.thread_time()
+    for p, ks in kids.items():
+        book.adopt(p, ks, lambda k: "processing")
+    for p, ks in kids.items():
+        for k in ks:
+            book.moved(k, "processing", "memory")
+            book.finished(k)
+        book.end(p)
+    return time.thread_time() - t0
+
+
+def release_books(d: int) -> float:
+    """One key's D dependents assigned one at a time to one worker, half of
+    them finishing meanwhile, as ReleasePlugin feeds its books: CPU seconds.
+    (Before the books counted dependents, each assignment walked them all.)"""
+    from dask_coro.release import book as rb
+
+    deps = [f"d{i}" for i in range(d)]
+    t0 = time.thread_time()
+    if hasattr(rb, "Dependents"):
+        counts, marks = rb.Dependents(), rb.Marks()
+        counts.watch("x", [(k, "queued", None) for k in deps])
+        for i, k in enumerate(deps):
+            counts.moved(k, "queued", "processing", "w")
+            if counts.settled_on("x", "w"):
+                if not (marks.is_marked("x", "w") and marks.name("x", "w", k)):
+                    marks.mark("x", "w", counts.processing_on("x", "w"))
+            if i % 2:
+                counts.moved(deps[i - 1], "processing", "memory")
+    else:  # the walk the hook did for each dependent assigned
+        marks = rb.Marks()
+        state = dict.fromkeys(deps, "queued")
+        for i, k in enumerate(deps):
+            state[k] = "processing"
+            if all(v in ("memory", "erred", "processing") for v in state.values()):
+                marks.mark("x", "w", [x for x, v in state.items() if v == "processing"])
+            [x for x, v in state.items() if v not in ("memory", "erred")]  # named
+            if i % 2:
+                state[deps[i - 1]] = "memory"
+    return time.thread_time() - t0
+
+
+def books(sizes_roots, sizes_deps) -> dict:
+    out: dict = {"roots": {}, "dependents": {}}
+    rows = []
+    for n in sizes_roots:
+        spent = min(hold_book(n) for _ in range(3))
+        out["roots"][n] = spent
+        rows.append([f"{n:,} parents", f"{spent:.4f}", f"{spent / n * 1e6:.2f}"])
+    B.report(["durability book", "CPU s (best of 3)", "per parent (us)"], rows)
+    rows = []
+    for d in sizes_deps:
+        spent = min(release_books(d) for _ in range(3))
+        out["dependents"][d] = spent
+        rows.append([f"{d:,} dependents", f"{spent:.4f}", f"{spent / d * 1e6:.2f}"])
+    B.report(["release books", "CPU s (best of 3)", "per dependent (us)"], rows)
+    return out
+
+
 def main(argv=None) -> int:
     p = B.parser(__doc__, repeat=1)
+    p.add_argument("--books", action="store_true",
+                   help="only the pure books, no cluster (CPU time; seconds, not minutes)")
     p.add_argument("--roots", type=int, nargs="*", default=[1000, 4000, 10000])
     p.add_argument("--dependents", type=int, nargs="*", default=[1000, 4000, 8000])
     p.add_argument("--timeout", type=float, default=240.0, help="s to get all roots waiting")
     args = B.parse(p, argv, quick={"roots": [100, 400], "dependents": [100, 400]})
-    out: dict = {"roots": {}, "dependents": {}}
+    if args.books:
+        B.write_json(args.json, books(args.roots, args.dependents))
+        return 0
+    out: dict = {"roots": {}, "dependents": {}, "books": books(args.roots, args.dependents)}
     rows = []
     for n in args.roots:
         runs = [roots_row(n, args.timeout) for _ in range(args.repeat)]
