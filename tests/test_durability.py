@@ -62,6 +62,62 @@ def test_book_holds_finished_children_once_and_lets_go_when_the_parent_ends():
     assert not b.held and not b.parent_of and not b.open and not b.orphans
 
 
+class _CountingDict(dict):
+    """A dict that counts the entries its iterations visit (a scan)."""
+
+    visited = 0
+
+    def _count(self, it):
+        for x in it:
+            type(self).visited += 1
+            yield x
+
+    def __iter__(self):
+        return self._count(super().__iter__())
+
+    def keys(self):
+        return self._count(super().keys())
+
+    def values(self):
+        return self._count(super().values())
+
+    def items(self):
+        return self._count(super().items())
+
+
+def _lifecycle(n_parents, children=3):
+    """``n_parents`` waiting at once, then each ends: the entries the book's
+    own dicts visited in scans, over every event."""
+    b = HoldBook()
+    for name in vars(b):
+        if isinstance(getattr(b, name), dict):
+            setattr(b, name, _CountingDict())
+    _CountingDict.visited = 0
+    states: dict = {}
+    parents = [f"p{i}" for i in range(n_parents)]
+    for p in parents:
+        kids = [f"{p}-{j}" for j in range(children)]
+        states.update(dict.fromkeys(kids, "processing"))
+        b.adopt(p, kids, states.get)
+    for p in parents:
+        for j in range(children):
+            k = f"{p}-{j}"
+            b.moved(k, "processing", "memory")
+            b.finished(k)
+        assert sorted(b.end(p)) == [f"{p}-{j}" for j in range(children)]
+    assert not b.held and not b.parent_of and not b.open
+    return _CountingDict.visited
+
+
+def test_book_costs_per_parent_do_not_grow_with_the_parents_waiting():
+    """Ending a parent touches its own children only: with 4x the parents
+    waiting at once, the whole lifecycle visits at most 4x the entries (a scan
+    of every child of every parent at each end, as before, visits 16x)."""
+    small, large = _lifecycle(250), _lifecycle(1000)
+    assert large <= 4 * small + 10
+    assert large <= 3 * 1000
+
+
 # --------------------------------------------------------------------------
 # on a cluster
 

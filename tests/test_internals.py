@@ -444,3 +444,37 @@ async def test_dashboard_prefix_routes_navigation_and_frame(c, s):
 async def test_no_dashboard_prefix_without_a_dashboard(c, s):
     assert s.http_server is not None  # the HTTP server runs (health, metrics), the dashboard not
     assert pv.dashboard_prefix(s) is None
+
+
+def test_queue_heap_keeps_discarded_tasks_and_drop_stale_queue_entries_cleans_it():
+    """``Scheduler.queued`` is a ``HeapSet`` of a set (``_data``) and a heap
+    of weak references (``_heap``); a discarded task stays in the heap, and
+    ``peek`` hands back an alive object equal to one in the set, the old one
+    (dask/distributed #7504). ``drop_stale_queue_entries`` keeps the entries
+    of the very objects in the set."""
+    from types import SimpleNamespace
+
+    from distributed.collections import HeapSet
+
+    class Task:  # compares and hashes by key, as TaskState does
+        def __init__(self, key, priority):
+            self.key, self.priority = key, priority
+
+        def __eq__(self, other):
+            return isinstance(other, Task) and other.key == self.key
+
+        def __hash__(self):
+            return hash(self.key)
+
+    s = SimpleNamespace(queued=HeapSet(key=lambda t: t.priority))
+    old, other = Task("x", 0), Task("y", 1)
+    s.queued.add(old)
+    s.queued.add(other)
+    s.queued.discard(old)  # released from the queue, not popped
+    new = Task("x", 2)  # the key queued again, the old object alive
+    s.queued.add(new)
+    assert pv.queue_entries(s) == 3
+    assert s.queued.peek() is old  # the stale entry comes first
+    assert pv.drop_stale_queue_entries(s) == 1 and pv.queue_entries(s) == 2
+    assert s.queued.peek() is other and s.queued.pop() is other and s.queued.pop() is new
+    assert pv.drop_stale_queue_entries(s) == 0

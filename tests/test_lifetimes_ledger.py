@@ -185,6 +185,18 @@ def test_assign_batches_per_worker_and_is_deterministic():
     }
 
 
+def _indexes_match(led):
+    """The ledger's indexes (worker -> ids sent, host -> ids) are its maps
+    read the other way: a worker or host leaving costs O(its own ids)."""
+    sent_to: dict = {}
+    for rid, to in led._sent.items():
+        sent_to.setdefault(to, set()).add(rid)
+    on_host: dict = {}
+    for rid, origin in led._origin.items():
+        on_host.setdefault(origin.host, set()).add(rid)
+    assert led._sent_to == sent_to and led._on_host == on_host
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_random_histories_release_each_id_once_and_never_while_held(seed):
     """Random ties, forgets, worker deaths and answers: a release is handed out
@@ -198,10 +210,12 @@ def test_random_histories_release_each_id_once_and_never_while_held(seed):
     ids = [f"r{i}" for i in range(6)]
     released: list[str] = []
     ever_tied: set[str] = set()
+    late: list = []
+    handed: set[str] = set()  # an id whose release went out is not tied again (see tie)
     for _ in range(300):
         op = rng.random()
-        if op < 0.35 and alive_keys:
-            rid = rng.choice(ids)
+        if op < 0.35 and alive_keys and set(ids) - handed:
+            rid = rng.choice(sorted(set(ids) - handed))
             led.tie(rid, rng.choice(sorted(alive_keys)), rng.choice(origins))
             ever_tied.add(rid)
         elif op < 0.5:
@@ -218,11 +232,19 @@ def test_random_histories_release_each_id_once_and_never_while_held(seed):
             for worker, rids in led.assign(alive_workers).items():
                 for rid in rids:
                     assert not led.holders(rid), (rid, led.holders(rid))
-                if rng.random() < 0.2:
+                handed.update(rids)
+                if rng.random() < 0.3:
+                    late.append((worker, rids))  # answered later, if ever
+                elif rng.random() < 0.2:
                     led.failed(worker, rids)
                 else:
                     released.extend(rids)
                     led.acknowledged(worker, rids)
+            if late and rng.random() < 0.5:
+                worker, rids = late.pop(0)
+                led.acknowledged(worker, rids)
+                released.extend(rids)
+        _indexes_match(led)
     for key in keys:
         led.forget(key)
     alive_workers.update(WORKERS)
@@ -270,8 +292,11 @@ def test_host_emptied_takes_owed_sent_and_host_bound_held():
     assert led.owed == {"held-free"}
     assert led.host_emptied(A.host) == ["held-free"]
     assert led.host_emptied(A.host) == []
+    _indexes_match(led)
     led.forget("k5")
     assert led.assign(WORKERS) == {B.worker: ["elsewhere"]}
+    _indexes_match(led)
+    assert set(led._on_host) == {B.host} and set(led._sent_to) == {B.worker}
 
 
 def test_shared_memory_goes_when_its_data_does_other_resources_when_forgotten():

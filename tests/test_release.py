@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dask
 import pytest
-from distributed import Event, Worker, wait
+from distributed import Event, SchedulerPlugin, Worker, wait
 from distributed.utils_test import async_poll_for, gen_cluster
 from filelog import append as _append
 from filelog import lines as _lines
@@ -15,7 +15,7 @@ from helpers import cluster
 
 import dask_coro
 from dask_coro import coroutine
-from dask_coro.release.book import Marks, Pending
+from dask_coro.release.book import FINISHED, Dependents, Marks, Pending
 from dask_coro.release.scheduler import NAME, ReleasePlugin
 
 VALIDATE = {"distributed.scheduler.validate": True, "distributed.worker.validate": True}
@@ -46,6 +46,114 @@ def test_pending_releases_after_the_last_named_dependent():
     p.mark("z", ["c"])
     p.revoke("z")
     assert p.finished("c") == [] and not p.waiting and not p.by_dependent
+
+
+def test_a_mark_grows_one_dependent_at_a_time_and_goes_with_its_worker():
+    m = Marks()
+    assert not m.name("x", "w1", "a")  # no mark to grow
+    assert m.mark("x", "w1", ["a"]) and m.is_marked("x", "w1") and not m.is_marked("x", "w2")
+    assert m.name("x", "w1", "b") and not m.name("x", "w1", "b")
+    assert m.naming("b") == [("x", "w1")] and m.named == 2 and m.made == 1
+    m.mark("y", "w1", ["c"])
+    m.mark("x", "w2", ["d"])
+    m.drop_worker("w1")
+    assert m.marked == {"x": {"w2": {"d"}}} and m.by_worker == {"w2": {"x"}}
+    assert m.naming("a") == [] and m.naming("c") == [] and m.revoked == 0
+    m.clear()
+    assert not m.marked and not m.by_dependent and not m.by_worker and m.made == 3
+
+
+def test_pending_grows_a_mark_or_marks_anew():
+    p = Pending()
+    assert not p.mark("x", ["a"])
+    assert not p.extend("x", ["b", "a"])
+    assert p.finished("a") == [] and p.finished("b") == ["x"]
+    # Its dependents all finished before the growth came: marked anew.
+    assert not p.extend("x", ["c"]) and p.waiting == {"x": {"c"}}
+    assert p.extend("y", ["d"], finished=["d"])  # nothing left: release now
+
+
+def _brute(key, graph, states, where):
+    """What ``Dependents`` should count for ``key``, from the whole graph."""
+    deps = [d for d, ks in graph.items() if key in ks]
+    on: dict = {}
+    for d in deps:
+        if states[d] == "processing":
+            on.setdefault(where[d], set()).add(d)
+    return len(deps), sum(states[d] in FINISHED for d in deps), on
+
+
+def test_dependents_count_as_the_whole_graph_does():
+    """Random transitions of the dependents of a few keys: the counts kept
+    from each transition equal those read from the whole graph."""
+    import random
+
+    rng = random.Random(7)
+    keys = ["k0", "k1", "k2"]
+    graph = {f"d{i}": set(rng.sample(keys, rng.randint(1, 2))) for i in range(40)}
+    states = dict.fromkeys(graph, "waiting")
+    where: dict = {}
+    book = Dependents()
+    for k in keys[:2]:
+        book.watch(k, [(d, states[d], None) for d, ks in graph.items() if k in ks])
+    assert book.scanned == sum(1 for ks in graph.values() for k in ks if k in keys[:2])
+    moves = {
+        "waiting": ["processing"], "processing": ["memory", "erred", "released"],
+        "memory": ["released", "forgotten"], "erred": ["forgotten"], "released": ["waiting", "forgotten"],
+    }
+    for step in range(600):
+        d = rng.choice([d for d in graph if states[d] != "forgotten"] or ["-"])
+        if d == "-":
+            break
+        start = states[d]
+        finish = rng.choice(moves[start])
+        worker = rng.choice(["w1", "w2"]) if finish == "processing" else None
+        states[d] = finish
+        if worker is not None:
+            where[d] = worker
+        book.moved(d, start, finish, worker)
+        if finish == "forgotten":
+            graph[d] = set()
+        if step == 300:  # k2 starts being watched midway; k0 leaves memory
+            book.watch("k2", [(x, states[x], where.get(x)) for x, ks in graph.items() if "k2" in ks])
+            book.unwatch("k0")
+        for k in keys:
+            if not book.watched(k):
+                continue
+            n, done, on = _brute(k, graph, states, where)
+            assert (book.counted(k), book.done[k], book.on[k]) == (n, done, on), (step, k)
+            for w in ("w1", "w2"):
+                assert book.settled_on(k, w) == (n == done + len(on.get(w, ())))
+    for k in keys:
+        book.unwatch(k)
+    assert not book.members and not book.of and not book.where and not book.on
+
+
+def _assign_all(d):
+    """One key with ``d`` dependents assigned one at a time to one worker,
+    as the plugin does: the entries read and names sent."""
+    book, marks = Dependents(), Marks()
+    deps = [f"d{i}" for i in range(d)]
+    book.watch("x", [(k, "queued", None) for k in deps])
+    for i, k in enumerate(deps):
+        book.moved(k, "queued", "processing", "w")
+        if book.settled_on("x", "w"):
+            if marks.is_marked("x", "w"):
+                marks.name("x", "w", k)
+            else:
+                marks.mark("x", "w", book.processing_on("x", "w"))
+        if i % 2:  # half finish while the others are assigned
+            book.moved(deps[i - 1], "processing", "memory")
+    assert book.settled_on("x", "w") and marks.is_marked("x", "w")
+    return book.scanned, marks.named
+
+
+def test_one_key_with_many_dependents_costs_linear_entries():
+    """4x the dependents read 4x the entries and send 4x the names (walking
+    every dependent for each one assigned, as before, is 16x)."""
+    small, large = _assign_all(500), _assign_all(2000)
+    assert large[0] == 4 * small[0] == 2000
+    assert large[1] <= 4 * small[1] and large[1] <= 2000
 
 
 # -- on a cluster ---------------------------------------------------------------
@@ -79,6 +187,81 @@ def tree_sum(n, folder):
 async def _nothing_left(s, *workers):
     await async_poll_for(lambda: not s.tasks, timeout=20)
     await async_poll_for(lambda: all(not w.data and not w.state.tasks for w in workers), timeout=20)
+
+
+class _CheckCounts(SchedulerPlugin):
+    """After every transition, each key ``ReleasePlugin`` watches has the
+    counts its dependents' states give (read from the whole scheduler)."""
+
+    name = "test-check-counts"
+
+    def __init__(self, release):
+        self.release = release
+        self.wrong: list = []
+        self.checks = 0
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        deps = self.release.deps
+        for k in deps.members:
+            self.checks += 1
+            dependents = self.scheduler.tasks[k].dependents
+            on: dict = {}
+            for d in dependents:
+                if d.state == "processing":
+                    on.setdefault(d.processing_on.address, set()).add(d.key)
+            want = (len(dependents), sum(d.state in FINISHED for d in dependents), on)
+            got = (deps.counted(k), deps.done[k], deps.on[k])
+            if got != want:
+                self.wrong.append((key, start, finish, k, got, want))
+
+
+def _make(n):
+    return [1] * n
+
+
+def _use(x, i):
+    return len(x) + i
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 2,
+    config={**VALIDATE, "coro.worker-release.enabled": True, "distributed.scheduler.work-stealing": False},
+)
+async def test_one_key_with_many_dependents_is_read_once_and_marked_one_name_each(c, s, a, b):
+    """The case worker release is for: one large key, many tasks using it.
+    Each dependent assigned costs the scheduler O(1): the key's dependents
+    are read once (``scanned``), a mark grows by one name per dependent
+    (``named``), for D and 4 D dependents alike, on the key's own worker and
+    on a worker that fetches a copy; the counts match the scheduler's states
+    after every transition; the results are plain Dask's."""
+    await c.register_plugin(ReleasePlugin())
+    await async_poll_for(lambda: s.plugins[NAME].ready == {a.address, b.address}, timeout=10)
+    plugin = s.plugins[NAME]
+    check = _CheckCounts(plugin)
+    check.scheduler = s
+    s.add_plugin(check)
+    costs = {}
+    for where in (a, b):  # the key always on a: its own worker, then a copy on b
+        for d in (50, 200):
+            with dask.annotate(workers=[a.address]):
+                x = dask.delayed(_make, pure=True)(1000, dask_key_name=f"x-{d}-{where.name}")
+            with dask.annotate(workers=[where.address]):
+                tasks = [dask.delayed(_use, pure=True)(x, i) for i in range(d)]
+            scanned, named, early = plugin.deps.scanned, plugin.marks.named, plugin.released_early
+            got = await c.gather(c.compute(tasks))
+            assert got == list(dask.compute(*tasks, scheduler="sync"))
+            await async_poll_for(lambda: not s.tasks, timeout=20)
+            costs[where.name, d] = (plugin.deps.scanned - scanned, plugin.marks.named - named)
+            # the key (and, on b, its copy) went from its worker on its own
+            assert plugin.released_early > early
+    assert not check.wrong, check.wrong[:3]
+    assert check.checks > 0
+    for w in (a, b):
+        (scanned, named), (scanned4, named4) = costs[w.name, 50], costs[w.name, 200]
+        assert scanned == 50 and scanned4 == 200, costs
+        assert 0 < named <= 50 and 0 < named4 <= 200, costs
+    assert not plugin.deps.members and not plugin.deps.of and not plugin.marks.marked
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 2, config={**VALIDATE, "coro.worker-release.enabled": True})

@@ -12,6 +12,7 @@ which send what changed on their stream (``CALLS_OP``, ``handle_calls``).
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import defaultdict
 from time import time
 from typing import Any
@@ -20,7 +21,7 @@ from dask.typing import Key
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _config
-from .._internals.distributed_private import add_handlers
+from .._internals.distributed_private import add_handlers, drop_stale_queue_entries
 from . import dashboard
 from .book import TreeBook
 
@@ -53,9 +54,17 @@ class TreePlugin(SchedulerPlugin):
     def __init__(self) -> None:
         self.book = TreeBook()
         self.scheduler: Any = None
+        # Under distributed.scheduler.validate only: TaskStates that left
+        # the queue other than to run, while something keeps them alive
+        # (see ``_queued_again``), and how often the queue was cleaned.
+        # (Made in start: the plugin is pickled to reach the scheduler.)
+        self._left_queue: weakref.WeakValueDictionary[Key, Any] | None = None
+        self.queue_cleanings = 0
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
+        if getattr(scheduler, "validate", False):
+            self._left_queue = weakref.WeakValueDictionary()
         # Raises a ValueError naming the setting, failing the install and so
         # the coroutine task whose worker installs it (runtime.worker._install).
         self.book.max_nodes = int(_config.get_checked("coro.tree.max-nodes"))
@@ -74,6 +83,8 @@ class TreePlugin(SchedulerPlugin):
     def update_graph(
         self, scheduler: Any, *, annotations: dict[str, dict[Key, Any]] | None = None, **kwargs: Any
     ) -> None:
+        if self._left_queue:
+            self._queued_again(scheduler, kwargs.get("tasks") or ())
         now = time()
         for parent, keys in children_by_parent(annotations).items():
             if not self.book.follows(parent) and parent not in scheduler.tasks:
@@ -94,6 +105,10 @@ class TreePlugin(SchedulerPlugin):
                 )
 
     def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        if self._left_queue is not None and start == "queued" and finish != "processing":
+            ts = self.scheduler.tasks.get(key)  # a forgotten one is put back for plugins
+            if ts is not None:
+                self._left_queue[key] = ts
         if not self.book.follows(key):
             return
         if finish == "forgotten":
@@ -104,6 +119,29 @@ class TreePlugin(SchedulerPlugin):
             if ss.get("action") == "compute":
                 compute = (ss["start"], ss["stop"])
         self.book.state(key, finish, time(), compute)
+
+    def _queued_again(self, scheduler: Any, keys: Any) -> None:
+        """Keys submitted again whose earlier TaskState left the queue
+        without running and is still alive: clean the queue's heap of it.
+
+        A coroutine re-run elsewhere submits its children again under the
+        same keys (by design), and the first run's may have been queued and
+        forgotten meanwhile. distributed's queue then finds the forgotten
+        TaskState, equal to the new one by key (dask/distributed #7504), and
+        ``stimulus_queue_slots_maybe_opened`` asserts on it under validation
+        (without validation it moves the key's new task, rightly, and drops
+        the stale entry). Only under validation, and only when such a
+        TaskState is alive (a weak reference, which its last holder lets
+        go of): O(queue) per submission that meets one."""
+        left = self._left_queue
+        assert left is not None
+        for k in keys:
+            old = left.get(k)
+            if old is not None and scheduler.tasks.get(k) is not old:
+                del left[k]
+                if drop_stale_queue_entries(scheduler):
+                    self.queue_cleanings += 1
+                    logger.debug("dask_coro: queue entry of a forgotten task %r dropped", k)
 
     # -- handlers ------------------------------------------------------------
 

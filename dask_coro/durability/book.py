@@ -24,12 +24,15 @@ UNFINISHED = frozenset({"released", "waiting", "queued", "no-worker", "processin
 
 class HoldBook:
     """parent -> finished children held for it; child -> its parent (every
-    child, finished or not); per parent, how many of its children have work
-    left (``open``): while any has, the parent is waiting on them."""
+    child, finished or not), and its inverse, parent -> every child; per
+    parent, how many of its children have work left (``open``): while any
+    has, the parent is waiting on them. Each event costs O(the keys it names):
+    ending a parent touches its own children, never another parent's."""
 
     def __init__(self) -> None:
         self.held: dict[Key, set[Key]] = {}
         self.parent_of: dict[Key, Key] = {}
+        self.children: dict[Key, set[Key]] = {}  # parent -> its keys in parent_of
         self.open: dict[Key, int] = {}
         # per parent, children forgotten before they finished (their
         # submitter's client went, with its worker): still waited for, until
@@ -43,6 +46,7 @@ class HoldBook:
             if k == parent or k in self.parent_of:
                 continue
             self.parent_of[k] = parent
+            self.children.setdefault(parent, set()).add(k)
             n += state(k) in UNFINISHED
         self.held.setdefault(parent, set())
         n -= self.orphans.pop(parent, 0)
@@ -102,15 +106,18 @@ class HoldBook:
         held = self.held.pop(parent, set())
         self.open.pop(parent, None)
         self.orphans.pop(parent, None)
-        for k, p in list(self.parent_of.items()):
-            if p == parent:
-                del self.parent_of[k]
+        for k in self.children.pop(parent, ()):
+            del self.parent_of[k]
         return list(held)
 
     def forget(self, child: Key) -> None:
         """``child`` is gone from the scheduler (forgotten)."""
         parent = self.parent_of.pop(child, None)
         if parent is not None:
+            siblings = self.children[parent]
+            siblings.discard(child)
+            if not siblings:
+                del self.children[parent]
             held = self.held.get(parent)
             if held is not None:
                 held.discard(child)

@@ -49,13 +49,18 @@ class Ledger:
         self._origin: dict[str, Origin] = {}  # id -> where it lives (tied or owed)
         self._owed: set[str] = set()  # releases to hand out
         self._sent: dict[str, str] = {}  # id -> worker running its release
+        # Indexes, so that a worker or host leaving costs O(its own ids):
+        self._sent_to: dict[str, set[str]] = {}  # worker -> ids in _sent to it
+        self._on_host: dict[str, set[str]] = {}  # host -> ids in _origin there
 
     # -- events in -----------------------------------------------------------
 
     def tie(self, rid: str, key: Key, origin: Origin, *, key_alive: bool = True) -> None:
         """``key`` ties ``rid``. A key that is no longer alive ties nothing: if
         no live key holds ``rid`` either, its release is owed at once."""
-        self._origin.setdefault(rid, origin)
+        if rid not in self._origin:
+            self._origin[rid] = origin
+            self._on_host.setdefault(origin.host, set()).add(rid)
         if not key_alive:
             if not self._holders.get(rid) and rid not in self._sent:
                 self._owed.add(rid)
@@ -101,34 +106,32 @@ class Ledger:
 
     def worker_left(self, worker: str) -> None:
         """Releases sent to ``worker`` and not acknowledged are owed again."""
-        for rid, to in list(self._sent.items()):
-            if to == worker:
-                del self._sent[rid]
-                self._owed.add(rid)
+        for rid in self._sent_to.pop(worker, ()):
+            del self._sent[rid]
+            self._owed.add(rid)
 
     def acknowledged(self, worker: str, rids: Iterable[str]) -> None:
         """``worker`` ran these releases (or found nothing to do)."""
         for rid in rids:
             if self._sent.get(rid) == worker:
-                del self._sent[rid]
+                self._unsend(rid)
                 if rid not in self._holders and rid not in self._owed:
-                    del self._origin[rid]
+                    self._drop_origin(rid)
 
     def failed(self, worker: str, rids: Iterable[str]) -> None:
         """The call that carried these releases to ``worker`` failed; owe them
         again (unless they were handed to another worker meanwhile)."""
         for rid in rids:
             if self._sent.get(rid) == worker:
-                del self._sent[rid]
+                self._unsend(rid)
                 self._owed.add(rid)
 
     def host_emptied(self, host: str) -> list[str]:
         """The last worker of ``host`` is leaving: the ids it must release now.
         They leave the ledger."""
         out = []
-        for rid, origin in list(self._origin.items()):
-            if origin.host != host:
-                continue
+        for rid in list(self._on_host.get(host, ())):
+            origin = self._origin[rid]
             held = bool(self._holders.get(rid))
             if held and not origin.host_bound:
                 continue  # may still be reached; waits for its keys and a worker
@@ -138,10 +141,25 @@ class Ledger:
                 if not ids:
                     del self._ids[key]
             self._owed.discard(rid)
-            self._sent.pop(rid, None)
-            del self._origin[rid]
+            if rid in self._sent:
+                self._unsend(rid)
+            self._drop_origin(rid)
             out.append(rid)
         return sorted(out)
+
+    def _unsend(self, rid: str) -> None:
+        to = self._sent.pop(rid)
+        rids = self._sent_to[to]
+        rids.discard(rid)
+        if not rids:
+            del self._sent_to[to]
+
+    def _drop_origin(self, rid: str) -> None:
+        host = self._origin.pop(rid).host
+        rids = self._on_host[host]
+        rids.discard(rid)
+        if not rids:
+            del self._on_host[host]
 
     # -- releases out --------------------------------------------------------
 
@@ -162,7 +180,10 @@ class Ledger:
             else:
                 continue
             self._owed.discard(rid)
+            if rid in self._sent:  # owed again while a release was out
+                self._unsend(rid)
             self._sent[rid] = to
+            self._sent_to.setdefault(to, set()).add(rid)
             out.setdefault(to, []).append(rid)
         return out
 

@@ -27,7 +27,7 @@ from ..diagnostics.scheduler import children_by_parent
 from ..durability.scheduler import NAME as DURABLE
 from ..lifetimes.scheduler import NAME as LIFETIMES
 from ..promise.scheduler import PromisePlugin
-from .book import EARLY, LET_GO, MARK, READY, REVOKE, Marks
+from .book import EARLY, LET_GO, MARK, READY, REVOKE, Dependents, Marks
 
 NAME = "dask-coro-release"
 _DONE = ("memory", "erred")
@@ -44,6 +44,7 @@ class ReleasePlugin(SchedulerPlugin):
 
     def __init__(self) -> None:
         self.marks = Marks()
+        self.deps = Dependents()  # dependents of keys in memory, counted by state
         self.ready: set[str] = set()  # workers whose plugin can take marks
         self.released_early = 0  # release-worker-data of a marked key, from its worker
         self.children: dict[Key, tuple[str, str]] = {}  # coroutine child -> (its client, its worker)
@@ -67,7 +68,16 @@ class ReleasePlugin(SchedulerPlugin):
     # -- hooks ---------------------------------------------------------------
 
     def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        # O(1) amortised per dependent: a key with D dependents is walked once
+        # when it starts being watched, then each dependent's transition
+        # updates its watched dependencies' counts (``Dependents``) and a mark
+        # grows by the one dependent assigned (``Marks.name``).
         s = self.scheduler
+        ts = s.tasks[key] if finish == "processing" else None
+        ws = ts.processing_on if ts is not None else None
+        self.deps.moved(key, start, finish, ws.address if ws is not None else None)
+        if start == "memory" or finish == "forgotten":
+            self.deps.unwatch(key)
         if finish == "forgotten":
             self.children.pop(key, None)
         if start == "memory" and key in self.marks.marked:
@@ -75,23 +85,27 @@ class ReleasePlugin(SchedulerPlugin):
             self.for_client.pop(key, None)
         if finish == "memory":
             self._mark_for_client(s.tasks[key])
-        if finish == "processing":
-            ts = s.tasks[key]
-            ws = ts.processing_on
+        if ts is not None:
             if ws is None or ws.address not in self.ready:
                 return
             for dts in ts.dependencies:
                 if ws in (dts.who_has or ()):
                     ok = self.markable(dts, ws)
-                    named = [d.key for d in dts.dependents if d.state not in _DONE]
                 else:
                     ok = self.copy_markable(dts)
-                    named = [d.key for d in dts.dependents if d.state == "processing" and d.processing_on is ws]
-                if ok:
+                if not ok:
+                    self._revoke(dts.key, ws.address)
+                elif self.marks.is_marked(dts.key, ws.address):
+                    # Every dependent assigned to ws since the mark was
+                    # named when it was (or the mark revoked): this one is new.
+                    if self.marks.name(dts.key, ws.address, key):
+                        self._send(ws.address, {"op": MARK, "key": dts.key, "dependents": [key], "more": True})
+                else:
+                    # In memory on ws alone: its unfinished dependents, all
+                    # processing there; a copy: the dependents it is for.
+                    named = self.deps.processing_on(dts.key, ws.address)
                     if self.marks.mark(dts.key, ws.address, named):
                         self._send(ws.address, {"op": MARK, "key": dts.key, "dependents": named})
-                else:
-                    self._revoke(dts.key, ws.address)
         elif start == "processing":
             # A named dependent leaves its worker other than by finishing
             # (rescheduled, lost with a worker): its marks no longer hold.
@@ -109,6 +123,18 @@ class ReleasePlugin(SchedulerPlugin):
                 # Submitted by the client of the worker running the coroutine.
                 for k in children:
                     self.children[k] = (client, pts.processing_on.address)
+        deps = self.deps
+        if deps.members:
+            # New dependents of watched keys are counted from their state now
+            # (this hook runs before the new tasks' first transitions).
+            for k in tasks or ():
+                ts = scheduler.tasks.get(k)
+                if ts is None:
+                    continue
+                for dts in ts.dependencies:
+                    if deps.watched(dts.key):
+                        ws = ts.processing_on
+                        deps.add(dts.key, k, ts.state, ws.address if ws is not None else None)
         marked = self.marks.marked
         if not marked:
             return
@@ -125,9 +151,14 @@ class ReleasePlugin(SchedulerPlugin):
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
         self.ready.discard(worker)
-        for k, on in list(self.marks.marked.items()):
-            if worker in on:
-                self.marks.drop(k, worker)
+        self.marks.drop_worker(worker)
+
+    def restart(self, scheduler: Any) -> None:
+        # Scheduler.restart forgets every task without transitions.
+        self.marks.clear()
+        self.deps = Dependents()
+        self.children.clear()
+        self.for_client.clear()
 
     # -- what may be marked ----------------------------------------------------
 
@@ -143,11 +174,9 @@ class ReleasePlugin(SchedulerPlugin):
         who_has = dts.who_has
         if not who_has or len(who_has) != 1 or ws not in who_has:
             return False
-        for d in dts.dependents:
-            if d.state in _DONE:
-                continue
-            if d.state != "processing" or d.processing_on is not ws:
-                return False
+        self._watch(dts)
+        if not self.deps.settled_on(dts.key, ws.address):
+            return False
         return not self._kept_by_plugins(dts.key)
 
     def copy_markable(self, dts: Any) -> bool:
@@ -159,7 +188,24 @@ class ReleasePlugin(SchedulerPlugin):
         not matter to a copy."""
         if dts.state != "memory" or not dts.who_has or dts.actor or dts.run_spec is None:
             return False
+        self._watch(dts)
         return not self._kept_by_plugins(dts.key)
+
+    def _watch(self, dts: Any) -> None:
+        """Count the dependents of ``dts`` (in memory) if not counted yet:
+        one walk of them per stay in memory. A count that no longer matches
+        its dependents (an edge added or removed other than by a submission
+        or a forgotten task: a promise rewired) is made anew."""
+        deps = self.deps
+        if deps.watched(dts.key) and deps.counted(dts.key) == len(dts.dependents):
+            return
+        deps.watch(
+            dts.key,
+            (
+                (d.key, d.state, d.processing_on.address if d.processing_on is not None else None)
+                for d in dts.dependents
+            ),
+        )
 
     def _mark_for_client(self, ts: Any) -> None:
         """A coroutine's child in memory: wanted by its coroutine's worker

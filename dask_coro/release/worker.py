@@ -40,8 +40,17 @@ class ReleaseWorkerPlugin(WorkerPlugin):
         private.send_on_worker_stream(worker, {"op": READY})
 
     def handle_mark(
-        self, key: Key, dependents: list[Key], stimulus_id: str = "", client: str | None = None, **kwargs: Any
+        self,
+        key: Key,
+        dependents: list[Key],
+        stimulus_id: str = "",
+        client: str | None = None,
+        more: bool = False,
+        **kwargs: Any,
     ) -> None:
+        """A mark of ``key`` naming ``dependents``, or with ``more``, more
+        dependents for the mark of ``key`` sent before (one per dependent
+        assigned here since)."""
         if client is not None:
             self.pending.mark_for_client(key, client)
             known = self.clients.get(client)
@@ -49,7 +58,7 @@ class ReleaseWorkerPlugin(WorkerPlugin):
                 self.let_go(known, [key])  # its coroutine let go before the mark came
             return
         done = [d for d in dependents if private.worker_task_state(self.worker, d) in ("memory", "error")]
-        if self.pending.mark(key, dependents, done):
+        if (self.pending.extend if more else self.pending.mark)(key, dependents, done):
             self._soon([key])
 
     def handle_revoke(self, key: Key, stimulus_id: str = "", **kwargs: Any) -> None:
