@@ -1,0 +1,180 @@
+"""Shared arrays and lifetimes on a cluster of two simulated hosts
+(tests/multihost.py: worker processes in mount namespaces of their own, each
+with a private /dev/shm, at 127.0.0.2 and 127.0.0.3)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import multihost
+import pytest
+
+reason = multihost.available()
+pytestmark = pytest.mark.skipif(reason is not None, reason=reason or "")
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    """Two hosts of two workers, shared by the tests that leave them as they
+    found them."""
+    h = multihost.Hosts(tmp_path_factory.mktemp("hosts"), [2, 2])
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+@pytest.fixture
+def own_hosts(tmp_path):
+    """Two hosts of two workers for a test that retires or kills some."""
+    h = multihost.Hosts(tmp_path, [2, 2])
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def produce(n):
+    from dask_coro import shm
+
+    a = shm.empty(n)
+    a[:] = 1
+    return a
+
+
+def read(a):
+    from dask_coro.lifetimes.shm import ShmArray
+
+    return float(a.sum()), type(a) is ShmArray, getattr(a, "segment_name", None)
+
+
+def copies_and_bytes():
+    from dask_coro.lifetimes import shm
+
+    return shm.copies_made[0], shm.sent_to_other_hosts[0]
+
+
+def wait_until(check, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_the_hosts_are_hosts(hosts):
+    """distributed sees two hosts; a segment of one does not exist on the other."""
+    info = hosts.client.scheduler_info()["workers"].values()
+    assert sorted({w["host"] for w in info}) == hosts.hosts
+    a = hosts.client.submit(produce, 10, workers=hosts.workers_of(0))
+    a.result()
+    assert len(hosts.shm_of(0)) == 1 and hosts.shm_of(1) == []
+    del a
+    assert wait_until(lambda: hosts.shm_of(0) == [])
+
+
+def test_a_shared_array_read_on_another_host_is_copied_once_there(hosts):
+    c = hosts.client
+    A, B = hosts.workers_of(0), hosts.workers_of(1)
+    a = c.submit(produce, 100_000, workers=A[:1])
+    (origin,) = wait_until(lambda: hosts.shm_of(0)) and hosts.shm_of(0)
+    reads = [c.submit(read, a, workers=[w], pure=False) for w in A + B]
+    got = c.gather(reads)
+    # The same answer everywhere, and a shared array on every worker: the
+    # origin on its own host (no copy), the host's one copy on the other.
+    assert [g[0] for g in got] == [100_000.0] * 4
+    assert all(g[1] for g in got)
+    assert [g[2] for g in got] == [origin] * 2 + [origin + "-c"] * 2
+    assert hosts.shm_of(0) == [origin] and hosts.shm_of(1) == [origin + "-c"]
+    made = c.run(copies_and_bytes)
+    assert sum(made[w][0] for w in B) == 1 and sum(made[w][0] for w in A) == 0
+    # A client on a third host gets the data as a plain array.
+    value = a.result()
+    assert type(value).__name__ == "ndarray" and value.sum() == 100_000
+    del a, reads, value
+    # The copy goes with the keys, on its own host.
+    assert wait_until(lambda: hosts.shm_of(0) == [] and hosts.shm_of(1) == [])
+
+
+def test_a_chain_across_hosts_and_back(hosts):
+    """A -> B -> A: back on its own host the original is mapped, not a copy of
+    a copy."""
+    c = hosts.client
+    A, B = hosts.workers_of(0), hosts.workers_of(1)
+    a = c.submit(produce, 1000, workers=A[:1])
+    on_b = c.submit(lambda x: x, a, workers=B[:1])  # the result is B's copy
+    back = c.submit(read, on_b, workers=A[1:])
+    total, shared, name = back.result()
+    assert total == 1000.0 and shared and name == hosts.shm_of(0)[0]
+    del a, on_b, back
+    assert wait_until(lambda: hosts.shm_of(0) == [] and hosts.shm_of(1) == [])
+
+
+def tie_marker(name):
+    """Ties a host-bound resource to this task: its release writes a marker in
+    the host's own /dev/shm, so the test sees which host ran it."""
+    from dask_coro import tie
+
+    def release(rid):
+        with open(f"/dev/shm/released-{rid}", "w") as f:
+            f.write(str(os.getpid()))
+
+    tie(name, release, host_bound=True)
+    return name
+
+
+def markers():
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("released-"))
+
+
+def test_host_bound_resources_are_released_on_their_own_host(hosts):
+    c = hosts.client
+    A, B = hosts.workers_of(0), hosts.workers_of(1)
+    ra = c.submit(tie_marker, "res-a", workers=A[:1])
+    rb = c.submit(tie_marker, "res-b", workers=B[:1])
+    assert c.gather([ra, rb]) == ["res-a", "res-b"]
+    del ra, rb
+    assert wait_until(lambda: all(c.run(markers, workers=A + B).values()))
+    seen = c.run(markers)
+    assert {seen[w] == ["released-res-a"] for w in A} == {True}
+    assert {seen[w] == ["released-res-b"] for w in B} == {True}
+
+
+def test_the_last_worker_of_a_host_leaving_releases_only_that_host(own_hosts):
+    hosts = own_hosts
+    c = hosts.client
+    A, B = hosts.workers_of(0), hosts.workers_of(1)
+    ra = c.submit(tie_marker, "held-a", workers=A[:1])
+    rb = c.submit(tie_marker, "held-b", workers=B[:1])
+    c.gather([ra, rb])
+    c.retire_workers(A, close_workers=True)
+    # Host A's last worker released its host-bound resource (no task can
+    # reach it now), though its key is held; host B's stays.
+    assert wait_until(lambda: hosts.run_on_host(0, ["ls", "/dev/shm"], capture_output=True, text=True).stdout.split() == ["released-held-a"])
+    assert c.run(markers) == {w: [] for w in B}
+    del rb
+    assert wait_until(lambda: c.run(markers) == {w: ["released-held-b"] for w in B})
+    del ra
+
+
+def test_release_abandoned_on_a_host_releases_only_its_own_segments(own_hosts):
+    hosts = own_hosts
+    c = hosts.client
+    A, B = hosts.workers_of(0), hosts.workers_of(1)
+    keep = [c.submit(produce, 10, workers=A[:1], pure=False), c.submit(produce, 10, workers=B[:1], pure=False)]
+    c.gather(keep)
+    assert len(hosts.shm_of(0)) == 1 and len(hosts.shm_of(1)) == 1
+    # The cluster is lost as if killed: its workers stopped (they neither
+    # run their releases nor leave), its scheduler gone.
+    hosts.signal_host(0, signal.SIGSTOP)
+    hosts.signal_host(1, signal.SIGSTOP)
+    hosts.kill_scheduler()
+    cli = [sys.executable, "-m", "dask_coro", "--release-abandoned"]
+    env = {**os.environ, "DASK_TEMPORARY_DIRECTORY": str(hosts.tmp / f"host-{hosts.hosts[0]}")}
+    out = hosts.run_on_host(0, cli, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert hosts.shm_of(0) == [] and len(hosts.shm_of(1)) == 1
