@@ -262,6 +262,23 @@ def worker_of_this_process() -> Any:
     return live[0] if len(live) == 1 else None
 
 
+def process_role() -> str:
+    """Which process this is, for an error message: "worker <address>", "the
+    scheduler <address>", else "process <pid>" (``Worker._instances`` and
+    ``Scheduler._instances``, WeakSets of the servers made in the process)."""
+    import os
+
+    from distributed import Scheduler
+
+    worker = worker_of_this_process()
+    if worker is not None:
+        return f"worker {worker.address}"
+    schedulers = [s for s in list(Scheduler._instances) if s.status not in (Status.closed, Status.closing)]
+    if len(schedulers) == 1:
+        return f"the scheduler {schedulers[0].address}"
+    return f"process {os.getpid()}"
+
+
 def scheduler_plugin(scheduler: Any, name: str) -> Any:
     """The scheduler plugin of that name, or None (``Scheduler.plugins``)."""
     return scheduler.plugins.get(name)
