@@ -55,8 +55,12 @@ class Hosts:
     host ``i``'s namespace (seeing its ``/dev/shm``).
     """
 
-    def __init__(self, tmp_path: Any, workers_per_host: list[int], *, extra: tuple[str, ...] = ()):
+    def __init__(
+        self, tmp_path: Any, workers_per_host: list[int], *, extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ):
         self.tmp = tmp_path
+        self.env = {**os.environ, **(env or {})}
         self.procs: list[subprocess.Popen] = []
         self.hosts = [f"127.0.0.{i + 2}" for i in range(len(workers_per_host))]
         self.pids: list[int] = []  # a process in each host's namespace
@@ -65,8 +69,9 @@ class Hosts:
             sched_file = tmp_path / "scheduler.json"
             self._spawn(
                 "scheduler",
-                [_dask(), "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                [_dask(), "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", "127.0.0.1:0",
                  "--scheduler-file", str(sched_file)],
+                env=self.env,
             )
             self.address = self._address(sched_file)
             for host, n in zip(self.hosts, workers_per_host):
@@ -112,7 +117,7 @@ class Hosts:
         self.pids.append(keeper.pid)
         tmp = self.tmp / f"host-{host}"  # the host's own temporary directory
         tmp.mkdir(exist_ok=True)
-        env = {**os.environ, "DASK_TEMPORARY_DIRECTORY": str(tmp)}
+        env = {**self.env, "DASK_TEMPORARY_DIRECTORY": str(tmp)}
         argv = [_dask(), "worker", self.address, "--host", host, "--nworkers", str(n), "--nthreads", "1",
                 "--no-dashboard", "--local-directory", str(self.tmp / f"host-{host}-local"), *extra]
         # nsenter execs the worker: it leads the group of the host's processes.

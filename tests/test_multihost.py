@@ -178,3 +178,139 @@ def test_release_abandoned_on_a_host_releases_only_its_own_segments(own_hosts):
     out = hosts.run_on_host(0, cli, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert hosts.shm_of(0) == [] and len(hosts.shm_of(1)) == 1
+
+
+# -- the other features on two hosts --------------------------------------------
+
+
+def _host():
+    from distributed import get_worker
+
+    return get_worker().address.split("//")[1].rsplit(":", 1)[0]
+
+
+def slow_leaf(i):
+    time.sleep(0.05)
+    return [_host()]
+
+
+def test_a_tree_is_stolen_across_hosts(hosts):
+    from dask_coro import coroutine
+
+    leaf = coroutine(slow_leaf)
+
+    @coroutine
+    def spread(depth, i=0):
+        if depth == 0:
+            return (yield leaf(i))
+        left, right = yield [spread(depth - 1, 2 * i), spread(depth - 1, 2 * i + 1)]
+        return left + right
+
+    ran_on = hosts.client.compute(spread(6)).result(timeout=120)
+    assert len(ran_on) == 64
+    assert set(ran_on) == set(hosts.hosts)  # both hosts took part
+
+
+def child_counted(i, log):
+    with open(log, "a") as f:
+        f.write(f"{i} {_host()}\n")
+    time.sleep(0.5)
+    return i
+
+
+def test_a_parent_lost_with_its_host_worker_finds_its_children(hosts, tmp_path):
+    import dask
+
+    from dask_coro import coroutine
+
+    log = str(tmp_path / "runs.log")
+    child = dask.delayed(child_counted, pure=True)
+
+    @coroutine
+    def parent(n):
+        first = yield [child(i, log) for i in range(n)]
+        second = yield [child(i + n, log) for i in range(n)]
+        return sum(first) + sum(second)
+
+    c = hosts.client
+    A = hosts.workers_of(0)
+    # Started on host A; once its worker is gone, anywhere.
+    fut = c.compute(parent(4), workers=A[:1], allow_other_workers=True)
+    # Wait until the first yield's children are done, then kill the parent's
+    # worker (SIGKILL: its nanny starts another).
+    assert wait_until(lambda: os.path.exists(log) and len(open(log).read().split("\n")) > 4, timeout=60)
+    time.sleep(0.6)
+    pid = c.run(os.getpid, workers=A[:1])[A[0]]
+    os.kill(pid, signal.SIGKILL)
+    assert fut.result(timeout=120) == sum(range(8))
+    runs = [line.split()[0] for line in open(log).read().splitlines()]
+    # The first yield's children finished on workers that lived: not run again.
+    assert sorted(set(runs)) == [str(i) for i in range(8)]
+    assert all(runs.count(str(i)) == 1 for i in range(4) if _ran_elsewhere(log, i, hosts, A[0]))
+    assert wait_until(lambda: len(hosts.workers_of(0)) == 2, timeout=60)  # the nanny's new worker
+
+
+def _ran_elsewhere(log, i, hosts, killed) -> bool:
+    """Whether child ``i``'s first run was on a worker of the other host (a
+    child on the killed worker's host may have run on the killed worker)."""
+    for line in open(log).read().splitlines():
+        j, host = line.split()
+        if j == str(i):
+            return host != hosts.hosts[0]
+    return False
+
+
+def test_a_promise_resolved_across_hosts(hosts):
+    """docs/promise.md's program, its resolver on host A pointing the promise
+    at a subgraph on host B."""
+    import dask
+
+    from dask_coro import Promise
+
+    c = hosts.client
+    A, B = hosts.workers_of(0), hosts.workers_of(1)
+
+    @dask.delayed
+    def resolver(p, n):
+        with dask.annotate(workers=B):
+            p.resolve_with(dask.delayed(sum)([dask.delayed(lambda i: i * 10)(i) for i in range(n)]))
+
+    p = Promise()
+    with dask.annotate(workers=A):
+        p.resolve_with(resolver(p, 5))
+    assert c.compute(dask.delayed(lambda v: v + 1)(p)).result(timeout=60) == 101
+
+
+def test_workers_release_keys_across_hosts(tmp_path):
+    """A tree reduction over two hosts with workers releasing keys on their
+    own: the right sum, some keys released early, nothing computed twice."""
+    from test_release import _lines, tree_sum
+
+    from dask_coro import ReleasePlugin
+
+    (tmp_path / "cluster").mkdir()
+    h = multihost.Hosts(tmp_path / "cluster", [1, 1], env={"DASK_CORO__WORKER_RELEASE__ENABLED": "True"})
+    try:
+        c = h.client
+        c.register_plugin(ReleasePlugin())
+        folder = tmp_path / "leaves"
+        folder.mkdir()
+        assert c.compute(tree_sum(16, str(folder))).result(timeout=60) == [sum(range(16))] * 1000
+        early = c.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["dask-coro-release"].released_early)
+        assert early > 0
+        assert len(_lines(str(folder), "leaves")) == 16  # nothing computed twice
+    finally:
+        h.close()
+
+
+def test_the_dashboard_page_on_two_hosts(hosts):
+    from urllib.request import urlopen
+
+    from dask_coro.examples import fib
+
+    c = hosts.client
+    f = c.compute(fib(10))
+    assert f.result(timeout=60) == 55
+    port = c.scheduler_info()["services"]["dashboard"]
+    body = urlopen(f"http://127.0.0.1:{port}/coroutines", timeout=30).read().decode()
+    assert "Coroutines" in body and f.key in body
