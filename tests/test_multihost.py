@@ -80,6 +80,7 @@ def test_the_hosts_are_hosts(hosts):
 def test_a_shared_array_read_on_another_host_is_copied_once_there(hosts):
     c = hosts.client
     A, B = hosts.workers_of(0), hosts.workers_of(1)
+    before = c.run(copies_and_bytes)
     a = c.submit(produce, 100_000, workers=A[:1])
     (origin,) = wait_until(lambda: hosts.shm_of(0)) and hosts.shm_of(0)
     reads = [c.submit(read, a, workers=[w], pure=False) for w in A + B]
@@ -90,8 +91,12 @@ def test_a_shared_array_read_on_another_host_is_copied_once_there(hosts):
     assert all(g[1] for g in got)
     assert [g[2] for g in got] == [origin] * 2 + [origin + "-c"] * 2
     assert hosts.shm_of(0) == [origin] and hosts.shm_of(1) == [origin + "-c"]
-    made = c.run(copies_and_bytes)
+    after = c.run(copies_and_bytes)
+    made = {w: (after[w][0] - before[w][0], after[w][1] - before[w][1]) for w in after}
     assert sum(made[w][0] for w in B) == 1 and sum(made[w][0] for w in A) == 0
+    # The bytes crossed once: a second worker of B asking meanwhile was told
+    # to come back, and then fetched from B's worker that had it.
+    assert sum(made[w][1] for w in A) == 100_000 * 8
     # A client on a third host gets the data as a plain array.
     value = a.result()
     assert type(value).__name__ == "ndarray" and value.sum() == 100_000
@@ -111,7 +116,7 @@ def test_a_chain_across_hosts_and_back(hosts):
     total, shared, name = back.result()
     assert total == 1000.0 and shared and name == hosts.shm_of(0)[0]
     del a, on_b, back
-    assert wait_until(lambda: hosts.shm_of(0) == [] and hosts.shm_of(1) == [])
+    assert wait_until(lambda: hosts.shm_of(0) == [] and hosts.shm_of(1) == []), (hosts.shm_of(0), hosts.shm_of(1))
 
 
 def tie_marker(name):

@@ -34,6 +34,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import time
 import uuid
 import weakref
 from typing import Any
@@ -64,11 +65,20 @@ def _posix() -> Any:
 
 
 def _unlink(name: str) -> None:
-    """Release of a segment: unlink its name. Idempotent."""
+    """Release of a segment: unlink its name (and a sending marker a worker
+    that died mid-send left for it: ``sending_to``). Idempotent."""
     try:
         _posix().shm_unlink("/" + name)
     except FileNotFoundError:
         pass
+    if os.path.isdir(_SHM_DIR):
+        import glob
+
+        for marker in glob.glob(os.path.join(_SHM_DIR, f"dask-coro.to-*.{glob.escape(name)}")):
+            try:
+                os.unlink(marker)
+            except FileNotFoundError:
+                pass
 
 
 class _Segment:
@@ -211,9 +221,102 @@ def _as_copy(x: ShmArray) -> tuple[dict[str, Any], list[Any]]:
     segment = x._segment
     assert segment is not None
     offset = x.__array_interface__["data"][0] - segment.address
-    sent_to_other_hosts[0] += segment.size
     meta = (segment.origin, x.shape, x.dtype, x.strides, offset)
+    sent_to_other_hosts[0] += segment.size
     return {"copy": True}, [pickle.dumps(meta), memoryview(segment.mm)]
+
+
+def segments_held(value: Any) -> list[_Segment]:
+    """The managed segments ``value`` holds (as ``segments_in``)."""
+    with _lock:
+        return [s for name in segments_in(value) if (s := _mapped.get(name)) is not None]
+
+
+#: After sending a host the bytes, the other workers of this host answer
+#: ``busy`` to that host this long: enough for the worker that got them to
+#: tell the scheduler, so the next worker of that host asking fetches from it.
+SENT_GRACE = 2.0
+
+
+class sending_to:
+    """A worker sending ``segments`` to a worker of ``host``. While it does,
+    and for ``SENT_GRACE`` seconds after, any worker of this host asked for
+    them by another worker of that host answers ``busy`` (distributed's
+    answer: the asking worker asks the scheduler who else holds the key and
+    tries again, then from its own host's worker that got the bytes). So the
+    bytes cross to a host once, not once per worker of it asking at about the
+    same time. A marker in this host's /dev/shm says it for every worker
+    process of the host: the sender's pid while it sends, "sent" after; one
+    whose sender died is taken over."""
+
+    def __init__(self, segments: list[_Segment], host: str):
+        self.paths = [_marker(s.origin, host) for s in segments]
+        self.claimed: list[str] = []
+
+    def claim(self) -> bool:
+        """Mark the sending; False if the host is sent these now, or was just."""
+        if not os.path.isdir(_SHM_DIR):
+            return True
+        for path in self.paths:
+            if not _create_marker(path):
+                self.done(sent=False)
+                return False
+            self.claimed.append(path)
+        return True
+
+    def done(self, sent: bool) -> None:
+        for path in self.claimed:
+            try:
+                if sent:
+                    with open(path, "w") as f:
+                        f.write("sent")
+                else:
+                    os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self.claimed = []
+
+
+def _marker(origin: str, host: str) -> str:
+    # Not "dask-coro-...": segments() lists segments only.
+    return os.path.join(_SHM_DIR, f"dask-coro.to-{host}.{origin}")
+
+
+def _create_marker(path: str) -> bool:
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            if _marker_holds(path):
+                return False
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    return False
+
+
+def _marker_holds(path: str) -> bool:
+    """A sender alive, or a send finished less than SENT_GRACE ago."""
+    try:
+        with open(path) as f:
+            text = f.read()
+        age = time.time() - os.stat(path).st_mtime
+    except FileNotFoundError:
+        return False
+    if text == "sent":
+        return age < SENT_GRACE
+    try:
+        os.kill(int(text), 0)
+    except (ProcessLookupError, ValueError):
+        return False  # its sender died mid-way
+    except PermissionError:
+        pass
+    return True
 
 
 def _from_copy(meta: Any, data: Any) -> Any:

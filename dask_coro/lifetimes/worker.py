@@ -137,14 +137,35 @@ class LifetimesWorkerPlugin(WorkerPlugin):
 def _naming_the_recipient(worker: Any) -> Callable[[Any], Any]:
     """Wraps ``Worker.get_data``, which serializes what it sends while it
     runs: the data's serializers learn which host asks (``who``, the asking
-    worker's address; a client's connection otherwise)."""
+    worker's address; a client's connection otherwise). A shared array goes
+    to each other host once (``shm.sending_to``)."""
 
     def wrap(get_data: Any) -> Any:
-        async def get_data_naming_the_recipient(comm: Any, *args: Any, who: str | None = None, **kwargs: Any) -> Any:
+        async def get_data_naming_the_recipient(
+            comm: Any, keys: Any = (), who: str | None = None, **kwargs: Any
+        ) -> Any:
+            here = get_address_host(worker.address)
             to = get_address_host(who or comm.peer_address)
-            token = recipient_host.set((get_address_host(worker.address), to))
+            token = recipient_host.set((here, to))
+            shm = sys.modules.get("dask_coro.lifetimes.shm")
             try:
-                return await get_data(comm, *args, who=who, **kwargs)
+                if to == here or shm is None or not shm.any_attached():
+                    return await get_data(comm, keys=keys, who=who, **kwargs)
+                if who is None:  # a client: it gets a plain array
+                    return await get_data(comm, keys=keys, who=who, **kwargs)
+                values = [private.fast_memory_value(worker, k) for k in keys]
+                sending = shm.sending_to(shm.segments_held(values), to)
+                if not sending.claim():
+                    return {"status": "busy"}  # distributed's answer: later, or elsewhere
+                out: Any = None
+                try:
+                    out = await get_data(comm, keys=keys, who=who, **kwargs)
+                    return out
+                finally:
+                    # Status.dont_reply: written, and the asking worker said
+                    # "OK" once it had deserialized it (its host's copy exists);
+                    # a dict is distributed's own "busy".
+                    sending.done(sent=out is not None and not isinstance(out, dict))
             finally:
                 recipient_host.reset(token)
 
