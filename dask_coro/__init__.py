@@ -18,6 +18,7 @@ from ._exceptions import CoroutineCancelledError as CoroutineCancelledError
 from ._exceptions import DaskCoroError as DaskCoroError
 from ._exceptions import NotInTaskError as NotInTaskError
 from ._exceptions import PromiseError as PromiseError
+from ._exceptions import VersionMismatchError as VersionMismatchError
 from .promise.client import Promise as Promise
 from .runtime.call import CoroutineCall as CoroutineCall
 from .runtime.call import CoroutineFunction as CoroutineFunction
@@ -102,6 +103,7 @@ __all__ = [
     "ReleasePlugin",
     "Tree",
     "TreePlugin",
+    "VersionMismatchError",
     "coroutine",
     "current_key",
     "gather",

@@ -7,7 +7,9 @@ Hierarchy::
     ├── BaseExceptionError             on a cluster, a coroutine raised a BaseException
     │                                  subclass a client cannot receive (``.error`` holds it)
     ├── NotInTaskError (RuntimeError)  a task-context accessor was called outside a task
-    └── PromiseError (RuntimeError)    a Promise was misused, or can never get a value
+    ├── PromiseError (RuntimeError)    a Promise was misused, or can never get a value
+    └── VersionMismatchError           a task made by one dask_coro version reached a
+        (RuntimeError)                 process with another
 
     CoroutineCancelledError            the scheduler cancelled the task running a
     (asyncio.CancelledError,           coroutine; the body sees GeneratorExit
@@ -72,6 +74,11 @@ class CoroutineCancelledError(asyncio.CancelledError):
 
 class PromiseError(DaskCoroError, RuntimeError):
     """A ``Promise`` was misused, or can never get a value."""
+
+
+class VersionMismatchError(DaskCoroError, RuntimeError):
+    """A coroutine task made by one dask_coro version was unpickled by a
+    process (the scheduler, a worker) with another."""
 
 
 # -- internal ------------------------------------------------------------------

@@ -54,6 +54,7 @@ def test_all_exact():
         "ReleasePlugin",
         "Tree",
         "TreePlugin",
+        "VersionMismatchError",
         "coroutine",
         "current_key",
         "gather",

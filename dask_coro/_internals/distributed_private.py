@@ -266,6 +266,44 @@ def wrap_stream_handler(server: Any, op: str, wrap: Callable[[Any], Any], mark: 
     server.stream_handlers[op] = wrapped
 
 
+def wrap_rpc_handler(server: Any, op: str, wrap: Callable[[Any], Any], mark: str) -> None:
+    """Replace the RPC handler of ``op`` (``Server.handlers``) by
+    ``wrap(handler)``, once (``mark`` as for ``wrap_stream_handler``)."""
+    handler = server.handlers.get(op)
+    if handler is None or getattr(handler, mark, False):
+        return
+    wrapped = wrap(handler)
+    setattr(wrapped, mark, True)
+    server.handlers[op] = wrapped
+
+
+def worker_of_this_process() -> Any:
+    """The one ``Worker`` this process runs, or None (none, or several as in
+    an in-process cluster): ``Worker._instances``, a WeakSet of every Worker
+    made in the process, closed ones included."""
+    from distributed.worker import Worker
+
+    live = [w for w in list(Worker._instances) if w.status not in (Status.closed, Status.closing)]
+    return live[0] if len(live) == 1 else None
+
+
+def process_role() -> str:
+    """Which process this is, for an error message: "worker <address>", "the
+    scheduler <address>", else "process <pid>" (``Worker._instances`` and
+    ``Scheduler._instances``, WeakSets of the servers made in the process)."""
+    import os
+
+    from distributed import Scheduler
+
+    worker = worker_of_this_process()
+    if worker is not None:
+        return f"worker {worker.address}"
+    schedulers = [s for s in list(Scheduler._instances) if s.status not in (Status.closed, Status.closing)]
+    if len(schedulers) == 1:
+        return f"the scheduler {schedulers[0].address}"
+    return f"process {os.getpid()}"
+
+
 def scheduler_plugin(scheduler: Any, name: str) -> Any:
     """The scheduler plugin of that name, or None (``Scheduler.plugins``)."""
     return scheduler.plugins.get(name)

@@ -14,6 +14,15 @@ Outside a distributed worker (a local scheduler, plain Python) the segment
 lives as long as the arrays created in this process, and is unlinked when the
 last of them is garbage collected or the process exits.
 
+Across hosts: a worker sending a shared array to a worker of another host
+(distributed's ``get_data``, whose ``who`` names the host asking) sends the
+segment's bytes. The first worker of that host to receive them writes them
+into a segment of that host (``<name>-c``, published whole with a hard link,
+so another worker of the host never maps a half-written copy), and every
+worker of the host maps that one copy. Its release is recorded on its host and
+it is tied to the key it arrived as, so it goes with that key (host-bound, as
+the original). A client on another host gets a plain array.
+
 Segments are named ``dask-coro-<hex>``; ``segments()`` lists those on this
 host, so a leak can be found (``ls /dev/shm/dask-coro-*`` on Linux).
 
@@ -25,6 +34,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
+import time
 import uuid
 import weakref
 from typing import Any
@@ -32,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from .._exceptions import DaskCoroError
-from .handles import shm_as_handles
+from .handles import recipient_host, shm_as_handles
 
 __all__ = ["PREFIX", "ShmArray", "empty", "from_array", "segments", "zeros"]
 
@@ -55,21 +65,31 @@ def _posix() -> Any:
 
 
 def _unlink(name: str) -> None:
-    """Release of a segment: unlink its name. Idempotent."""
+    """Release of a segment: unlink its name (and a sending marker a worker
+    that died mid-send left for it: ``sending_to``). Idempotent."""
     try:
         _posix().shm_unlink("/" + name)
     except FileNotFoundError:
         pass
+    if os.path.isdir(_SHM_DIR):
+        import glob
+
+        for marker in glob.glob(os.path.join(_SHM_DIR, f"dask-coro.to-*.{glob.escape(name)}")):
+            try:
+                os.unlink(marker)
+            except FileNotFoundError:
+                pass
 
 
 class _Segment:
     """One mapping of a named segment in this process. The arrays viewing it
     keep it (and so the mapping) alive."""
 
-    __slots__ = ("__weakref__", "address", "managed", "mm", "name", "size")
+    __slots__ = ("__weakref__", "address", "managed", "mm", "name", "origin", "size")
 
-    def __init__(self, name: str, mm: mmap.mmap, managed: bool) -> None:
+    def __init__(self, name: str, mm: mmap.mmap, managed: bool, origin: str | None = None) -> None:
         self.name = name
+        self.origin = origin or name  # the segment this one copies (itself if none)
         self.mm = mm
         self.size = len(mm)
         self.managed = managed
@@ -149,28 +169,207 @@ def _attach(
     """Unpickle a handle: map the named segment once per process."""
     if shm_as_handles.get():
         return _Handle((name, managed, shape, dtype, strides, offset))
+    try:
+        segment = _map(name, managed)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"shared-memory segment {name!r} does not exist on this host: it "
+            "was released (every key holding it was forgotten, or the process "
+            "that made it outside a cluster dropped it), or it was made on "
+            "another host and reached this one other than from a worker "
+            "(a worker sends its bytes to another host's workers)"
+        ) from None
+    return segment.array(shape, dtype, strides, offset)
+
+
+def _map(name: str, managed: bool, origin: str | None = None) -> _Segment:
+    """This process's mapping of the named segment; FileNotFoundError if it
+    does not exist on this host."""
+    with _lock:
+        segment = _mapped.get(name)
+        if segment is not None:
+            return segment
+        fd = _posix().shm_open("/" + name, os.O_RDWR, mode=0o600)
+        try:
+            mm = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        segment = _Segment(name, mm, managed=managed, origin=origin)
+        _mapped[name] = segment
+        if managed:
+            _managed.add(segment)
+        return segment
+
+
+# -- across hosts ------------------------------------------------------------
+
+#: Bytes of shared arrays this process sent to other hosts, and copies it made.
+sent_to_other_hosts = [0]
+copies_made = [0]
+
+_SHM_DIR = "/dev/shm"  # where POSIX shared memory has names as files (Linux)
+
+
+def copy_name(origin: str) -> str:
+    """The name of a host's copy of segment ``origin``."""
+    return origin + "-c"
+
+
+def _as_copy(x: ShmArray) -> tuple[dict[str, Any], list[Any]]:
+    import pickle
+
+    segment = x._segment
+    assert segment is not None
+    offset = x.__array_interface__["data"][0] - segment.address
+    meta = (segment.origin, x.shape, x.dtype, x.strides, offset)
+    sent_to_other_hosts[0] += segment.size
+    return {"copy": True}, [pickle.dumps(meta), memoryview(segment.mm)]
+
+
+def segments_held(value: Any) -> list[_Segment]:
+    """The managed segments ``value`` holds (as ``segments_in``)."""
+    with _lock:
+        return [s for name in segments_in(value) if (s := _mapped.get(name)) is not None]
+
+
+#: After sending a host the bytes, the other workers of this host answer
+#: ``busy`` to that host this long: enough for the worker that got them to
+#: tell the scheduler, so the next worker of that host asking fetches from it.
+SENT_GRACE = 2.0
+
+
+class sending_to:
+    """A worker sending ``segments`` to a worker of ``host``. While it does,
+    and for ``SENT_GRACE`` seconds after, any worker of this host asked for
+    them by another worker of that host answers ``busy`` (distributed's
+    answer: the asking worker asks the scheduler who else holds the key and
+    tries again, then from its own host's worker that got the bytes). So the
+    bytes cross to a host once, not once per worker of it asking at about the
+    same time. A marker in this host's /dev/shm says it for every worker
+    process of the host: the sender's pid while it sends, "sent" after; one
+    whose sender died is taken over."""
+
+    def __init__(self, segments: list[_Segment], host: str):
+        self.paths = [_marker(s.origin, host) for s in segments]
+        self.claimed: list[str] = []
+
+    def claim(self) -> bool:
+        """Mark the sending; False if the host is sent these now, or was just."""
+        if not os.path.isdir(_SHM_DIR):
+            return True
+        for path in self.paths:
+            if not _create_marker(path):
+                self.done(sent=False)
+                return False
+            self.claimed.append(path)
+        return True
+
+    def done(self, sent: bool) -> None:
+        for path in self.claimed:
+            try:
+                if sent:
+                    with open(path, "w") as f:
+                        f.write("sent")
+                else:
+                    os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self.claimed = []
+
+
+def _marker(origin: str, host: str) -> str:
+    # Not "dask-coro-...": segments() lists segments only.
+    return os.path.join(_SHM_DIR, f"dask-coro.to-{host}.{origin}")
+
+
+def _create_marker(path: str) -> bool:
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            if _marker_holds(path):
+                return False
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    return False
+
+
+def _marker_holds(path: str) -> bool:
+    """A sender alive, or a send finished less than SENT_GRACE ago."""
+    try:
+        with open(path) as f:
+            text = f.read()
+        age = time.time() - os.stat(path).st_mtime
+    except FileNotFoundError:
+        return False
+    if text == "sent":
+        return age < SENT_GRACE
+    try:
+        os.kill(int(text), 0)
+    except (ProcessLookupError, ValueError):
+        return False  # its sender died mid-way
+    except PermissionError:
+        pass
+    return True
+
+
+def _from_copy(meta: Any, data: Any) -> Any:
+    """A shared array's bytes arrived from another host: map this host's
+    copy (making it if no worker here has yet), or, outside a worker, a
+    plain array."""
+    origin, shape, dtype, strides, offset = meta
+    segment = _host_copy(origin, data)
+    if segment is None:
+        return np.array(np.ndarray(shape, dtype, buffer=data, offset=offset, strides=strides))
+    return segment.array(shape, dtype, strides, offset)
+
+
+def _host_copy(origin: str, data: Any) -> _Segment | None:
+    for name in (origin, copy_name(origin)):  # here already (the origin's own host)
+        try:
+            return _map(name, managed=True, origin=origin)
+        except FileNotFoundError:
+            pass
+    from .._internals import distributed_private as private
+    from .worker import NAME
+
+    worker = private.worker_of_this_process()
+    plugin = private.worker_plugin(worker, NAME) if worker is not None else None
+    if plugin is None or plugin.token is None or not os.path.isdir(_SHM_DIR):
+        return None  # no host registry to record the release in: a private copy
+    name = copy_name(origin)
+    posix = _posix()
+    size = max(len(data), 1)
+    tmp = f"{name}.{uuid.uuid4().hex[:8]}"
+    fd = posix.shm_open("/" + tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    try:
+        os.ftruncate(fd, size)
+        mm = mmap.mmap(fd, size)
+        mm[: len(data)] = data
+        # Recorded before it exists under its name: a worker dying now leaves
+        # a release with nothing to unlink, never a segment nobody releases.
+        plugin.record(name, _unlink)
+        try:
+            os.link(os.path.join(_SHM_DIR, tmp), os.path.join(_SHM_DIR, name))
+        except FileExistsError:  # another worker of this host made it first
+            mm.close()
+            return _map(name, managed=True, origin=origin)
+    finally:
+        os.close(fd)
+        _unlink(tmp)
+    copies_made[0] += 1
     with _lock:
         segment = _mapped.get(name)
         if segment is None:
-            try:
-                fd = _posix().shm_open("/" + name, os.O_RDWR, mode=0o600)
-            except FileNotFoundError:
-                raise FileNotFoundError(
-                    f"shared-memory segment {name!r} does not exist on this host: it "
-                    "was released (every key holding it was forgotten, or the process "
-                    "that made it outside a cluster dropped it), or it was made on "
-                    "another host (shared-memory arrays are shared by the processes "
-                    "of one host)"
-                ) from None
-            try:
-                mm = mmap.mmap(fd, os.fstat(fd).st_size)
-            finally:
-                os.close(fd)
-            segment = _Segment(name, mm, managed=managed)
-            _mapped[name] = segment
-            if managed:
-                _managed.add(segment)
-    return segment.array(shape, dtype, strides, offset)
+            segment = _mapped[name] = _Segment(name, mm, managed=True, origin=origin)
+            _managed.add(segment)
+    return segment
 
 
 class ShmArray(np.ndarray):
@@ -306,12 +505,17 @@ def _register() -> None:
             plain = x.view(np.ndarray)
             header, frames = dask_serialize.dispatch(np.ndarray)(plain)
             return {"plain": header}, frames
+        hosts = recipient_host.get()
+        if hosts is not None and hosts[0] != hosts[1]:
+            return _as_copy(x)
         return {}, [pickle.dumps(x)]
 
     @dask_deserialize.register(ShmArray)
     def _deserialize(header: dict[str, Any], frames: list[Any]) -> Any:
         if "plain" in header:
             return dask_deserialize.dispatch(np.ndarray)(header["plain"], frames)
+        if "copy" in header:
+            return _from_copy(pickle.loads(frames[0]), frames[1])
         return pickle.loads(frames[0])
 
     @sizeof.register(ShmArray)

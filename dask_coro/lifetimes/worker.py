@@ -15,11 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 from dask.typing import Key
+from distributed.comm.addressing import get_address_host
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.utils import offload
 
 from .._config import get_timedelta
 from .._internals import distributed_private as private
+from .handles import recipient_host
 from .registry import (
     file_name,
     registry_dir,
@@ -49,6 +51,8 @@ class LifetimesWorkerPlugin(WorkerPlugin):
     def setup(self, worker: Any) -> None:
         self.worker = worker
         private.add_handlers(worker, rpc={"dask_coro_release": self.release})
+        # Shared arrays sent to another host travel as bytes (lifetimes.shm).
+        private.wrap_rpc_handler(worker, "get_data", _naming_the_recipient(worker), mark="_dask_coro_recipient")
 
     async def teardown(self, worker: Any) -> None:
         # The release handler stays: a closing worker is still on the
@@ -109,7 +113,9 @@ class LifetimesWorkerPlugin(WorkerPlugin):
     # -- results that hold resources -----------------------------------------
 
     def transition(self, key: Key, start: str, finish: str, **kwargs: Any) -> None:
-        if finish == "memory" and start in ("executing", "long-running"):
+        # A result computed here, or fetched from another worker (it may hold
+        # this host's copy of another host's shared array: shm._host_copy).
+        if finish == "memory" and start in ("executing", "long-running", "flight"):
             shm = sys.modules.get("dask_coro.lifetimes.shm")
             if shm is None or not shm.any_attached():
                 return
@@ -126,3 +132,43 @@ class LifetimesWorkerPlugin(WorkerPlugin):
                 )
         elif finish in ("released", "forgotten"):
             self.sent_ties.pop(key, None)
+
+
+def _naming_the_recipient(worker: Any) -> Callable[[Any], Any]:
+    """Wraps ``Worker.get_data``, which serializes what it sends while it
+    runs: the data's serializers learn which host asks (``who``, the asking
+    worker's address; a client's connection otherwise). A shared array goes
+    to each other host once (``shm.sending_to``)."""
+
+    def wrap(get_data: Any) -> Any:
+        async def get_data_naming_the_recipient(
+            comm: Any, keys: Any = (), who: str | None = None, **kwargs: Any
+        ) -> Any:
+            here = get_address_host(worker.address)
+            to = get_address_host(who or comm.peer_address)
+            token = recipient_host.set((here, to))
+            shm = sys.modules.get("dask_coro.lifetimes.shm")
+            try:
+                if to == here or shm is None or not shm.any_attached():
+                    return await get_data(comm, keys=keys, who=who, **kwargs)
+                if who is None:  # a client: it gets a plain array
+                    return await get_data(comm, keys=keys, who=who, **kwargs)
+                values = [private.fast_memory_value(worker, k) for k in keys]
+                sending = shm.sending_to(shm.segments_held(values), to)
+                if not sending.claim():
+                    return {"status": "busy"}  # distributed's answer: later, or elsewhere
+                out: Any = None
+                try:
+                    out = await get_data(comm, keys=keys, who=who, **kwargs)
+                    return out
+                finally:
+                    # Status.dont_reply: written, and the asking worker said
+                    # "OK" once it had deserialized it (its host's copy exists);
+                    # a dict is distributed's own "busy".
+                    sending.done(sent=out is not None and not isinstance(out, dict))
+            finally:
+                recipient_host.reset(token)
+
+        return get_data_naming_the_recipient
+
+    return wrap

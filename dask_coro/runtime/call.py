@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import os
 import sys
 import threading
 import types
@@ -244,8 +245,8 @@ class CoroutineTask:
             for part in qualname.split("."):
                 wrapper = getattr(wrapper, part, None)
             if isinstance(wrapper, CoroutineFunction) and wrapper.run is self.func:
-                return _task_by_name, (module, qualname, self.key)
-        return CoroutineTask, (self.func, self.key)
+                return _task_by_name, (module, qualname, self.key, _version())
+        return _task_by_value, (self.func, self.key, _version())
 
     def __dask_tokenize__(self) -> tuple[str, str]:
         # What it computes, not its key: a child's key holds a token of its
@@ -260,7 +261,62 @@ class CoroutineTask:
         return f"<coroutine {funcname(self.func)} {self.key!r}>"
 
 
-def _task_by_name(module: str, qualname: str, key: Key) -> CoroutineTask:
+def _version() -> str:
+    version: str = sys.modules["dask_coro"].__version__
+    return version
+
+
+def _mismatch(made_by: str | None) -> tuple[Exception, bool] | None:
+    """A task pickled by another dask_coro version (a client, or a worker
+    submitting children) is refused where it is unpickled: the scheduler
+    refuses the graph, a worker fails the task. A mismatch would otherwise
+    fail somewhere later and obscurely."""
+    here = _version()
+    if made_by is None or made_by == here:
+        return None
+    from .._exceptions import VersionMismatchError
+
+    where = _this_process()
+    error = VersionMismatchError(
+        f"this coroutine task was made with dask_coro {made_by}, but {where} "
+        f"has dask_coro {here}: install the same version of dask_coro on the client, "
+        "the scheduler and every worker"
+    )
+    return error, where.startswith("the scheduler")
+
+
+def _refusing(mismatch: tuple[Exception, bool], key: Key) -> CoroutineTask:
+    error, on_scheduler = mismatch
+    if on_scheduler:
+        raise error  # distributed refuses the graph: the client's compute raises it
+    # On a worker an error while unpickling a task's spec is not reported as
+    # the task's error: fail when it runs instead.
+    return CoroutineTask(functools.partial(_raise, error), key)
+
+
+def _raise(error: Exception, *args: Any, **kwargs: Any) -> Any:
+    raise error
+
+
+def _this_process() -> str:
+    if "distributed" in sys.modules:
+        from .._internals.distributed_private import process_role
+
+        return process_role()
+    return f"process {os.getpid()}"
+
+
+def _task_by_value(func: Callable[..., Any], key: Key, made_by: str | None = None) -> CoroutineTask:
+    mismatch = _mismatch(made_by)
+    if mismatch is not None:
+        return _refusing(mismatch, key)
+    return CoroutineTask(func, key)
+
+
+def _task_by_name(module: str, qualname: str, key: Key, made_by: str | None = None) -> CoroutineTask:
+    mismatch = _mismatch(made_by)
+    if mismatch is not None:
+        return _refusing(mismatch, key)
     wrapper: Any = importlib.import_module(module)
     for part in qualname.split("."):
         wrapper = getattr(wrapper, part)
