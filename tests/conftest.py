@@ -17,6 +17,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (HERE, os.environ.get("PYTHONPATH")) if p
 )
 
+import ast_guard  # noqa: E402 (importable from this folder once the path is set)
+
+# CPython 3.11 before 3.11.8 shares the AST constructor's recursion count
+# between threads: a body's ast.literal_eval fails now and then while another
+# thread builds a tree (tests/ast_guard.py, tests/test_ast_race.py).
+if ast_guard.AFFECTED:
+    ast_guard.install()
+
 
 _formatter = logging.Formatter()
 
