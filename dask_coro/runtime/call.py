@@ -444,11 +444,13 @@ def trampoline(
     check_every: int = 256,
     localize: Callable[[Frame, Any], Any] | None = None,
     count: bool = False,
+    awaits: bool = True,
 ) -> Trampoline:
     """The engine wired for coroutine calls, as both runners use it: with
     ``inline``, ``CoroutineCall`` objects run inline (see ``Trampoline``),
     and so do the yielded values ``localize`` computes in place
-    (``runtime.inplace.localizer``)."""
+    (``runtime.inplace.localizer``). With ``awaits``, the runner runs an
+    event loop for ``async def`` bodies (``core.engine.Await``)."""
     if not inline:
         localize = None
     return Trampoline(
@@ -461,6 +463,7 @@ def trampoline(
         check_every=check_every,
         localize=localize,
         count=count,
+        awaits=awaits,
     )
 
 

@@ -20,9 +20,10 @@ from dask.utils import funcname
 from .. import _config
 from .._context import running_key
 from .._internals.dask_private import DataNode, TaskRef
-from ..core.engine import Done, Frame, Returned, Submit
+from ..core.engine import Await, Done, Frame, Returned, Submit
 from ..core.plan import Plan, plan_yield
 from ..core.scope import Scope
+from .aio import stepping, wait_here
 from .call import trampoline
 from .inplace import localizer
 
@@ -46,26 +47,30 @@ def run_local(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]
         on_ended=_ended,
         localize=localizer(scope_of, _fetch),
     )
-    out = ctx.run(tramp.start, task.func, args, kwargs, Scope(task.key))
+    out = stepping(ctx.run, tramp.start, task.func, args, kwargs, Scope(task.key))
     try:
         while type(out) is not Done:
-            assert type(out) is Submit
             for frame, positions in out.batches:
                 if frame.scope is None:
                     frame.scope = Scope(frame.ident(task.key))
                 _compute_batch(frame, positions)
+            if type(out) is Await:
+                # An async body awaits asyncio: this thread's loop runs it.
+                out = stepping(ctx.run, tramp.proceed, wait_here(out))
+                continue
+            assert type(out) is Submit
             if not out.wait:
-                out = ctx.run(tramp.run)
+                out = stepping(ctx.run, tramp.run)
                 continue
             scope = out.frame.scope
             assert scope is not None
             if scope.error is not None:
                 error, scope.error = scope.error, None
-                out = ctx.run(tramp.throw, error)
+                out = stepping(ctx.run, tramp.throw, error)
             else:
-                out = ctx.run(tramp.resume, scope.handles(out.frame.remote))
+                out = stepping(ctx.run, tramp.resume, scope.handles(out.frame.remote))
     finally:
-        tramp.close()
+        stepping(tramp.close)
     step = out.step
     if type(step) is Returned:
         return step.value
