@@ -209,7 +209,7 @@ async def awaits_a_foreign_object():
 @cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
 async def test_a_foreign_yield_is_refused_at_the_await(c, s, a):
     msg = await c.compute(awaits_a_foreign_object())
-    assert "awaited 'not a future'" in msg
+    assert "awaited 'not a future', which is neither an asyncio future" in msg
 
 
 @coroutine

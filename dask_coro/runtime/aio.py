@@ -17,7 +17,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..core.engine import Await, foreign_await
+from .._exceptions import BadYieldError
+from ..core.engine import Await
 
 _LOCAL = threading.local()
 
@@ -33,7 +34,11 @@ def check(out: Await, loop: asyncio.AbstractEventLoop) -> BaseException | None:
         return None
     blocking = getattr(obj, "_asyncio_future_blocking", None)
     if blocking is None:
-        return foreign_await(out.frame.func, obj)
+        return BadYieldError(
+            f"coroutine {out.frame.label!r} awaited {obj!r}, which is neither an asyncio "
+            "future nor a dask_coro awaitable; an async coroutine may await "
+            "dask_coro.gather(...), a coroutine call, and asyncio awaitables"
+        )
     if obj.get_loop() is not loop:
         return RuntimeError(
             f"coroutine {out.frame.label!r} awaited {obj!r}, a future of another event "
