@@ -13,11 +13,8 @@ A step runs on its lane *while it holds a thread of the pool* (a seat: a job
 on the pool that holds its thread until the step ends): the pool still
 bounds how much user code runs at once, as for every task (a 1-thread worker
 never runs two pieces of user code at the same time, dask/distributed
-#1663). The lane is taken first (its turn, on the worker's loop: one step in
-flight per lane), the seat second, so a step waiting for its lane holds no
-thread of the pool; the pool's thread, once it has one, hands the step to
-the lane's loop, and hands the outcome back to the worker's loop as it lets
-go (four thread wake-ups a step, as before lanes were pinned). The cost of pinning: a run whose lane is
+#1663). The lane is taken first, the seat second, so a step waiting for its
+lane holds no thread of the pool. The cost of pinning: a run whose lane is
 busy waits for it even while another lane is idle (measured in
 ``benchmarks/RESULTS.md``).
 
@@ -41,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -59,13 +55,6 @@ class Lane:
         self.runs = 0  # runs pinned here
         self.held = 0  # steps here that let go of their seat (seceded) and still run
         self.closed = False
-        # One step in flight at a time (taken on the worker's loop): a seat
-        # is asked for only when the lane is free, so none waits for it.
-        self.turn = asyncio.Lock()
-        self.seat: _Seat | None = None  # the seat of the step running here
-        # thread_state.executor while a step runs here (one per lane: secede
-        # and rejoin act on the step's seat).
-        self.executor = PoolSeat(self._leave, self._join)
         self.thread = threading.Thread(target=self._main, name=name, daemon=True)
         self.thread.start()
 
@@ -81,18 +70,20 @@ class Lane:
             finally:
                 self.loop.close()
 
-    def _leave(self) -> None:
-        seat = self.seat
-        if seat is None:
-            raise KeyError("no step runs here")
-        seat.leave()
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        """``fn(*args)`` as a callback of this lane's loop."""
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
-    def _join(self, started: threading.Event) -> None:
-        seat = self.seat
-        if seat is None:
-            started.set()
-            return
-        seat.join(started)
+        def job() -> None:
+            if not done.set_running_or_notify_cancel():
+                return
+            try:
+                done.set_result(fn(*args))
+            except BaseException as e:  # a body may raise anything; the caller re-raises it
+                done.set_exception(e)
+
+        self.loop.call_soon_threadsafe(job)
+        return done
 
     def close(self) -> None:
         if not self.closed:
@@ -101,39 +92,31 @@ class Lane:
 
 
 class _Seat:
-    """A thread of the pool held for a step: a job on the pool that holds its
-    thread until the step lets go of it (``leave``) or ends (``done``), as a
-    task's own thread is held while it runs. The step's outcome goes back to
-    the worker's loop from the pool's thread as it lets go (as a task's does),
-    or from the lane if the step let go of its seat before it ended."""
+    """A thread of the pool held for a step: a job on the pool that waits
+    until the step lets go of it (``leave``), as a task's own thread is held
+    while it runs."""
 
-    __slots__ = ("pool", "lane", "settle", "release", "box")
+    __slots__ = ("pool", "lane", "release")
 
-    def __init__(
-        self,
-        pool: concurrent.futures.Executor,
-        lane: Lane,
-        settle: Callable[[Any, BaseException | None], None],
-    ):
+    def __init__(self, pool: concurrent.futures.Executor, lane: Lane):
         self.pool = pool
         self.lane = lane
-        self.settle = settle
         self.release: threading.Event | None = None
-        self.box: list[Any] = []  # the outcome, for the seat held at the end
 
-    def take(self, then: Callable[[], Any]) -> None:
-        """Ask the pool for a thread; ``then()`` runs on it once it has one."""
-        release = self.release = threading.Event()
-        box = self.box = []
-        settle = self.settle
+    def take(self, started: threading.Event | None = None) -> None:
+        """Hold a thread of the pool: wait for one, or, with ``started``,
+        set it once one is held (``rejoin`` waits for it)."""
+        release = threading.Event()
+        got = started if started is not None else threading.Event()
 
         def seat() -> None:
-            then()
+            got.set()
             release.wait()
-            if box:
-                settle(*box)
 
+        self.release = release
         self.pool.submit(seat)
+        if started is None:
+            got.wait()
 
     def leave(self) -> None:
         release = self.release
@@ -148,17 +131,14 @@ class _Seat:
             started.set()
             return
         self.lane.held -= 1
-        self.take(started.set)
+        self.take(started)
 
-    def done(self, result: Any, error: BaseException | None) -> None:
+    def done(self) -> None:
         release = self.release
-        if release is None:  # seceded, not rejoined: no seat to hand the outcome to
+        if release is None:
             self.lane.held -= 1
-            self.settle(result, error)
         else:
             self.release = None
-            self.box.append(result)
-            self.box.append(error)
             release.set()
 
 
@@ -204,42 +184,21 @@ class Lanes:
         self, lane: Lane, key: Key, start: float, fn: Callable[..., Any], *args: Any
     ) -> Any:
         """``fn(*args)`` on ``lane`` as a step of task ``key`` (started at
-        ``start``), holding a thread of the pool meanwhile: once the lane is
-        ours, the pool's thread, when it comes, hands the step to the lane."""
-        async with lane.turn:
-            done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-            seat = _Seat(self.pool, lane, functools.partial(_settle, done))
+        ``start``), holding a thread of the pool meanwhile."""
+        return await asyncio.wrap_future(lane.submit(self._seated, lane, key, start, fn, args))
 
-            def step() -> None:
-                lane.seat = seat
-                set_task_thread(key, start, lane.executor)
-                try:
-                    result = fn(*args)
-                except BaseException as e:  # a body may raise anything; re-raised below
-                    set_task_thread(None)
-                    lane.seat = None
-                    seat.done(None, e)
-                else:
-                    set_task_thread(None)
-                    lane.seat = None
-                    seat.done(result, None)
-
-            seat.take(lambda: lane.loop.call_soon_threadsafe(step))
-            return await asyncio.wrap_future(done)
+    def _seated(
+        self, lane: Lane, key: Key, start: float, fn: Callable[..., Any], args: tuple[Any, ...]
+    ) -> Any:
+        seat = _Seat(self.pool, lane)
+        seat.take()
+        set_task_thread(key, start, PoolSeat(seat.leave, seat.join))
+        try:
+            return fn(*args)
+        finally:
+            set_task_thread(None)
+            seat.done()
 
     def close(self) -> None:
         for lane in self.lanes:
             lane.close()
-
-
-def _settle(
-    done: concurrent.futures.Future[Any], result: Any, error: BaseException | None
-) -> None:
-    """The step's outcome, to the worker's loop (``asyncio.wrap_future``)."""
-    try:
-        if error is None:
-            done.set_result(result)
-        else:
-            done.set_exception(error)
-    except concurrent.futures.InvalidStateError:
-        pass  # the worker's loop stopped waiting (the worker is closing)
