@@ -4,10 +4,12 @@ distributed awaits ``CoroutineTask.__call__`` on the worker's event loop
 (``Worker.execute`` -> ``_run_task_async``). The runner:
 
 1. steps the body, and the coroutine calls it runs inline, through a
-   ``Trampoline`` on one of the worker's lanes while holding a thread of its
-   pool (``lanes.py``: CPU work never blocks the loop, and a body parked in
-   ``result()`` resumes on its own thread), inside one ``contextvars.Context``
-   per run, where ``current_key()`` is set;
+   ``Trampoline`` on the one lane the run is pinned to, while holding a
+   thread of the worker's pool (``lanes.py``: CPU work never blocks the
+   loop, a body keeps its thread, and one parked in ``result()`` resumes
+   there), inside one ``contextvars.Context`` per run, where
+   ``current_key()`` is set; an ``async def`` body's asyncio awaits run on
+   the lane's event loop while the run holds no thread (``Await``);
 2. submits what the trampoline hands out (the remote leaves of a frame's
    yield, calls promoted to tasks) in one ``update-graph`` message per step
    (``Client.get(..., sync=False)``), with keys derived from the frame's place
