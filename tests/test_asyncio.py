@@ -32,12 +32,32 @@ def cinc(x):
     return x + 1
 
 
+_started: dict = {}  # token -> bodies that started (in-process workers)
+
+
+@pytest.fixture(autouse=True)
+def _clear():
+    _started.clear()
+    yield
+    _started.clear()
+
+
 @coroutine
-async def sleeper(i, seconds):
+async def sleeper(i, seconds, token=None, n=0):
+    """Sleeps ``seconds``; with ``token``, first waits (asleep, polling)
+    until ``n`` bodies of that token started, or 20 s passed: all ``n``
+    were then suspended in asyncio at once."""
     start = time.time()
+    together = True
+    if token is not None:
+        _started[token] = _started.get(token, 0) + 1
+        deadline = start + 20
+        while _started[token] < n and time.time() < deadline:
+            await asyncio.sleep(0.01)
+        together = _started[token] >= n
     await asyncio.sleep(seconds)
     end = time.time()
-    return i, start, end, threading.get_ident()
+    return i, start, end, together
 
 
 def _overlap(intervals):
@@ -49,9 +69,11 @@ def _overlap(intervals):
 async def test_sleeps_overlap_on_one_thread(c, s, a):
     """Eight bodies each sleep 0.5 s on a 1-thread worker: all eight are
     asleep at one instant, so none held the worker's only thread while it
-    slept (each would otherwise wait for the one before it to wake)."""
-    got = await c.gather(c.compute([sleeper(i, 0.5) for i in range(8)]))
+    slept (else the first would wait for the others to start, which need
+    that thread, until its deadline)."""
+    got = await c.gather(c.compute([sleeper(i, 0.5, "eight", 8) for i in range(8)]))
     assert [g[0] for g in got] == list(range(8))
+    assert all(together for *_, together in got)
     assert _overlap([(start, end) for _, start, end, _ in got])
     assert all(end - start >= 0.5 for _, start, end, _ in got)
 
@@ -265,7 +287,8 @@ def test_result_form_with_and_without_a_cluster():
     with LocalCluster(
         n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0"
     ) as lc, Client(lc):
-        got = dask_coro.result([sleeper(i, 0.3) for i in range(4)])
+        got = dask_coro.result([sleeper(i, 0.3, "result", 4) for i in range(4)])
+    assert all(together for *_, together in got)
     assert _overlap([(start, end) for _, start, end, _ in got])
 
 
