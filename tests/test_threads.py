@@ -22,6 +22,7 @@ import dask
 import distributed
 import pytest
 from distributed import Worker, get_client, get_worker, rejoin, secede, worker_client
+from distributed.utils_test import async_poll_for
 from helpers import cluster
 
 import dask_coro
@@ -301,7 +302,11 @@ async def test_a_blocked_body_holds_its_lane_and_others_get_a_new_one(c, s, a):
     its thread: the next run gets a new lane (else it would wait behind the
     blocked one, which waits for it); the extra lane goes with its last run."""
     blocked = c.compute(blocked_until("go"))
-    await c.compute(cinc(0))  # the blocked body runs first
+    # It seceded (distributed.secede() in the body), and blocks on its lane.
+    await async_poll_for(
+        lambda: getattr(a.state.tasks.get(blocked.key), "state", None) == "long-running",
+        timeout=30,
+    )
     name = await c.compute(setter("go"))
     assert await blocked is True
     assert name.startswith("dask-coro-lane")
