@@ -300,7 +300,8 @@ def setter(name):
 async def test_a_blocked_body_holds_its_lane_and_others_get_a_new_one(c, s, a):
     """A body blocked after seceding holds its lane, as a seceded task holds
     its thread: the next run gets a new lane (else it would wait behind the
-    blocked one, which waits for it); the extra lane goes with its last run."""
+    blocked one, which waits for it); a lane made beyond the worker's cap
+    goes with its last run."""
     blocked = c.compute(blocked_until("go"))
     # It seceded (distributed.secede() in the body), and blocks on its lane.
     await async_poll_for(
@@ -311,7 +312,7 @@ async def test_a_blocked_body_holds_its_lane_and_others_get_a_new_one(c, s, a):
     assert await blocked is True
     assert name.startswith("dask-coro-lane")
     lanes = a.plugins["dask-coro-key-watcher"].lanes
-    assert len(lanes.lanes) == 1
+    assert len(lanes.lanes) <= lanes.cap  # one made for a held lane goes with its runs
 
 
 @coroutine

@@ -5,9 +5,11 @@ does: a sqlite3 connection or an ``RLock`` held across a yield works, and a
 body parked in ``result()`` (a greenlet, which only the thread that made it
 can resume) can be resumed. distributed's thread pool cannot promise that
 (any of its threads takes the next job), so a worker gets lanes beside its
-pool, ``nthreads`` of them to begin with, one thread each, and a run is
-pinned to one lane from its first step to its last (``Lanes.pick``: the
-lane with the fewest runs pinned to it).
+pool, one thread each, made as runs need them up to ``LANES_PER_THREAD``
+per pool thread, and a run is pinned to one lane from its first step to its
+last (``Lanes.pick``: one no run is pinned to while there are fewer, so a
+body blocking its thread without seceding stalls no other; else the lane
+with the fewest runs pinned to it).
 
 A step runs on its lane *while it holds a thread of the pool* (a seat: a job
 on the pool that holds its thread until the step ends): the pool still
@@ -25,7 +27,7 @@ one again, so ``worker_client()`` and a blocking ``compute()`` in a body
 (which secedes, ``Client.get``) do not hold the pool's thread while they
 wait. Such a step holds its lane meanwhile, as a seceded task holds its
 thread: the lane is not given to new runs, and a new lane is made when every
-lane is held so (such lanes go when their last run ends).
+lane is held so (lanes beyond the cap go when their last run ends).
 
 Each lane thread runs an asyncio event loop of its own, and every step runs
 as a callback of that loop: an ``async def`` body may await asyncio
@@ -45,6 +47,10 @@ from typing import Any
 from dask.typing import Key
 
 from .._internals.distributed_private import PoolSeat, set_task_thread
+
+#: Lanes a worker keeps per thread of its pool, at most (made as runs need
+#: them; the pool still bounds the user code running at once).
+LANES_PER_THREAD = 4
 
 
 class Lane:
@@ -149,6 +155,11 @@ class Lanes:
         if n < 1:
             raise ValueError(f"need at least one lane, got {n}")
         self.n = n
+        # Lanes kept for runs (beyond them, only for seceded steps): a run
+        # gets a lane no other run is pinned to while there are fewer, so a
+        # body blocking its thread without seceding (an Event.wait) stalls
+        # no other body unless more than this many are alive at once.
+        self.cap = n * LANES_PER_THREAD
         self.pool = pool
         self.name = name
         self._made = 0
@@ -160,23 +171,23 @@ class Lanes:
         return lane
 
     def pick(self) -> Lane:
-        """The lane for a new run, pinned there until ``unpin``: the one with
-        the fewest runs among those no seceded step holds; a new one if every
-        lane is held so. (On the event loop only.)"""
+        """The lane for a new run, pinned there until ``unpin``: among those
+        no seceded step holds, one no run is pinned to, else a new one while
+        there are fewer than ``cap``, else the one with the fewest runs; a
+        new one if every lane is held. (On the event loop only.)"""
         free = [lane for lane in self.lanes if not lane.held]
-        if not free:
+        lane = min(free, key=lambda x: x.runs) if free else None
+        if lane is None or (lane.runs and len(self.lanes) < self.cap):
             lane = self._lane()
             self.lanes.append(lane)
-        else:
-            lane = min(free, key=lambda x: x.runs)
         lane.runs += 1
         return lane
 
     def unpin(self, lane: Lane) -> None:
-        """A run pinned to ``lane`` ended; a lane beyond the first ``n`` goes
-        with its last run."""
+        """A run pinned to ``lane`` ended; a lane beyond ``cap`` (made for
+        seceded steps) goes with its last run."""
         lane.runs -= 1
-        if not lane.runs and not lane.held and len(self.lanes) > self.n and lane in self.lanes:
+        if not lane.runs and not lane.held and len(self.lanes) > self.cap and lane in self.lanes:
             self.lanes.remove(lane)
             lane.close()
 

@@ -179,7 +179,7 @@ class _KeyWatcher(WorkerPlugin):
         self.pushed_at = 0  # the push idle.n came from (expiry)
         self.pushes_at_exec = 0  # pushes received when a task last went executing
         self.handed_out = 0.0  # when a run last handed work out
-        self.lanes: Lanes | None = None  # made on first use, nthreads of them
+        self.lanes: Lanes | None = None  # made on first use (lanes.py)
 
     def lanes_of(self, worker: Worker) -> Lanes:
         if self.lanes is None:
