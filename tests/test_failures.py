@@ -743,11 +743,15 @@ async def awaits_a_set():
     await dask_coro.gather({"ok": inc(1), "bad": [0, frozenset({3})]})
 
 
+class _Odd:
+    def __await__(self):
+        yield "odd"  # neither an asyncio future nor a dask_coro awaitable
+
+
 @coroutine
-async def awaits_asyncio():
-    # An asyncio awaitable. (With a delay, asyncio.sleep itself fails first: the
-    # body runs on a pool thread, where no event loop is running.)
-    await asyncio.sleep(0)
+async def awaits_something_odd():
+    # (asyncio awaitables are awaited on the body's own loop: tests/test_asyncio.py)
+    await _Odd()
 
 
 @cluster(nthreads=[("", 1)])
@@ -778,8 +782,8 @@ async def test_unhandled_bad_yield_fails_the_task(c, s, a):
     with pytest.raises(BadYieldError, match=r"'awaits_a_set'.*position \['bad'\]\[1\]"):
         await f2
 
-    f3 = c.compute(awaits_asyncio())
-    with pytest.raises(BadYieldError, match=r"'awaits_asyncio' awaited"):
+    f3 = c.compute(awaits_something_odd())
+    with pytest.raises(BadYieldError, match=r"'awaits_something_odd' awaited 'odd'"):
         await f3
     assert f1.status == f2.status == f3.status == "error"
     for f in (f1, f2, f3):

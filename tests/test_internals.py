@@ -109,6 +109,52 @@ async def test_worker_task_state_and_thread_key(c, s, a):
     assert pv.thread_task_key() is None  # not inside a task here
 
 
+def test_a_pool_seat_is_what_secede_and_rejoin_use():
+    """threadpoolexecutor.secede removes the thread from the executor's
+    _threads (a KeyError when it is not there) and calls _adjust_thread_count;
+    rejoin appends (thread, event) to _rejoin_list, submits, and waits for the
+    event; worker_client and Client.get read thread_state.key and start_time
+    from distributed.utils.thread_state."""
+    import importlib
+
+    from distributed import threadpoolexecutor as tpe
+    from distributed import utils, worker
+
+    worker_client = importlib.import_module("distributed.worker_client")
+
+    calls = []
+    out = {}
+
+    def leave():
+        if calls and calls[-1] == "leave":
+            raise KeyError("seceded already")
+        calls.append("leave")
+
+    def join(event):
+        calls.append("join")
+        event.set()
+
+    def run():
+        pv.set_task_thread("k", 12.0, pv.PoolSeat(leave, join))
+        try:
+            out["key"], out["start"] = worker.thread_state.key, worker.thread_state.start_time
+            tpe.secede()
+            with pytest.raises(KeyError):
+                tpe.secede()
+            tpe.rejoin()
+        finally:
+            pv.set_task_thread(None)
+        out["after"] = getattr(utils.thread_state, "key", None)
+        out["executor"] = getattr(tpe.thread_state, "executor", None)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(10)
+    assert calls == ["leave", "join"]
+    assert out == {"key": "k", "start": 12.0, "after": None, "executor": None}
+    assert worker.thread_state is utils.thread_state is worker_client.thread_state
+
+
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
 async def test_async_tasks_executing_lists_the_async_task(c, s, a):
     async def async_task():

@@ -679,7 +679,7 @@ def test_async_foreign_await_raises_bad_yield():
         return caught, await ident(1)
 
     caught, one = parent().compute()
-    assert caught.startswith("coroutine 'parent' awaited 'foreign', which only an asyncio")
+    assert caught.startswith("coroutine 'parent' awaited 'foreign', which is neither an asyncio")
     assert one == 1
 
     @coroutine

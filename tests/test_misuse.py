@@ -65,9 +65,14 @@ def nests_gather():
     return (yield [gather(one())])
 
 
+class _Odd:
+    def __await__(self):
+        yield "odd"
+
+
 @coroutine
-async def awaits_asyncio():
-    return await asyncio.sleep(0)
+async def awaits_something_odd():
+    return await _Odd()
 
 
 async def _plain_async():
@@ -127,9 +132,9 @@ LOCAL = [
          BadYieldError, "a coroutine function must be called: yield f(x), not f"),
     Case("nest gather() inside a yield", lambda: nests_gather().compute(scheduler="sync"),
          BadYieldError, "gather() is awaited, not nested"),
-    Case("await an asyncio awaitable in an async coroutine",
-         lambda: awaits_asyncio().compute(scheduler="sync"), BadYieldError,
-         "which only an asyncio event loop can wait for"),
+    Case("await what is neither asyncio nor dask_coro in an async coroutine",
+         lambda: awaits_something_odd().compute(scheduler="sync"), BadYieldError,
+         "which is neither an asyncio future nor a dask_coro awaitable"),
     Case("yield a plain coroutine object", lambda: yields_a_coroutine_object().compute(scheduler="sync"),
          BadYieldError, "did you call a generator or async function without @dask_coro.coroutine?"),
     Case("yield an asyncio future", lambda: _body(_loop_future())().compute(scheduler="sync"),

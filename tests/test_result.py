@@ -20,6 +20,7 @@ from helpers import cluster, peak_threads_until_waiting, recorder, start_worker
 from workloads import boom
 
 from dask_coro import BadYieldError, DaskCoroError, coroutine, current_key, result
+from dask_coro.runtime.lanes import LANES_PER_THREAD
 
 # Coroutine calls with plain arguments run inline (the shipped default); the
 # waiters that must be tasks say so (@coroutine(inline=False)).
@@ -218,7 +219,7 @@ async def test_parked_bodies_resume_on_their_own_thread(c, s, nthreads, n):
             timeout=90,
         )
         lanes = [t for t in threading.enumerate() if t.name.startswith("dask-coro-lane")]
-        assert 1 <= len(lanes) <= nthreads
+        assert 1 <= len(lanes) <= nthreads * LANES_PER_THREAD
         async with Worker(s.address, nthreads=1, resources={"GATE": 1}):
             out = await root
         assert await c.gather(plain) == [0.02] * 20

@@ -278,8 +278,24 @@ class Stopped:
     __slots__ = ()
 
 
-Outcome = Done | Submit | Stopped
-_OUTCOMES = (Done, Submit, Stopped)
+class Await:
+    """An ``async def`` body (``frame``, the top one) awaited something only
+    an event loop can wait for: ``obj`` is what its ``await`` handed up (an
+    asyncio future, or None for ``asyncio.sleep(0)``). Start ``batches`` (every
+    unstarted inline call, promoted as before any wait); then, once the loop
+    is done with ``obj``, call ``proceed()`` (or ``proceed(error)`` to raise
+    ``error`` at that await). Only with ``Trampoline(awaits=True)``."""
+
+    __slots__ = ("batches", "frame", "obj")
+
+    def __init__(self, batches: list[tuple[Frame, list[int]]], frame: Frame, obj: Any):
+        self.batches = batches
+        self.frame = frame
+        self.obj = obj
+
+
+Outcome = Done | Submit | Stopped | Await
+_OUTCOMES = (Done, Submit, Stopped, Await)
 
 
 class Idle:
@@ -338,6 +354,11 @@ class Trampoline:
         ``Frame.ann`` carries the annotations to the caller, which gives
         them to each task the leaf adds (as a layer made under them would
         have them).
+    awaits
+        The caller runs an event loop for the bodies: an ``async def`` body
+        awaiting something foreign to dask_coro (an asyncio future) makes the
+        trampoline return ``Await``. Without it, ``BadYieldError`` is raised
+        at that await.
     """
 
     def __init__(
@@ -353,8 +374,10 @@ class Trampoline:
         localize: Callable[[Frame, Any], Any] | None = None,
         count: bool = False,
         annotations: Callable[[], Any] | None = None,
+        awaits: bool = False,
     ):
         self.name = name
+        self.awaits = awaits
         self.call_type: Any = call_type
         self.classify = classify
         self.idle = idle or _NO_IDLE
@@ -451,6 +474,14 @@ class Trampoline:
         top.remote = []
         top.sent = 0
         return self._enter(self._loop, (None, None))
+
+    def proceed(self, error: BaseException | None = None) -> Outcome:
+        """Go on after an ``Await``: the event loop is done with what the top
+        body awaited (or ``error`` is raised at its await)."""
+        body = self.stack[-1].body
+        if error is None:
+            return self._enter(self._loop, (body.send, None))
+        return self._enter(self._loop, (body.throw, error))
 
     def throw(self, error: BaseException) -> Outcome:
         """A remote leaf of the top frame failed (or could not be started):
@@ -662,6 +693,7 @@ class Trampoline:
         func: Any = None
         out: Any = None
         ended = 0
+        foreign = False  # the body stepped awaited something of an event loop
         while True:
             if method is not None:
                 # -- step a body: the one place ------------------------------
@@ -695,10 +727,13 @@ class Trampoline:
                             out = out.value
                         elif type(method.__self__) is _COROUTINE:  # type: ignore[attr-defined]
                             # An async body awaited something foreign (an asyncio
-                            # future, ...): raise at that await, as it would see.
-                            method = method.__self__.throw  # type: ignore[attr-defined]
-                            arg = _foreign_await(func if fresh >= 0 else top.func, out)
-                            continue
+                            # future, ...): the caller's event loop waits for it,
+                            # or, with none, raise at that await, as it would see.
+                            if not self.awaits:
+                                method = method.__self__.throw  # type: ignore[attr-defined]
+                                arg = foreign_await(func if fresh >= 0 else top.func, out)
+                                continue
+                            foreign = True
                 method = None
                 if not ended:
                     if fresh >= 0:
@@ -722,6 +757,8 @@ class Trampoline:
                             top.body = body
                         fresh = -1
                         body = None
+                    if foreign:
+                        return self._await(top, out)
                     # -- set up the yield ``out`` ----------------------------
                     vt: type[Any] | None = type(out)
                     if (vt is list or vt is tuple) and ((a := ann_now()) is own or not a):
@@ -1018,6 +1055,17 @@ class Trampoline:
                 leaf.__dask_coro_value__ = out
                 leaf.__dask_coro_inline__ = None
 
+    def _await(self, frame: Frame, obj: Any) -> Await:
+        """``frame``'s body awaited ``obj`` of an event loop: the stack waits
+        for it, so every unstarted inline call is promoted, as before a wait."""
+        if frame.index < 0:  # no yield before: nothing of one to promote
+            frame.shape = None
+            frame.leaves = _EMPTY
+            frame.results = _EMPTY
+            frame.todo = _EMPTY
+            frame.next = 0
+        return Await(self._promote_all(), frame, obj)
+
     def _yielded(self, frame: Frame, value: Any) -> Exception | None:
         """Set up ``frame``'s new yield. Returns the error to raise at the
         yield if it was rejected, else None."""
@@ -1175,7 +1223,7 @@ def _unwrap(func: Any) -> Any:
     return func
 
 
-def _foreign_await(func: Any, obj: Any) -> BadYieldError:
+def foreign_await(func: Any, obj: Any) -> BadYieldError:
     name = func if type(func) is str else getattr(func, "__name__", "coroutine")
     return BadYieldError(
         f"coroutine {name!r} awaited {obj!r}, which only an asyncio event loop "

@@ -661,11 +661,13 @@ def trampoline(
     check_every: int = 256,
     localize: Callable[[Frame, Any], Any] | None = None,
     count: bool = False,
+    awaits: bool = True,
 ) -> Trampoline:
     """The engine wired for coroutine calls, as both runners use it: with
     ``inline``, ``CoroutineCall`` objects run inline (see ``Trampoline``),
     and so do the yielded values ``localize`` computes in place
-    (``runtime.inplace.localizer``)."""
+    (``runtime.inplace.localizer``). With ``awaits``, the runner runs an
+    event loop for ``async def`` bodies (``core.engine.Await``)."""
     if not inline:
         localize = None
     return Trampoline(
@@ -679,6 +681,7 @@ def trampoline(
         localize=localize,
         count=count,
         annotations=_annotations_now,
+        awaits=awaits,
     )
 
 

@@ -1,15 +1,39 @@
 """Lanes: the threads a coroutine's steps run on, on a worker.
 
-A body waiting in ``dask_coro.result`` is parked in a greenlet, and a
-greenlet can only be resumed on the thread that made it. So every step of a
-run with parked bodies must land on one thread, which distributed's thread
-pool cannot promise (any of its threads takes the next job). A worker gets
-``nthreads`` lanes, one thread each, beside its pool; a step runs on a lane
-*while it holds a thread of the pool* (the gate, a job that waits for the
-lane's): the pool still bounds how much user code runs at once, as for every
-task (a 1-thread worker never runs two pieces of user code at the same time,
-dask/distributed #1663), and the lane gives the step the thread its parked
-bodies need. A run with nothing parked goes to the least busy lane.
+A body keeps its thread for its whole life, as a ``worker_client`` task
+does: a sqlite3 connection or an ``RLock`` held across a yield works, and a
+body parked in ``result()`` (a greenlet, which only the thread that made it
+can resume) can be resumed. distributed's thread pool cannot promise that
+(any of its threads takes the next job), so a worker gets lanes beside its
+pool, one thread each, made as runs need them up to ``LANES_PER_THREAD``
+per pool thread, and a run is pinned to one lane from its first step to its
+last (``Lanes.pick``: one no run is pinned to while there are fewer, so a
+body blocking its thread without seceding stalls no other; else the lane
+with the fewest runs pinned to it).
+
+A step runs on its lane *while it holds a thread of the pool* (a seat: a job
+on the pool that holds its thread until the step ends): the pool still
+bounds how much user code runs at once, as for every task (a 1-thread worker
+never runs two pieces of user code at the same time, dask/distributed
+#1663). The lane is taken first, the seat second, so a step waiting for its
+lane holds no thread of the pool. The cost of pinning: a run whose lane is
+busy waits for it even while another lane is idle (measured in
+``benchmarks/RESULTS.md``).
+
+On the lane the step looks like a pool thread running the task to
+distributed (``thread_state``): ``distributed.secede()`` lets go of the seat
+(and the task becomes long-running, as any secede does), ``rejoin()`` takes
+one again, so ``worker_client()`` and a blocking ``compute()`` in a body
+(which secedes, ``Client.get``) do not hold the pool's thread while they
+wait. Such a step holds its lane meanwhile, as a seceded task holds its
+thread: the lane is not given to new runs, and a new lane is made when every
+lane is held so (lanes beyond the cap go when their last run ends).
+
+Each lane thread runs an asyncio event loop of its own, and every step runs
+as a callback of that loop: an ``async def`` body may await asyncio
+awaitables (``asyncio.sleep``, a stream, a future of this loop), which the
+lane's loop runs while the body holds no seat, as a yield does; CPU work
+between awaits never blocks the worker's own loop.
 """
 
 from __future__ import annotations
@@ -20,41 +44,172 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from dask.typing import Key
+
+from .._internals.distributed_private import PoolSeat, set_task_thread
+
+#: Lanes a worker keeps per thread of its pool, at most (made as runs need
+#: them; the pool still bounds the user code running at once).
+LANES_PER_THREAD = 4
+
+
+class Lane:
+    """One thread running an event loop of its own; steps are its callbacks."""
+
+    def __init__(self, name: str):
+        self.loop = asyncio.new_event_loop()
+        self.runs = 0  # runs pinned here
+        self.held = 0  # steps here that let go of their seat (seceded) and still run
+        self.closed = False
+        self.thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self.thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            try:
+                for task in asyncio.all_tasks(self.loop):
+                    task.cancel()
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            finally:
+                self.loop.close()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future[Any]:
+        """``fn(*args)`` as a callback of this lane's loop."""
+        done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def job() -> None:
+            if not done.set_running_or_notify_cancel():
+                return
+            try:
+                done.set_result(fn(*args))
+            except BaseException as e:  # a body may raise anything; the caller re-raises it
+                done.set_exception(e)
+
+        self.loop.call_soon_threadsafe(job)
+        return done
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+class _Seat:
+    """A thread of the pool held for a step: a job on the pool that waits
+    until the step lets go of it (``leave``), as a task's own thread is held
+    while it runs."""
+
+    __slots__ = ("pool", "lane", "release")
+
+    def __init__(self, pool: concurrent.futures.Executor, lane: Lane):
+        self.pool = pool
+        self.lane = lane
+        self.release: threading.Event | None = None
+
+    def take(self, started: threading.Event | None = None) -> None:
+        """Hold a thread of the pool: wait for one, or, with ``started``,
+        set it once one is held (``rejoin`` waits for it)."""
+        release = threading.Event()
+        got = started if started is not None else threading.Event()
+
+        def seat() -> None:
+            got.set()
+            release.wait()
+
+        self.release = release
+        self.pool.submit(seat)
+        if started is None:
+            got.wait()
+
+    def leave(self) -> None:
+        release = self.release
+        if release is None:
+            raise KeyError("seceded already")  # as threadpoolexecutor.secede says it
+        self.release = None
+        release.set()
+        self.lane.held += 1
+
+    def join(self, started: threading.Event) -> None:
+        if self.release is not None:  # rejoined without seceding: as the pool, wait for nothing
+            started.set()
+            return
+        self.lane.held -= 1
+        self.take(started)
+
+    def done(self) -> None:
+        release = self.release
+        if release is None:
+            self.lane.held -= 1
+        else:
+            self.release = None
+            release.set()
+
 
 class Lanes:
-    """``n`` one-thread lanes, gated by ``pool`` (the worker's thread pool)."""
+    """``n`` lanes to begin with, gated by ``pool`` (the worker's thread pool)."""
 
-    def __init__(self, n: int, pool: concurrent.futures.Executor):
+    def __init__(self, n: int, pool: concurrent.futures.Executor, name: str = "dask-coro-lane"):
         if n < 1:
             raise ValueError(f"need at least one lane, got {n}")
+        self.n = n
+        # Lanes kept for runs (beyond them, only for seceded steps): a run
+        # gets a lane no other run is pinned to while there are fewer, so a
+        # body blocking its thread without seceding (an Event.wait) stalls
+        # no other body unless more than this many are alive at once.
+        self.cap = n * LANES_PER_THREAD
         self.pool = pool
-        self.lanes = [
-            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"dask-coro-lane-{i}")
-            for i in range(n)
-        ]
-        self.busy = [0] * n  # steps queued or running, per lane
-        self.pinned = [0] * n  # runs with parked bodies, per lane
-        self._lock = threading.Lock()
-        self._thread_ids: list[int | None] = [None] * n
+        self.name = name
+        self._made = 0
+        self.lanes = [self._lane() for _ in range(n)]
 
-    def pick(self) -> int:
-        """The lane for a run with nothing parked: the least busy."""
-        return min(range(len(self.lanes)), key=lambda i: (self.busy[i], self.pinned[i]))
+    def _lane(self) -> Lane:
+        lane = Lane(f"{self.name}-{self._made}")
+        self._made += 1
+        return lane
 
-    async def run(self, lane: int, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on ``lane``, holding a thread of the pool meanwhile."""
-        with self._lock:
-            self.busy[lane] += 1
+    def pick(self) -> Lane:
+        """The lane for a new run, pinned there until ``unpin``: among those
+        no seceded step holds, one no run is pinned to, else a new one while
+        there are fewer than ``cap``, else the one with the fewest runs; a
+        new one if every lane is held. (On the event loop only.)"""
+        free = [lane for lane in self.lanes if not lane.held]
+        lane = min(free, key=lambda x: x.runs) if free else None
+        if lane is None or (lane.runs and len(self.lanes) < self.cap):
+            lane = self._lane()
+            self.lanes.append(lane)
+        lane.runs += 1
+        return lane
+
+    def unpin(self, lane: Lane) -> None:
+        """A run pinned to ``lane`` ended; a lane beyond ``cap`` (made for
+        seceded steps) goes with its last run."""
+        lane.runs -= 1
+        if not lane.runs and not lane.held and len(self.lanes) > self.cap and lane in self.lanes:
+            self.lanes.remove(lane)
+            lane.close()
+
+    async def run(
+        self, lane: Lane, key: Key, start: float, fn: Callable[..., Any], *args: Any
+    ) -> Any:
+        """``fn(*args)`` on ``lane`` as a step of task ``key`` (started at
+        ``start``), holding a thread of the pool meanwhile."""
+        return await asyncio.wrap_future(lane.submit(self._seated, lane, key, start, fn, args))
+
+    def _seated(
+        self, lane: Lane, key: Key, start: float, fn: Callable[..., Any], args: tuple[Any, ...]
+    ) -> Any:
+        seat = _Seat(self.pool, lane)
+        seat.take()
+        set_task_thread(key, start, PoolSeat(seat.leave, seat.join))
         try:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self.pool, self._gate, lane, fn, args)
+            return fn(*args)
         finally:
-            with self._lock:
-                self.busy[lane] -= 1
-
-    def _gate(self, lane: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-        return self.lanes[lane].submit(fn, *args).result()
+            set_task_thread(None)
+            seat.done()
 
     def close(self) -> None:
         for lane in self.lanes:
-            lane.shutdown(wait=False, cancel_futures=True)
+            lane.close()

@@ -27,10 +27,11 @@ from dask.utils import funcname
 from .. import _config
 from .._context import running_key
 from .._internals.dask_private import DataNode, Task, TaskRef
-from ..core.engine import Done, Failed, Frame, Raised, Returned, Submit
+from ..core.engine import Await, Done, Failed, Frame, Raised, Returned, Submit
 from ..core.localize import arguments
 from ..core.plan import Plan, plan_yield
 from ..core.scope import Scope
+from .aio import stepping, wait_here
 from .call import CoroutineTask, trampoline
 from .inplace import localizer
 
@@ -130,34 +131,38 @@ def _run(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
         on_ended=_ended,
         localize=localizer(scope_of, _fetch),
     )
-    out = ctx.run(tramp.start, task.func, args, kwargs, Scope(task.key))
+    out = stepping(ctx.run, tramp.start, task.func, args, kwargs, Scope(task.key))
     try:
         while type(out) is not Done:
-            assert type(out) is Submit
             for frame, positions in out.batches:
                 if frame.scope is None:
                     frame.scope = Scope(frame.ident(task.key))
                 yield from _compute_batch(frame, positions)
+            if type(out) is Await:
+                # An async body awaits asyncio: this thread's loop runs it.
+                out = stepping(ctx.run, tramp.proceed, wait_here(out))
+                continue
+            assert type(out) is Submit
             if not out.wait:
-                out = ctx.run(tramp.run)
+                out = stepping(ctx.run, tramp.run)
                 continue
             scope = out.frame.scope
             assert scope is not None
             if scope.error is not None:
                 error, scope.error = scope.error, None
-                out = ctx.run(tramp.throw, error)
+                out = stepping(ctx.run, tramp.throw, error)
             else:
                 handles = scope.handles(out.frame.remote)
                 failed = next((h for h in handles if type(h) is Failed), None)
                 if failed is not None:
                     # A key an earlier yield computed to an error: the same
                     # error again (a computed key keeps its outcome).
-                    out = ctx.run(tramp.throw, failed.error)
+                    out = stepping(ctx.run, tramp.throw, failed.error)
                 else:
-                    out = ctx.run(tramp.resume, handles)
+                    out = stepping(ctx.run, tramp.resume, handles)
                 del handles
     finally:
-        tramp.close()
+        stepping(tramp.close)
     # Returned or Raised, never raised here: a StopIteration raised in a
     # generator becomes a RuntimeError (PEP 479).
     return out.step

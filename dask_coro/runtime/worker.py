@@ -4,10 +4,12 @@ distributed awaits ``CoroutineTask.__call__`` on the worker's event loop
 (``Worker.execute`` -> ``_run_task_async``). The runner:
 
 1. steps the body, and the coroutine calls it runs inline, through a
-   ``Trampoline`` on one of the worker's lanes while holding a thread of its
-   pool (``lanes.py``: CPU work never blocks the loop, and a body parked in
-   ``result()`` resumes on its own thread), inside one ``contextvars.Context``
-   per run, where ``current_key()`` is set;
+   ``Trampoline`` on the one lane the run is pinned to, while holding a
+   thread of the worker's pool (``lanes.py``: CPU work never blocks the
+   loop, a body keeps its thread, and one parked in ``result()`` resumes
+   there), inside one ``contextvars.Context`` per run, where
+   ``current_key()`` is set; an ``async def`` body's asyncio awaits run on
+   the lane's event loop while the run holds no thread (``Await``);
 2. submits what the trampoline hands out (the remote leaves of a frame's
    yield, calls promoted to tasks) in one ``update-graph`` message per step
    (``Client.get(..., sync=False)``), with keys derived from the frame's place
@@ -33,6 +35,7 @@ distributed awaits ``CoroutineTask.__call__`` on the worker's event loop
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import logging
 import sys
@@ -52,7 +55,18 @@ from .. import _config
 from .._context import running_key
 from .._exceptions import BaseExceptionError, CoroutineCancelledError, DaskCoroError, Released
 from .._internals import distributed_private as private
-from ..core.engine import Done, Frame, Idle, Outcome, Raised, Returned, Stopped, Submit, Trampoline
+from ..core.engine import (
+    Await,
+    Done,
+    Frame,
+    Idle,
+    Outcome,
+    Raised,
+    Returned,
+    Stopped,
+    Submit,
+    Trampoline,
+)
 from ..core.localize import evaluate
 from ..core.plan import plan_yield
 from ..core.scope import Scope
@@ -61,9 +75,10 @@ from ..durability.scheduler import DurablePlugin
 from ..lifetimes.tie import hold_segments
 from ..release.scheduler import ReleasePlugin
 from ..release.worker import ReleaseWorkerPlugin
+from .aio import check
 from .call import trampoline
 from .inplace import localizer
-from .lanes import Lanes
+from .lanes import Lane, Lanes
 from .scheduler import IDLE, MODES, SUBSCRIBE, UNSUBSCRIBE, InlinePlugin
 
 if TYPE_CHECKING:
@@ -180,7 +195,7 @@ class _KeyWatcher(WorkerPlugin):
         self.pushed_at = 0  # the push idle.n came from (expiry)
         self.pushes_at_exec = 0  # pushes received when a task last went executing
         self.handed_out = 0.0  # when a run last handed work out
-        self.lanes: Lanes | None = None  # made on first use, nthreads of them
+        self.lanes: Lanes | None = None  # made on first use (lanes.py)
 
     def lanes_of(self, worker: Worker) -> Lanes:
         if self.lanes is None:
@@ -333,7 +348,9 @@ class _Run:
         self.func = task.func
         self.name = funcname(task.func)
         self.loop = asyncio.get_running_loop()
-        self.lane = -1  # the lane of our steps while a body is parked
+        self.lane: Lane | None = None  # the lane of all our steps (lanes.py)
+        # While a body awaits an asyncio future of the lane's loop: the future.
+        self.awaited: asyncio.Future[Any] | None = None
         self.ctx = contextvars.copy_context()
         self.ctx.run(running_key.set, self.key)
         # While it waits for its children: what it awaits, cancelled when its
@@ -350,25 +367,62 @@ class _Run:
     # -- helpers -------------------------------------------------------------
 
     async def _step(self, tramp: Trampoline, fn: Any, *args: Any) -> Any:
-        """Call into the trampoline on a lane, in our context. While bodies
-        are parked in ``result()``, always the lane that parked them."""
+        """Call into the trampoline on our lane, in our context: every step
+        of a run on the one lane it was pinned to at its first, so its
+        bodies keep their thread (and a body parked in ``result()`` can be
+        resumed)."""
         lanes = self.watcher.lanes_of(self.worker)
-        if self.lane < 0 or not tramp.parked:
-            self.lane = lanes.pick()
         lane = self.lane
-        pinned = tramp.parked > 0
-        try:
-            return await lanes.run(lane, self.ctx.run, fn, *args)
-        finally:
-            now = tramp.parked > 0
-            if now != pinned:
-                lanes.pinned[lane] += 1 if now else -1
+        if lane is None:
+            lane = self.lane = lanes.pick()
+        return await lanes.run(lane, self.key, self.start, self._on_lane, tramp, fn, args)
+
+    def _on_lane(self, tramp: Trampoline, fn: Any, args: tuple[Any, ...]) -> Any:
+        """A step, on the lane (a callback of its event loop). After an
+        ``Await``: what the body awaited is watched here, on its loop's own
+        thread; ``out.obj`` becomes a future that the event loop sets when
+        the body may go on (its result: None, or the error to raise at the
+        await)."""
+        awaited = self.awaited
+        if awaited is not None and fn == tramp.close:
+            # Cancelled while awaiting: as asyncio cancels what a cancelled
+            # task awaits, before the body is closed.
+            awaited.cancel()
+        self.awaited = None
+        out = self.ctx.run(fn, *args)
+        if type(out) is Await:
+            out.obj = self._watch(out)
+        return out
+
+    def _watch(self, out: Await) -> concurrent.futures.Future[BaseException | None]:
+        """What asyncio's ``Task.__step`` does with what a coroutine yields
+        (on the lane, whose loop runs here): wait for an asyncio future of
+        this loop; go on at once after a bare ``yield`` (``asyncio.sleep(0)``);
+        raise at the await for anything else."""
+        ready: concurrent.futures.Future[BaseException | None] = concurrent.futures.Future()
+        error = check(out, asyncio.get_running_loop())
+        if error is not None or out.obj is None:
+            ready.set_result(error)
+        else:
+            obj = self.awaited = out.obj
+
+            def wake(_: Any) -> None:
+                try:
+                    ready.set_result(None)
+                except concurrent.futures.InvalidStateError:
+                    pass  # we stopped waiting (cancelled)
+
+            obj.add_done_callback(wake)
+        return ready
 
     def _alive(self) -> bool:
         return private.worker_task_state(self.worker, self.key) in _RUNNING_STATES
 
     def _secede(self) -> None:
-        private.secede_from_loop(self.worker, self.key, time() - self.start)
+        # Not twice: a body may have seceded already (distributed.secede(),
+        # worker_client(), a blocking compute; lanes.py).
+        if private.worker_task_state(self.worker, self.key) != "long-running":
+            private.secede_from_loop(self.worker, self.key, time() - self.start)
         self.seceded = True
 
     async def _client(self) -> Client:
@@ -456,6 +510,16 @@ class _Run:
                     break
                 if type(out) is Stopped or not self._alive():
                     raise Released
+                if type(out) is Await:
+                    # An async body awaits asyncio: the lane's loop runs it
+                    # while we hold no thread, as while we wait for children.
+                    if out.batches:
+                        await self._submit(out.batches, tramp.own_annotations)
+                    if not self.seceded:
+                        self._secede()
+                    error = await self._until(asyncio.wrap_future(out.obj))
+                    out = await self._step(tramp, tramp.proceed, error)
+                    continue
                 assert type(out) is Submit
                 if out.batches:
                     await self._submit(out.batches, tramp.own_annotations)
@@ -500,6 +564,8 @@ class _Run:
                     await self._send_calls(tramp, final=True)
             if inline:
                 watcher.inline_ended()
+            if self.lane is not None:
+                watcher.lanes_of(self.worker).unpin(self.lane)
             if watcher.runs.get(self.key) is self:
                 del watcher.runs[self.key]
             for scope in self.scopes.values():

@@ -1,0 +1,101 @@
+"""asyncio awaits in an ``async def`` body: what both runners share.
+
+An ``async def`` body may await any asyncio awaitable. Its steps run with an
+event loop as the thread's running loop (on a worker, the lane's own loop,
+``lanes.py``; without a cluster, one loop per thread, ``stepping``), so
+``asyncio.sleep``, ``asyncio.open_connection`` and the like find it; when the
+body hands an asyncio future up to the engine (``core.engine.Await``), the
+runner lets that loop run until the future is done, then steps the body on,
+as asyncio's ``Task.__step`` would. ``check`` is the part of ``Task.__step``
+that judges what a coroutine yielded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .._exceptions import BadYieldError
+from ..core.engine import Await
+
+_LOCAL = threading.local()
+
+
+def check(out: Await, loop: asyncio.AbstractEventLoop) -> BaseException | None:
+    """What asyncio's ``Task.__step`` says of ``out.obj``, the object an
+    ``await`` handed up, on ``loop``: None to wait for it (an asyncio future
+    of ``loop``, made ready to be awaited here) or to go on at once (a bare
+    ``yield``, as ``asyncio.sleep(0)`` makes); else the error to raise at
+    the await."""
+    obj = out.obj
+    if obj is None:
+        return None
+    blocking = getattr(obj, "_asyncio_future_blocking", None)
+    if blocking is None:
+        return BadYieldError(
+            f"coroutine {out.frame.label!r} awaited {obj!r}, which is neither an asyncio "
+            "future nor a dask_coro awaitable; an async coroutine may await "
+            "dask_coro.gather(...), a coroutine call, and asyncio awaitables"
+        )
+    if obj.get_loop() is not loop:
+        return RuntimeError(
+            f"coroutine {out.frame.label!r} awaited {obj!r}, a future of another event "
+            "loop (the worker's?): an async body runs on an event loop of its own "
+            "thread; await dask_coro.gather(...) for cluster work, and asyncio code "
+            "of its own"
+        )
+    if not blocking:
+        return RuntimeError(f"yield was used instead of yield from with {obj!r}")
+    obj._asyncio_future_blocking = False
+    return None
+
+
+def thread_loop() -> asyncio.AbstractEventLoop:
+    """This thread's loop for local runs, made on first use."""
+    loop: asyncio.AbstractEventLoop | None = getattr(_LOCAL, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _LOCAL.loop = asyncio.new_event_loop()
+    return loop
+
+
+def stepping(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` (a step) with this thread's loop as the running loop
+    (``asyncio._set_running_loop``, the hook asyncio gives loop
+    implementations), unless one already runs here; the previous one is put
+    back."""
+    previous = asyncio._get_running_loop()
+    loop = thread_loop()
+    if previous is loop:
+        return fn(*args)
+    asyncio._set_running_loop(loop)
+    try:
+        return fn(*args)
+    finally:
+        asyncio._set_running_loop(previous)
+
+
+def wait_here(out: Await) -> BaseException | None:
+    """Run this thread's loop until what ``out``'s body awaited is done (a
+    local run: the thread is the body's); the error to raise at the await,
+    or None."""
+    loop = thread_loop()
+    error = check(out, loop)
+    if error is not None:
+        return error
+    previous = asyncio._get_running_loop()
+    asyncio._set_running_loop(None)
+    try:
+        if out.obj is None:
+            loop.run_until_complete(asyncio.sleep(0))  # one turn, as a task gives up
+        else:
+            loop.run_until_complete(_settled(out.obj))
+    finally:
+        asyncio._set_running_loop(previous)
+    return None
+
+
+async def _settled(fut: asyncio.Future[Any]) -> None:
+    await asyncio.wait([fut])
+

@@ -1,0 +1,342 @@
+"""A body keeps its thread, and Dask's thread-level API works in a body.
+
+A generator or async body resumes on the thread it started on, for its whole
+life, on workers of any thread count: a sqlite3 connection and an ``RLock``
+held across yields work, as in the same code run as a ``worker_client``
+task. ``secede()``, ``rejoin()``, ``worker_client()``, ``get_client()`` and
+a blocking compute in a body (or a helper it calls) have their distributed
+meaning on a 1-thread worker: a blocking compute secedes, as in a task, so
+its children get the worker's only thread.
+
+Children are tasks here (inline off, the suite's default), so every yield
+really suspends its body. gen_cluster workers run in the test's process.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+
+import dask
+import distributed
+import pytest
+from distributed import Worker, get_client, get_worker, rejoin, secede, worker_client
+from distributed.utils_test import async_poll_for
+from helpers import cluster
+
+import dask_coro
+from dask_coro import coroutine
+
+_lock = threading.Lock()
+_active: dict = {}  # worker address -> [user code running now, the most at once]
+
+
+@pytest.fixture(autouse=True)
+def _clear():
+    _active.clear()
+    yield
+    _active.clear()
+
+
+def _busy(seconds: float) -> None:
+    """User code holding a thread for ``seconds``, counted per worker."""
+    with _lock:
+        count = _active.setdefault(get_worker().address, [0, 0])
+        count[0] += 1
+        count[1] = max(count[1], count[0])
+    try:
+        time.sleep(seconds)
+    finally:
+        with _lock:
+            count[0] -= 1
+
+
+def inc(x):
+    return x + 1
+
+
+@coroutine
+def cinc(x):
+    return x + 1
+
+
+# --------------------------------------------------------------------------
+# thread-bound objects held across yields
+
+
+def _open():
+    """A sqlite3 connection (usable only in the thread that made it) and an
+    RLock held (releasable only by the thread that acquired it)."""
+    conn = sqlite3.connect(":memory:")
+    conn.execute("create table t (x)")
+    lock = threading.RLock()
+    lock.acquire()
+    return conn, lock
+
+
+def _close(conn, lock, threads):
+    lock.release()  # RuntimeError ("cannot release un-acquired lock") on another thread
+    total = conn.execute("select sum(x) from t").fetchone()[0]
+    conn.close()
+    return total, len(threads)
+
+
+@coroutine
+def gen_bound(n):
+    conn, lock = _open()
+    threads = {threading.get_ident()}
+    for i in range(n):
+        _busy(0.002)
+        y = yield cinc(i)  # a task: the body suspends here
+        conn.execute("insert into t values (?)", (y,))
+        threads.add(threading.get_ident())
+    return _close(conn, lock, threads)
+
+
+@coroutine
+async def async_bound(n):
+    conn, lock = _open()
+    threads = {threading.get_ident()}
+    for i in range(n):
+        _busy(0.002)
+        y = await dask_coro.gather(dask.delayed(inc)(i))
+        conn.execute("insert into t values (?)", (y,))
+        threads.add(threading.get_ident())
+    return _close(conn, lock, threads)
+
+
+def wc_bound(n):
+    """The same program as a worker_client task."""
+    conn, lock = _open()
+    threads = {threading.get_ident()}
+    for i in range(n):
+        _busy(0.002)
+        with worker_client() as c:
+            y = c.submit(inc, i, pure=False).result()
+        conn.execute("insert into t values (?)", (y,))
+        threads.add(threading.get_ident())
+    return _close(conn, lock, threads)
+
+
+@pytest.mark.parametrize("nthreads", [1, 2, 4])
+@cluster(nthreads=[], timeout=120)
+async def test_thread_bound_objects_survive_yields(c, s, nthreads):
+    """More bodies than threads, each holding a sqlite3 connection and an
+    RLock across 6 yields: each sees one thread for its whole life, as the
+    worker_client task does; never more user code at once than nthreads."""
+    n, bodies = 6, 3 * nthreads
+    expect = (sum(range(1, n + 1)), 1)
+    async with Worker(s.address, nthreads=nthreads) as a:
+        futures = c.compute([gen_bound(n) for _ in range(bodies)])
+        futures += c.compute([async_bound(n) for _ in range(bodies)])
+        got = await c.gather(futures)
+        plain = await c.gather(c.map(wc_bound, [n] * 2, pure=False))
+    assert got == [expect] * (2 * bodies)
+    assert plain == [expect] * 2
+    assert 0 < _active[a.address][1] <= nthreads, _active
+
+
+@pytest.mark.inline
+@cluster(nthreads=[], timeout=120)
+async def test_thread_kept_with_inline_calls_and_parked_bodies(c, s):
+    """Inline on (the default): a body whose children run inline or are
+    handed out, and a helper parked in result(), keep the body's thread."""
+
+    @coroutine
+    def helper_bound(n):
+        conn, lock = _open()
+        threads = {threading.get_ident()}
+        for i in range(n):
+            a, b = yield [cinc(i), dask.delayed(inc)(i)]
+            y = dask_coro.result(dask.delayed(inc)(a + b))  # parks a greenlet
+            conn.execute("insert into t values (?)", (y,))
+            threads.add(threading.get_ident())
+        return _close(conn, lock, threads)
+
+    async with Worker(s.address, nthreads=2):
+        got = await c.gather(c.compute([helper_bound(4) for _ in range(6)]))
+    expect = sum(2 * (i + 1) + 1 for i in range(4))
+    assert got == [(expect, 1)] * 6
+
+
+# --------------------------------------------------------------------------
+# secede, rejoin, worker_client, get_client, blocking compute: 1-thread workers
+
+
+@coroutine
+def seceding(x):
+    secede()  # as in a task: the pool's thread is let go of
+    # The worker's only thread is free: a plain task submitted now runs.
+    y = get_client().submit(inc, x, pure=False).result()
+    rejoin()
+    z = yield cinc(y)
+    return z
+
+
+def plain_seceding(x):
+    secede()
+    y = get_client().submit(inc, x, pure=False).result()
+    rejoin()
+    return inc(y)
+
+
+@cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_secede_and_rejoin_in_a_body(c, s, a):
+    got = await c.compute(seceding(1))
+    plain = await c.submit(plain_seceding, 1, pure=False)
+    assert got == plain == 3
+
+
+@coroutine
+def seceding_twice():
+    secede()
+    try:
+        secede()
+    except KeyError:
+        pass  # as in a task: distributed says the thread seceded already
+    rejoin()
+    rejoin()  # rejoining without seceding waits for nothing (a task's would hang)
+    return (yield cinc(1))
+
+
+@cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_secede_twice_and_rejoin_twice(c, s, a):
+    def plain():
+        secede()
+        try:
+            secede()
+        except KeyError:
+            pass
+        rejoin()  # (a second rejoin would wait forever here: no thread leaves the pool)
+        return 2
+
+    assert await c.compute(seceding_twice()) == await c.submit(plain, pure=False) == 2
+
+
+@coroutine
+def with_worker_client(x):
+    y = yield cinc(x)
+    with worker_client() as client:  # secedes, rejoins at the end
+        futures = client.map(inc, range(y), pure=False)
+        total = sum(client.gather(futures))
+    return total
+
+
+def plain_worker_client(x):
+    y = inc(x)
+    with worker_client() as client:
+        return sum(client.gather(client.map(inc, range(y), pure=False)))
+
+
+@cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_worker_client_in_a_body(c, s, a):
+    got = await c.compute(with_worker_client(3))
+    plain = await c.submit(plain_worker_client, 3, pure=False)
+    assert got == plain == sum(range(1, 5))
+
+
+@coroutine
+def with_get_client(x):
+    client = get_client()
+    assert client.scheduler.address == get_worker().scheduler.address
+    fut = client.submit(inc, x, pure=False)
+    y = yield fut  # a Future is yielded as any child
+    return y
+
+
+@cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_get_client_in_a_body(c, s, a):
+    assert await c.compute(with_get_client(1)) == 2
+
+
+def _helper_computes(x):
+    """A plain helper doing a blocking compute, as a library would."""
+    return dask.delayed(inc)(x).compute()
+
+
+@coroutine
+def computing(x):
+    a = dask.delayed(inc)(x).compute()  # before the first yield: the task executes
+    b = yield cinc(a)
+    c_ = dask.compute(dask.delayed(inc)(b), cinc(b))  # after it: long-running
+    d = _helper_computes(sum(c_))
+    e = cinc(d).compute()  # a coroutine call computed as a task of its own
+    return e
+
+
+def plain_computing(x):
+    a = dask.delayed(inc)(x).compute()
+    b = inc(a)
+    c_ = dask.compute(dask.delayed(inc)(b), dask.delayed(inc)(b))
+    d = _helper_computes(sum(c_))
+    return inc(d)
+
+
+@cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_blocking_compute_in_a_body_on_one_thread(c, s, a):
+    """A blocking compute in a body, or in a helper it calls, secedes as in
+    a task (distributed's Client.get): its children get the worker's only
+    thread, and nothing deadlocks."""
+    got = await c.compute(computing(1))
+    plain = await c.submit(plain_computing, 1, pure=False)
+    assert got == plain == 2 * 4 + 2
+
+
+@coroutine
+def blocked_until(name):
+    secede()
+    return distributed.Event(name).wait(timeout=30)
+
+
+@coroutine
+def setter(name):
+    yield cinc(0)
+    distributed.Event(name).set()
+    return threading.current_thread().name
+
+
+@cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_a_blocked_body_holds_its_lane_and_others_get_a_new_one(c, s, a):
+    """A body blocked after seceding holds its lane, as a seceded task holds
+    its thread: the next run gets a new lane (else it would wait behind the
+    blocked one, which waits for it); a lane made beyond the worker's cap
+    goes with its last run."""
+    blocked = c.compute(blocked_until("go"))
+    # It seceded (distributed.secede() in the body), and blocks on its lane.
+    await async_poll_for(
+        lambda: getattr(a.state.tasks.get(blocked.key), "state", None) == "long-running",
+        timeout=30,
+    )
+    name = await c.compute(setter("go"))
+    assert await blocked is True
+    assert name.startswith("dask-coro-lane")
+    lanes = a.plugins["dask-coro-key-watcher"].lanes
+    assert len(lanes.lanes) <= lanes.cap  # one made for a held lane goes with its runs
+
+
+@coroutine
+def gather_without_secede():
+    fut = get_client().submit(inc, 1, pure=False)
+    yield cinc(0)
+    secede()  # what distributed asks of a task before it blocks in gather
+    return get_client().gather(fut)
+
+
+@cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_client_gather_after_secede(c, s, a):
+    assert await c.compute(gather_without_secede()) == 2
+
+
+@coroutine
+def where_am_i():
+    a = threading.current_thread().name
+    yield cinc(1)
+    return a, threading.current_thread().name, distributed.get_worker().address
+
+
+@cluster(nthreads=[("127.0.0.1", 2)], timeout=60)
+async def test_get_worker_in_a_body(c, s, a):
+    before, after, address = await c.compute(where_am_i())
+    assert before == after
+    assert address == a.address
