@@ -524,3 +524,17 @@ def test_queue_heap_keeps_discarded_tasks_and_drop_stale_queue_entries_cleans_it
     assert pv.drop_stale_queue_entries(s) == 1 and pv.queue_entries(s) == 2
     assert s.queued.peek() is other and s.queued.pop() is other and s.queued.pop() is new
     assert pv.drop_stale_queue_entries(s) == 0
+
+
+def test_blocking_client_calls_go_through_client_sync_and_the_worker_makes_its_client():
+    """seceding_waits relies on Worker._get_client (get_client() calls it and
+    makes the worker's client) and on every blocking call of a Client going
+    through its sync method (gather, Future.result, scatter)."""
+    import inspect
+
+    from distributed import Client, Future, Worker
+
+    assert callable(Worker._get_client)
+    assert "asynchronous" in inspect.signature(Client.sync).parameters
+    for method in (Client.gather, Client.scatter, Future.result):
+        assert "self.sync(" in inspect.getsource(method) or "self.client.sync(" in inspect.getsource(method)

@@ -328,6 +328,38 @@ async def test_client_gather_after_secede(c, s, a):
     assert await c.compute(gather_without_secede()) == 2
 
 
+def _helper_waits(fut):
+    return fut.result()  # a helper the body calls: a blocking wait, no secede
+
+
+@coroutine
+def blocking_waits_in_a_body():
+    client = get_client()
+    futs = [client.submit(inc, i, pure=False) for i in range(3)]
+    yield cinc(0)
+    total = sum(client.gather(futs))  # the worker's only thread is needed by these
+    total += _helper_waits(client.submit(inc, 10, pure=False))
+    [scattered] = client.scatter([5])
+    return total + scattered.result()
+
+
+def blocking_waits_as_a_task():
+    with worker_client() as client:
+        futs = [client.submit(inc, i, pure=False) for i in range(3)]
+        total = sum(client.gather(futs))
+        total += client.submit(inc, 10, pure=False).result()
+        [scattered] = client.scatter([5])
+        return total + scattered.result()
+
+
+@cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_blocking_gather_and_result_in_a_body_on_one_thread(c, s, a):
+    """client.gather, Future.result and scatter in a body (or a helper it
+    calls) on a one-thread worker secede while they wait, as inside
+    worker_client: the children they wait for get the thread."""
+    assert await c.compute(blocking_waits_in_a_body()) == await c.submit(blocking_waits_as_a_task) == 6 + 11 + 5
+
+
 @coroutine
 def where_am_i():
     a = threading.current_thread().name
@@ -340,3 +372,4 @@ async def test_get_worker_in_a_body(c, s, a):
     before, after, address = await c.compute(where_am_i())
     assert before == after
     assert address == a.address
+

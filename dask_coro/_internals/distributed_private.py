@@ -144,6 +144,53 @@ class _SeatRejoins(list[Any]):
         self.join(event)
 
 
+def in_coroutine_step() -> bool:
+    """Whether this thread runs a coroutine's step holding a seat of the
+    worker's pool (``set_task_thread`` gave it a ``PoolSeat``)."""
+    return type(getattr(pool_thread_state, "executor", None)) is PoolSeat
+
+
+def seceding_waits(worker: Any) -> None:
+    """Blocking calls of the worker's client made in a coroutine's step
+    (``Client.sync``: ``client.gather``, ``Future.result``, ``scatter``, ...)
+    secede first and rejoin after, as inside ``worker_client``: a body
+    waiting on them holds no seat of the worker's pool, so it cannot deadlock
+    a worker of one thread. Once per worker: ``Worker._get_client`` (which
+    ``get_client()`` calls, and makes the client on first use) is wrapped on
+    the instance, and each client it gives has its ``sync`` wrapped."""
+    if getattr(worker, "_dask_coro_seceding", False):
+        return
+    get = worker._get_client
+
+    def _get_client(*args: Any, **kwargs: Any) -> Any:
+        client = get(*args, **kwargs)
+        if not getattr(client, "_dask_coro_seceding", False):
+            client.sync = _seceding(client, client.sync)
+            client._dask_coro_seceding = True
+        return client
+
+    worker._get_client = _get_client
+    worker._dask_coro_seceding = True
+
+
+def _seceding(client: Any, sync: Callable[..., Any]) -> Callable[..., Any]:
+    from distributed import rejoin, secede
+
+    def sync_seceding(func: Any, *args: Any, asynchronous: Any = None, **kwargs: Any) -> Any:
+        if client.asynchronous or asynchronous or not in_coroutine_step():
+            return sync(func, *args, asynchronous=asynchronous, **kwargs)
+        try:
+            secede()
+        except KeyError:  # seceded already (worker_client, a blocking compute)
+            return sync(func, *args, asynchronous=asynchronous, **kwargs)
+        try:
+            return sync(func, *args, asynchronous=asynchronous, **kwargs)
+        finally:
+            rejoin()
+
+    return sync_seceding
+
+
 def set_task_thread(key: Key | None, start_time: float = 0.0, seat: PoolSeat | None = None) -> None:
     """Make this thread look like one of the worker's pool threads running
     task ``key`` to distributed, or, with None, like no task's:

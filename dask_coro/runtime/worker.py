@@ -338,6 +338,7 @@ class _KeyWatcher(WorkerPlugin):
 def _watcher(worker: Worker) -> _KeyWatcher:
     # Added synchronously: replacing it would drop the runs it watches.
     w: _KeyWatcher = private.add_worker_plugin_now(worker, _KeyWatcher.name, _KeyWatcher)
+    private.seceding_waits(worker)  # once per worker; a dict lookup after
     return w
 
 
