@@ -495,6 +495,79 @@ EXAMPLES["lazy attribute awaited"] = (
     True,
     (("wait", ("get", "attr", ("call", ("node", 1, "gen", True, ()))), False),),
 )
+# A call yielded in one yield both as itself and through a lazy value on it
+# (``c = g(); await gather([c[0], c])``), every call handed out: the call went
+# out as a task while the item, computed in place, ran it again (stolen path).
+EXAMPLES["call and its item in one yield"] = (
+    "node",
+    0,
+    "plain",
+    True,
+    (
+        (
+            "wait",
+            (
+                "call",
+                (
+                    "node",
+                    1,
+                    "gen",
+                    False,
+                    (
+                        (
+                            "wait",
+                            (
+                                "call",
+                                (
+                                    "node",
+                                    2,
+                                    "async",
+                                    True,
+                                    (
+                                        (
+                                            "wait",
+                                            (
+                                                "list",
+                                                (
+                                                    ("get", "item", ("call", ("node", 3, "gen", True, ()))),
+                                                    ("again", 0),
+                                                ),
+                                            ),
+                                            False,
+                                        ),
+                                    ),
+                                ),
+                            ),
+                            False,
+                        ),
+                    ),
+                ),
+            ),
+            False,
+        ),
+    ),
+)
+# Two items of one call, each computed in place: the second ran it again
+# (every path with calls inline).
+EXAMPLES["two items of one call"] = (
+    "node",
+    0,
+    "gen",
+    True,
+    (
+        (
+            "wait",
+            (
+                "list",
+                (
+                    ("get", "item", ("call", ("node", 1, "gen", True, ()))),
+                    ("get", "attr", ("again", 0)),
+                ),
+            ),
+            False,
+        ),
+    ),
+)
 
 
 

@@ -13,6 +13,7 @@ every wait polls a condition with a generous timeout.
 from __future__ import annotations
 
 import asyncio
+import collections
 import io
 import os
 import re
@@ -41,11 +42,11 @@ from helpers import cluster, places, recorder
 from workloads import afib, boom, does_not_catch, fib, inc
 
 import dask_coro
-from dask_coro import Promise, coroutine, current_key
+from dask_coro import Promise, coroutine, current_key, gather
 from dask_coro.core.plan import derive_key
 from dask_coro.runtime.scheduler import NAME as INLINE
 from dask_coro.runtime.scheduler import InlinePlugin
-from dask_coro.runtime.worker import _KeyWatcher
+from dask_coro.runtime.worker import _KeyWatcher, _watcher
 
 pytestmark = pytest.mark.inline
 
@@ -549,6 +550,85 @@ async def test_same_call_twice_waiting_on_the_cluster_runs_once(c, s, a, tmp_pat
     second must not be handed out as a task that runs the body again."""
     assert await c.compute(same_call_twice(str(tmp_path))) == [42, 42]
     assert _lines(tmp_path, "runs") == ["c"]
+
+
+# --------------------------------------------------------------------------
+# handed out while a lazy value on the same call is computed in place
+
+
+class _AlwaysIdle:
+    """Idle threads elsewhere that never run out: every call that could run
+    inline is handed out as a task (the stolen path of tests/conformance.py)."""
+
+    @property
+    def n(self):
+        return 1 << 20
+
+    @n.setter
+    def n(self, value):
+        pass
+
+
+Total = collections.namedtuple("Total", "total n")
+
+
+@coroutine
+def totals(folder):
+    _append(folder, "runs", "g")
+    yield []
+    return Total(40, 1)
+
+
+def _derived(c, how):
+    if how == "item":
+        return c[0]
+    if how == "attr":
+        return c.total
+    return c.total + 1
+
+
+@coroutine
+async def gathers_derived_and_call(folder, how, first):
+    c = totals(folder)
+    d = _derived(c, how)
+    got = await gather([d, c] if first else [c, d])
+    return got if first else got[::-1]
+
+
+@coroutine
+def yields_derived_and_call(folder, how, first):
+    c = totals(folder)
+    d = _derived(c, how)
+    got = yield ([d, c] if first else [c, d])
+    return got if first else got[::-1]
+
+
+@coroutine(inline=False)
+def calls_as_task(body, folder, how, first):
+    return (yield body(folder, how, first))
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["derived-first", "call-first"])
+@pytest.mark.parametrize("how", ["item", "attr", "attr+1"])
+@pytest.mark.parametrize("body", [gathers_derived_and_call, yields_derived_and_call], ids=["async", "gen"])
+@pytest.mark.parametrize("stolen", [True, False], ids=["stolen", "inline"])
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1), ("", 1)])
+async def test_call_and_a_lazy_value_on_it_in_one_yield_run_it_once(
+    c, s, a, b, tmp_path, body, how, first, stolen
+):
+    """``c = g(); yield [c[0], c]``: computed in place, ``c[0]`` needs ``c``;
+    with every call handed out as soon as it could be (a cluster whose idle
+    threads never run out), ``c`` was handed out as a task while ``c[0]`` ran
+    ``g`` again in place (two keys for one call). It runs once, as in dask."""
+    if stolen:
+        for w in (a, b):
+            _watcher(w).idle = _AlwaysIdle()
+    folder = str(tmp_path)
+    want = {"item": 40, "attr": 40, "attr+1": 41}[how]
+    got = await c.compute(calls_as_task(body, folder, how, first))
+    assert list(got) == [want, Total(40, 1)]
+    assert _lines(tmp_path, "runs") == ["g"]
 
 
 # --------------------------------------------------------------------------

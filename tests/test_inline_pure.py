@@ -960,3 +960,68 @@ def test_stop_is_read_before_every_inline_call():
     assert type(out) is Stopped
     assert calls == [0, 1, 2]
     assert t.close() == []
+
+
+# --------------------------------------------------------------------------
+# values computed in place, and the calls they need, handed out
+
+
+@coroutine
+def pair_logged():
+    LOG.append("pair")
+    yield []
+    return (40, 2)
+
+
+@coroutine
+def item_and_call():
+    c = pair_logged()
+    return (yield [c[0], c])
+
+
+@coroutine
+def sums(n):
+    return (yield sum(rec(i) for i in range(n)))
+
+
+def _in_place(idle):
+    from dask_coro.core.scope import Scope
+    from dask_coro.runtime.inplace import localizer
+
+    def scope_of(frame):
+        if frame.scope is None:
+            frame.scope = Scope(frame.ident("root"))
+        return frame.scope
+
+    return trampoline(
+        "root", inline=True, idle=idle, cancelled=lambda: False, localize=localizer(scope_of, None)
+    )
+
+
+def _handed(out):
+    return [(f.label, p, [type(f.leaves[i]).__name__ for i in p]) for f, p in out.batches]
+
+
+def test_a_value_computed_in_place_whose_call_was_handed_out_is_handed_out_too():
+    """``yield [c[0], c]`` with idle capacity: ``c`` goes out as a task;
+    ``c[0]``, next, would run ``c`` again in place: it goes out too (planned
+    on ``c``'s key), and ``c``'s body never runs here."""
+    t = _in_place(Idle(1 << 20))
+    out = t.start(item_and_call.__wrapped__, (), {}, None)
+    assert type(out) is Submit and not out.wait
+    assert _handed(out) == [("root", [1], ["CoroutineCall"])]
+    for frame, positions in out.batches:
+        for p in positions:
+            frame.leaves[p].key  # planned: the call has a key now
+    out = t.run()
+    assert type(out) is Submit and out.wait
+    assert _handed(out) == [("root", [0], ["LocalCall"])]
+    assert LOG == []
+
+
+def test_calls_of_a_value_computed_in_place_are_still_stolen():
+    # Needed by nothing else on the stack, they go out from its own frame.
+    t = _in_place(Idle(1))
+    out = t.start(sums.__wrapped__, (5,), {}, None)
+    assert type(out) is Submit and not out.wait
+    assert _handed(out) == [("evaluate", [4], ["CoroutineCall"])]

@@ -517,3 +517,30 @@ def handed_out_wrapped(key):
 def test_handed_out_a_delayed_wrapping_a_future(client):
     f = client.submit(lambda: 41, pure=False)
     assert compute("inline", client, handed_out_wrapped(f.key)) == 42
+
+
+# -- two lazy values on one call, each computed in place, in one yield -------
+
+
+@coroutine
+def pair_counted():
+    RUNS.append(1)
+    yield []
+    return (40, 2)
+
+
+@coroutine
+def items_of_one_call(also_the_call):
+    c = pair_counted()
+    return (yield [c[0], c[1], c] if also_the_call else [c[0], c[1]])
+
+
+@pytest.mark.parametrize("also_the_call", [False, True])
+@pytest.mark.parametrize("path", PATHS)
+def test_items_of_one_call_computed_in_place_run_it_once(client, path, also_the_call):
+    """Each item is computed in place; the second found the call computed by
+    the first and ran it again (one key in dask: one run)."""
+    RUNS.clear()
+    want = [40, 2, (40, 2)] if also_the_call else [40, 2]
+    assert compute(path, client, items_of_one_call(also_the_call)) == want
+    assert RUNS == [1]

@@ -340,7 +340,11 @@ class Trampoline:
         an inline call: an inline call to run instead (it computes the leaf
         in place, see ``core.localize``; handed out, it must plan as the leaf
         itself), or None to compute the leaf remotely. What it raises is
-        raised at the yield.
+        raised at the yield. Its ``__dask_coro_needs__`` (optional) are the
+        inline calls it runs as themselves: while it runs, those the stack
+        holds elsewhere too are not handed out; while one of them runs, it
+        is not handed out; one handed out before it starts, it is handed out
+        too, so one yield's call and the value on it share one task.
     count
         Count the calls run inline, per function (``call_counts``).
     annotations
@@ -919,6 +923,12 @@ class Trampoline:
                 top.next = i + 1
                 leaf = leaves[pos]
                 func = leaf.__dask_coro_inline__
+                if func is not None and type(leaf) is not call_type and _needs_handed_out(leaf):
+                    # A value computed in place whose call was handed out
+                    # meanwhile (stolen at another position): planned as the
+                    # leaf, on that call's key, it does not run it again.
+                    self._to_remote(top, (pos,))
+                    continue
                 if func is None:
                     done = leaf.__dask_coro_value__
                     if done is not NOT_DONE:
@@ -1132,8 +1142,57 @@ class Trampoline:
     def _running(self) -> set[int]:
         """The calls being run by frames on the stack, by id: the same call
         object at another, unstarted position must not be handed out (it
-        would run twice); it reuses the value when its turn comes."""
-        return {id(f.up.leaves[f.at]) for f in self.stack[1:] if f.up is not None}
+        would run twice); it reuses the value when its turn comes. A value
+        computed in place that is running (``__dask_coro_needs__``) runs its
+        calls itself: those also yielded, or needed, elsewhere on the stack
+        count as running too (handed out there, or from its own frame, they
+        would be planned at two places, under two keys)."""
+        out: set[int] = set()
+        call_type = self.call_type
+        evaluating: list[tuple[Frame, Any, Sequence[Any]]] = []
+        for f in self.stack[1:]:
+            if f.up is None:
+                continue
+            leaf = f.up.leaves[f.at]
+            out.add(id(leaf))
+            if type(leaf) is not call_type:
+                needs = getattr(leaf, "__dask_coro_needs__", ())
+                if needs:
+                    evaluating.append((f, leaf, needs))
+        if evaluating:
+            out.update(self._shared(evaluating))
+        return out
+
+    def _shared(self, evaluating: list[tuple[Frame, Any, Sequence[Any]]]) -> set[int]:
+        """The calls of running values computed in place (``(frame, leaf,
+        needs)``) that another frame's yield, or another value computed in
+        place, holds too, by id."""
+        call_type = self.call_type
+        holders: dict[int, set[int]] = {}  # id(call) -> ids of frames and leaves holding it
+        for f in self.stack:
+            for leaf in getattr(f, "leaves", ()):
+                holders.setdefault(id(leaf), set()).add(id(f))
+                if type(leaf) is not call_type:
+                    for c in getattr(leaf, "__dask_coro_needs__", ()):
+                        holders.setdefault(id(c), set()).add(id(leaf))
+        out: set[int] = set()
+        for f, leaf, needs in evaluating:
+            mine = {id(f), id(leaf)}
+            for c in needs:
+                if holders.get(id(c), mine) - mine:
+                    out.add(id(c))
+        return out
+
+    def _kept(self, leaf: Any, running: set[int]) -> bool:
+        """Whether ``leaf`` must not be handed out now: it is running (see
+        ``_running``), or it is a value computed in place that needs a call
+        that is (handed out, it would plan that call as a task: a second
+        run)."""
+        if id(leaf) in running:
+            return True
+        if type(leaf) is self.call_type:
+            return False
+        return any(id(c) in running for c in getattr(leaf, "__dask_coro_needs__", ()))
 
     def _steal(self, n: int) -> list[tuple[Frame, list[int]]]:
         """Promote up to ``n`` unstarted leaves, the oldest frames' first (the
@@ -1149,7 +1208,7 @@ class Trampoline:
                 continue
             todo = list(frame.todo)
             rest = todo[start:]
-            taken = [p for p in rest if id(frame.leaves[p]) not in running][-n:]
+            taken = [p for p in rest if not self._kept(frame.leaves[p], running)][-n:]
             if not taken:
                 continue
             frame.todo = todo[:start] + [p for p in rest if p not in taken]
@@ -1164,7 +1223,7 @@ class Trampoline:
     def _has_unstarted(self) -> bool:
         running = self._running()
         return any(
-            id(f.leaves[p]) not in running for f in self.stack for p in f.todo[f.next :]
+            not self._kept(f.leaves[p], running) for f in self.stack for p in f.todo[f.next :]
         )
 
     def _promote_all(self) -> list[tuple[Frame, list[int]]]:
@@ -1175,9 +1234,9 @@ class Trampoline:
         for frame in self.stack:
             rest = frame.todo[frame.next :]
             if rest:
-                keep = [p for p in rest if id(frame.leaves[p]) in running]
+                keep = [p for p in rest if self._kept(frame.leaves[p], running)]
                 frame.todo = [*frame.todo[: frame.next], *keep]
-                self._to_remote(frame, [p for p in rest if id(frame.leaves[p]) not in running])
+                self._to_remote(frame, [p for p in rest if p not in keep])
             if frame.sent < len(frame.remote):
                 batches.append((frame, list(frame.remote[frame.sent :])))
                 frame.sent = len(frame.remote)
@@ -1214,6 +1273,16 @@ class Trampoline:
         frame.ann = None
         if frame.scope is not None:
             self._ended(frame)
+
+
+def _needs_handed_out(leaf: Any) -> bool:
+    """Whether a call that ``leaf`` (a value computed in place) would run
+    itself has been handed out as a task: it has a key now (no function to
+    run here) and no value."""
+    for c in getattr(leaf, "__dask_coro_needs__", ()):
+        if c.__dask_coro_inline__ is None and c.__dask_coro_value__ is NOT_DONE:
+            return True
+    return False
 
 
 def _unwrap(func: Any) -> Any:

@@ -49,19 +49,32 @@ class LocalCall(Delayed):
     value's ``Delayed``, with its key and graph: handed out as a task (work
     stealing, or before its coroutine waits), it is planned as the value."""
 
-    __slots__ = ("leaf", "__dask_coro_inline__", "__dask_coro_args__", "__dask_coro_value__")
+    __slots__ = (
+        "leaf",
+        "__dask_coro_inline__",
+        "__dask_coro_args__",
+        "__dask_coro_value__",
+        "__dask_coro_needs__",
+    )
     leaf: Delayed
     __dask_coro_inline__: Callable[..., Any] | None
     __dask_coro_args__: tuple[Any, ...]
     __dask_coro_value__: Any
+    #: The coroutine calls it computes in place (``core.engine.InlineCall``):
+    #: one of them handed out as a task (built: it has a key), this is handed
+    #: out too, planned as the leaf on that key; while one runs, this is not.
+    __dask_coro_needs__: tuple[Any, ...]
 
-    def __init__(self, leaf: Delayed, local: Local, fetched: dict[Key, Any]):
+    def __init__(
+        self, leaf: Delayed, local: Local, fetched: dict[Key, Any], needs: tuple[Any, ...] = ()
+    ):
         # The leaf's key and graph are built only if asked (handed out).
         self.leaf = leaf
         _LENGTH.__set__(self, getattr(leaf, "_length", None))
         self.__dask_coro_inline__ = evaluate
         self.__dask_coro_args__ = (local, fetched)
         self.__dask_coro_value__ = NOT_DONE
+        self.__dask_coro_needs__ = needs
 
     @property
     def _key(self) -> Any:
@@ -103,7 +116,12 @@ def localizer(scope_of: Callable[[Frame], Scope[Any]], fetch: Fetch | None) -> C
         if local.layers:  # values of graph tasks go to the frame's result cache
             put = (scope if scope is not None else scope_of(frame)).cache.put
         local.record = partial(_record, objects, local.layers, put)
-        return LocalCall(leaf, local, fetched)
+        # The calls it runs as themselves (plain arguments): the engine may
+        # hand those out at other positions of the stack.
+        needs = tuple(
+            x for x in objects.values() if type(x) is CoroutineCall and x.__dask_coro_inline__ is not None
+        )
+        return LocalCall(leaf, local, fetched, needs)
 
     return localize
 
@@ -251,8 +269,11 @@ def _apply(x: LazyOp, have: Mapping[Any, Any]) -> Any:
 
 def _call(x: CoroutineCall, have: Mapping[Any, Any]) -> CoroutineCall:
     """The inline call of ``x`` with its arguments computed: ``x`` itself if
-    they were plain values (so it is computed once, wherever it is yielded)."""
-    if x.__dask_coro_inline__ is not None:
+    they were plain values (so it is computed once, wherever it is yielded),
+    or if it was computed meanwhile (another value computed in place needed
+    it, or it was yielded itself): the engine takes its value, or raises
+    its error again, and runs nothing."""
+    if x.__dask_coro_inline__ is not None or x.__dask_coro_value__ is not NOT_DONE:
         return x
     assert x._fn is not None
     args = tuple(_subst(a, have) for a in x.__dask_coro_args__)
