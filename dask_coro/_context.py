@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import weakref
 from contextvars import ContextVar
 
 from dask.typing import Key
@@ -62,11 +63,17 @@ def current_key() -> Key:
     )
 
 
+#: The event loops coroutine bodies step on (a worker's lanes, a thread's
+#: loop for local runs: runtime.lanes, runtime.aio). A step is a body's own
+#: code, which may block its thread as a task's may: not a loop to keep free.
+body_loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+
+
 def on_event_loop() -> bool:
     """Whether an asyncio event loop runs in this thread (where waiting would
-    block it)."""
+    block it), other than a coroutine body's own."""
     try:
-        asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
     except RuntimeError:
         return False
-    return True
+    return loop not in body_loops

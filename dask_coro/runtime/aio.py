@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .._context import body_loops
 from .._exceptions import BadYieldError
 from ..core.engine import Await
 
@@ -57,6 +58,7 @@ def thread_loop() -> asyncio.AbstractEventLoop:
     loop: asyncio.AbstractEventLoop | None = getattr(_LOCAL, "loop", None)
     if loop is None or loop.is_closed():
         loop = _LOCAL.loop = asyncio.new_event_loop()
+        body_loops.add(loop)
     return loop
 
 

@@ -46,6 +46,7 @@ from typing import Any
 
 from dask.typing import Key
 
+from .._context import body_loops
 from .._internals.distributed_private import PoolSeat, set_task_thread
 
 #: Lanes a worker keeps per thread of its pool, at most (made as runs need
@@ -58,6 +59,7 @@ class Lane:
 
     def __init__(self, name: str):
         self.loop = asyncio.new_event_loop()
+        body_loops.add(self.loop)
         self.runs = 0  # runs pinned here
         self.held = 0  # steps here that let go of their seat (seceded) and still run
         self.closed = False
