@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -262,10 +263,22 @@ def sleepy_where(depth, seconds=0.01):
     return a + b
 
 
+#: Events of this process (a gen_cluster's workers share it): a call waiting
+#: on one blocks its thread without the worker's client, which would secede
+#: around a blocking wait in a body.
+THREAD_EVENTS: dict[str, threading.Event] = collections.defaultdict(threading.Event)
+
+
+@coroutine
+def thread_blocker(name, timeout):
+    return THREAD_EVENTS[name].wait(timeout)
+
+
 @coroutine
 def blocks_inline(name):
-    """Runs a call inline that blocks its thread until ``name`` is set."""
-    return (yield [event_waiter(name, 30), inc(1)])
+    """Runs a call inline that blocks its thread (and its seat of the
+    worker's pool) until ``THREAD_EVENTS[name]`` is set."""
+    return (yield [thread_blocker(name, 30), inc(1)])
 
 
 @coroutine
@@ -789,8 +802,8 @@ async def test_each_idle_thread_is_pushed_to_one_worker_round_robin(c, s, *worke
     """Three workers run calls inline, each blocked in one: one idle thread
     is pushed to one of them, the next to the next; five to all three,
     shares adding up to five."""
-    go = Event(f"go-{uuid.uuid4().hex}", client=c)
-    futs = [c.compute(blocks_inline(go.name), workers=[w.address]) for w in workers]
+    go = f"go-{uuid.uuid4().hex}"
+    futs = [c.compute(blocks_inline(go), workers=[w.address]) for w in workers]
     try:
         await async_poll_for(
             lambda: INLINE in s.plugins and len(s.plugins[INLINE].subscribed) == 3, timeout=20)
@@ -810,7 +823,7 @@ async def test_each_idle_thread_is_pushed_to_one_worker_round_robin(c, s, *worke
         assert [_received(w) - n for w, n in zip(workers, before)] == [2, 2, 2]
         assert plugin.counts["pushed"] == pushed + 5
     finally:
-        await go.set()
+        THREAD_EVENTS[go].set()
     assert await c.gather(futs) == [[True, 2]] * 3
 
 
