@@ -57,7 +57,7 @@ class Hosts:
 
     def __init__(
         self, tmp_path: Any, workers_per_host: list[int], *, extra: tuple[str, ...] = (),
-        env: dict[str, str] | None = None,
+        env: dict[str, str] | None = None, host_extra: dict[int, tuple[str, ...]] | None = None,
     ):
         self.tmp = tmp_path
         self.env = {**os.environ, **(env or {})}
@@ -74,8 +74,8 @@ class Hosts:
                 env=self.env,
             )
             self.address = self._address(sched_file)
-            for host, n in zip(self.hosts, workers_per_host):
-                self._start_host(host, n, extra)
+            for i, (host, n) in enumerate(zip(self.hosts, workers_per_host)):
+                self._start_host(host, n, extra + (host_extra or {}).get(i, ()))
             self.client = Client(self.address, timeout="20s")
             self.client.wait_for_workers(sum(workers_per_host), timeout=60)
         except BaseException:

@@ -319,3 +319,38 @@ def test_the_dashboard_page_on_two_hosts(hosts):
     port = c.scheduler_info()["services"]["dashboard"]
     body = urlopen(f"http://127.0.0.1:{port}/coroutines", timeout=30).read().decode()
     assert "Coroutines" in body and f.key in body
+
+
+def _answer():
+    return 42
+
+
+def answer():
+    from dask_coro import coroutine
+
+    return coroutine(_answer, name="answer")()
+
+
+def test_a_host_with_another_dask_coro_version_fails_its_tasks_naming_both(tmp_path):
+    """One host's workers have another dask_coro version: a coroutine task
+    that reaches one of them fails with a VersionMismatchError naming both
+    versions and that worker; the other host runs it."""
+    import dask_coro
+
+    fake = "0.0.0+other"
+    preload = tmp_path / "other_version.py"
+    preload.write_text(f"import dask_coro\ndask_coro.__version__ = {fake!r}\n")
+    (tmp_path / "cluster").mkdir()
+    h = multihost.Hosts(tmp_path / "cluster", [1, 1], host_extra={1: ("--preload", str(preload))})
+    try:
+        c = h.client
+        A, B = h.workers_of(0), h.workers_of(1)
+        # A coroutine with no children (children could be stolen by B).
+        assert c.compute(answer(), workers=A).result(timeout=60) == 42
+        with pytest.raises(dask_coro.VersionMismatchError) as e:
+            c.compute(answer(), workers=B).result(timeout=60)
+        message = str(e.value)
+        assert f"dask_coro {dask_coro.__version__}" in message and f"dask_coro {fake}" in message
+        assert f"worker {B[0]}" in message
+    finally:
+        h.close()
