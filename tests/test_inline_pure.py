@@ -896,7 +896,7 @@ def test_local_mode_same_waiting_call_twice_runs_once():
 
 
 # --------------------------------------------------------------------------
-# issue 24: a call keeps its outcome; stop before the next call
+# A call keeps its outcome; stop before the next call
 
 
 @coroutine

@@ -1,4 +1,4 @@
-"""One answer on every path (issue 24): the same coroutine run locally
+"""One answer on every path: the same coroutine run locally
 (without a cluster) and on a cluster, with calls inline (the default) and
 with every call a task (``coro.inline.enabled: False``), compared with what
 plain Dask gives for the same program.
@@ -47,7 +47,7 @@ def inc(x):
     return x + 1
 
 
-# -- issue 24, item 4: containers dask traverses are traversed ---------------
+# -- containers dask traverses are traversed ---------------
 
 
 @dataclasses.dataclass
@@ -128,7 +128,7 @@ def test_containers_in_arguments_are_computed_as_dask_does(client, path):
     assert compute(path, client, f()) == want == [Pair(2, 2), Point(2, 3)]
 
 
-# -- issue 24, item 1: a Delayed wrapping a Future, a Promise -----------------
+# -- a Delayed wrapping a Future, a Promise -----------------
 
 CLUSTER_PATHS = ["inline", "task"]  # a Future needs a cluster
 
@@ -174,7 +174,7 @@ def test_a_delayed_wrapping_a_future_and_a_promise(client, path, kind):
     assert compute(path, client, yields_wrapped(kind, f.key)) == want
 
 
-# -- issue 24, item 8: every lazy value built from a call is awaitable ---------
+# -- every lazy value built from a call is awaitable ---------
 
 
 class Box:
@@ -243,7 +243,7 @@ def test_await_of_every_lazy_value_built_from_a_call(client, path, name):
     assert compute(path, client, yields_derived(name)) == want
 
 
-# -- issue 24, item 3: recursion with task children, deep, without a cluster --
+# -- recursion with task children, deep, without a cluster --
 
 LOCAL_PATHS = ["local-inline", "local-task"]
 
@@ -280,7 +280,7 @@ def test_recursion_of_task_children_on_a_cluster(client, path):
     assert compute(path, client, down_lazy(30)) == 30
 
 
-# -- issue 24, item 9: a BaseException subclass raised by a child ------------
+# -- a BaseException subclass raised by a child ------------
 
 
 class UserBase(BaseException):
@@ -350,7 +350,7 @@ def test_a_root_raising_a_base_exception(client, path):
     assert str(info.value.error) == "from the root"
 
 
-# -- issue 24, item 7: a cancel stops inline calls at the next call ------------
+# -- a cancel stops inline calls at the next call ------------
 
 import threading  # noqa: E402
 
@@ -409,7 +409,7 @@ def test_cancel_stops_calls_at_the_next_call(client, path):
     assert STARTED == list(range(6))
 
 
-# -- issue 24, item 6: yielding a call again after it raised -----------------
+# -- yielding a call again after it raised -----------------
 
 RUNS: list[int] = []  # in-process workers: the calls append here
 

@@ -198,7 +198,7 @@ def test_rebuild_length_mismatch():
         s0.rebuild([1])
 
 
-# -- what is walked is what dask.compute walks (issue 24, item 4) -------------
+# -- what is walked is what dask.compute walks ------------------------------
 
 import collections  # noqa: E402
 import dataclasses  # noqa: E402
