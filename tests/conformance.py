@@ -26,7 +26,8 @@ namedtuple, an OrderedDict, a dataclass). A child is::
 
 A node returns ``Out(total, events)``: one event per wait, ``("ok",
 description of the value)`` or ``("err", type name, message)``, and the sum
-of every number it received. Every leaf and node counts its runs in ``RUNS``
+of every number it received. Every leaf and node counts its runs in ``RUNS``,
+under the epoch of the program's run it belongs to
 (gen_cluster's workers share this process).
 
 The rules the reference applies are the ones docs/coroutines.md states: a
@@ -67,37 +68,49 @@ class Box:
 # What runs: the same interpreter for every body form.
 
 
-def _ran(what: tuple) -> None:
+#: Which run of a program this is: every call carries it, and counts under
+#: it (a leaf of an earlier run, cancelled while its thread still ran, may
+#: finish during a later one: it counts for its own).
+EPOCH = [0]
+
+
+def _ran(epoch: int, what: tuple) -> None:
     with _RUNS_LOCK:
-        RUNS[what] += 1
+        RUNS[(epoch, *what)] += 1
 
 
-def leaf(x: int, fail: bool) -> int:
-    _ran(("leaf", x))
+def runs_of(epoch: int) -> Counter:
+    """The runs counted for run ``epoch``, as ``(kind, id)``."""
+    with _RUNS_LOCK:
+        return Counter({k[1:]: v for k, v in RUNS.items() if k[0] == epoch})
+
+
+def leaf(x: int, fail: bool, epoch: int = 0) -> int:
+    _ran(epoch, ("leaf", x))
     time.sleep(0.005 * (x % 3))  # some leaves take a while: a cancel may come meanwhile
     if fail:
         raise ValueError(f"leaf {x} failed")
     return x
 
 
-def _build(spec: Any, made: list) -> Any:
+def _build(spec: Any, made: list, epoch: int) -> Any:
     """The lazy object (or container of them) a shape spec stands for."""
     kind = spec[0]
     if kind == "leaf":
-        obj = dask.delayed(leaf, pure=False)(spec[1], spec[2])
+        obj = dask.delayed(leaf, pure=False)(spec[1], spec[2], epoch)
         made.append(obj)
         return obj
     if kind == "call":
         node = spec[1]
-        obj = FUNCTIONS[node[2], node[3]](pickle.dumps(node))
+        obj = FUNCTIONS[node[2], node[3]](pickle.dumps((epoch, node)))
         made.append(obj)
         return obj
     if kind == "get":
-        c = _build(spec[2], made)
+        c = _build(spec[2], made, epoch)
         return c[0] if spec[1] == "item" else c.total if spec[1] == "attr" else c.total + 1
     if kind == "again":
         return made[spec[1]]
-    items = [_build(s, made) for s in spec[1]]
+    items = [_build(s, made, epoch) for s in spec[1]]
     if kind == "list":
         return items
     if kind == "tuple":
@@ -151,8 +164,8 @@ def _error(events: list, e: BaseException) -> None:
 
 
 def _gen(src: bytes) -> Any:
-    node = pickle.loads(src)
-    _ran(("node", node[1]))
+    epoch, node = pickle.loads(src)
+    _ran(epoch, ("node", node[1]))
     try:
         made: list = []
         events: list = []
@@ -160,7 +173,7 @@ def _gen(src: bytes) -> Any:
         for step in node[4]:
             if step[0] == "raise":
                 raise ValueError(f"node {node[1]} raised")
-            shape = _build(step[1], made)
+            shape = _build(step[1], made, epoch)
             if step[2]:
                 try:
                     got = yield shape
@@ -172,12 +185,12 @@ def _gen(src: bytes) -> Any:
             total += _record(events, got)
         return Out(total + len(events), tuple(events))
     finally:
-        _ran(("end", node[1]))  # returned, raised or closed
+        _ran(epoch, ("end", node[1]))  # returned, raised or closed
 
 
 async def _async(src: bytes) -> Any:
-    node = pickle.loads(src)
-    _ran(("node", node[1]))
+    epoch, node = pickle.loads(src)
+    _ran(epoch, ("node", node[1]))
     try:
         made: list = []
         events: list = []
@@ -185,7 +198,7 @@ async def _async(src: bytes) -> Any:
         for step in node[4]:
             if step[0] == "raise":
                 raise ValueError(f"node {node[1]} raised")
-            shape = _build(step[1], made)
+            shape = _build(step[1], made, epoch)
             # A call, or a lazy value of one, is awaited as it is; anything else
             # (a plain Delayed has dask's own __await__) through gather.
             direct = step[1][0] in ("call", "get")
@@ -200,7 +213,7 @@ async def _async(src: bytes) -> Any:
             total += _record(events, got)
         return Out(total + len(events), tuple(events))
     finally:
-        _ran(("end", node[1]))  # returned, raised or closed
+        _ran(epoch, ("end", node[1]))  # returned, raised or closed
 
 
 def _wait_from_a_helper(shape: Any) -> Any:
@@ -208,8 +221,8 @@ def _wait_from_a_helper(shape: Any) -> Any:
 
 
 def _plain(src: bytes) -> Any:
-    node = pickle.loads(src)
-    _ran(("node", node[1]))
+    epoch, node = pickle.loads(src)
+    _ran(epoch, ("node", node[1]))
     try:
         made: list = []
         events: list = []
@@ -217,7 +230,7 @@ def _plain(src: bytes) -> Any:
         for step in node[4]:
             if step[0] == "raise":
                 raise ValueError(f"node {node[1]} raised")
-            shape = _build(step[1], made)
+            shape = _build(step[1], made, epoch)
             if step[2]:
                 try:
                     got = _wait_from_a_helper(shape)
@@ -229,7 +242,7 @@ def _plain(src: bytes) -> Any:
             total += _record(events, got)
         return Out(total + len(events), tuple(events))
     finally:
-        _ran(("end", node[1]))  # returned, raised or closed
+        _ran(epoch, ("end", node[1]))  # returned, raised or closed
 
 
 def gen_node(src: bytes) -> Any:
@@ -247,7 +260,7 @@ FUNCTIONS = {
 
 
 def root_call(node: tuple) -> Any:
-    return FUNCTIONS[node[2], node[3]](pickle.dumps(node))
+    return FUNCTIONS[node[2], node[3]](pickle.dumps((EPOCH[0], node)))
 
 
 # ----------------------------------------------------------------------------
@@ -614,7 +627,9 @@ class Harness:
         the runs counted; ``dask_coro.progress``'s final counts on a cluster.
         Raises ``AssertionError`` if a cluster path left anything behind."""
         with _RUNS_LOCK:
-            RUNS.clear()
+            RUNS.clear()  # a late run of an earlier epoch counts under its own
+            EPOCH[0] += 1
+            epoch = EPOCH[0]
         inline = path in ("local-inline", "inline", "stolen")
         counts = None
         with dask.config.set({"coro.inline.enabled": inline}):
@@ -627,8 +642,7 @@ class Harness:
             else:
                 outcome, counts = self._on_cluster(node, stolen=path == "stolen")
                 self.leftovers()
-        with _RUNS_LOCK:
-            return outcome, Counter(RUNS), counts
+        return outcome, runs_of(epoch), counts
 
     def _on_cluster(self, node: tuple, stolen: bool) -> tuple[Any, dict | None]:
         from dask_coro import progress
@@ -679,6 +693,8 @@ class Harness:
         ``finally`` did not run)."""
         with _RUNS_LOCK:
             RUNS.clear()
+            EPOCH[0] += 1
+            epoch = EPOCH[0]
         stolen = path == "stolen"
         found = []
         with dask.config.set({"coro.inline.enabled": path != "task"}):
@@ -699,8 +715,8 @@ class Harness:
                     self.client.run(_set_idle, always=False)
         deadline = time.monotonic() + 10
         while True:
-            with _RUNS_LOCK:
-                unended = sorted(k[1] for k in RUNS if k[0] == "node" and RUNS[k] != RUNS["end", k[1]])
+            ran = runs_of(epoch)
+            unended = sorted(k[1] for k in ran if k[0] == "node" and ran[k] != ran["end", k[1]])
             if not unended or time.monotonic() > deadline:
                 break
             time.sleep(0.01)
