@@ -11,14 +11,19 @@ bytes are a plain argument, so the call may run inline. A *node* is one coroutin
 body calls). ``inline`` False makes it ``@coroutine(inline=False)``. Each step
 is one of::
 
-    ("wait", shape, catch)   wait for the children in ``shape``; with ``catch``
-                             an exception at the wait is recorded, not raised
+    ("wait", shape, catch, p) wait for the children in ``shape``; with ``catch``
+                             an exception at the wait is recorded, not raised;
+                             with a priority ``p`` (not None), under
+                             ``dask.annotate(priority=p)``
     ("raise",)               raise ValueError naming the node
 
 A shape nests children in containers dask traverses (list, tuple, dict, a
 namedtuple, an OrderedDict, a dataclass). A child is::
 
     ("leaf", x, fail)        dask.delayed(leaf, pure=False)(x, fail): x, or raises
+    ("future", x, fail)      the same leaf submitted by the worker's client: a
+                             Future (programs holding one run on the cluster
+                             paths only)
     ("call", node)           a coroutine call of ``node``
     ("get", how, child)      a lazy value of a call child: ``c[0]``, ``c.total``
                              or ``c.total + 1``
@@ -39,6 +44,7 @@ error) and does not run again; a node body runs once, a leaf once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import pickle
@@ -100,6 +106,12 @@ def _build(spec: Any, made: list, epoch: int) -> Any:
         obj = dask.delayed(leaf, pure=False)(spec[1], spec[2], epoch)
         made.append(obj)
         return obj
+    if kind == "future":  # a Future of the worker's client (cluster paths only)
+        from distributed import get_client
+
+        obj = get_client().submit(leaf, spec[1], spec[2], epoch, pure=False)
+        made.append(obj)
+        return obj
     if kind == "call":
         node = spec[1]
         obj = FUNCTIONS[node[2], node[3]](pickle.dumps((epoch, node)))
@@ -153,6 +165,14 @@ def _numbers(d: Any) -> int:
     return 0
 
 
+def _annotated(step: tuple) -> Any:
+    """``dask.annotate(priority=p)`` around a wait whose step asks for it: a
+    value-neutral annotation (the children become tasks carrying it)."""
+    if len(step) > 3 and step[3] is not None:
+        return dask.annotate(priority=step[3])
+    return contextlib.nullcontext()
+
+
 def _record(events: list, got: Any) -> int:
     d = describe(got)
     events.append(("ok", d))
@@ -174,14 +194,15 @@ def _gen(src: bytes) -> Any:
             if step[0] == "raise":
                 raise ValueError(f"node {node[1]} raised")
             shape = _build(step[1], made, epoch)
-            if step[2]:
-                try:
+            with _annotated(step):  # in effect at the yield, made before it
+                if step[2]:
+                    try:
+                        got = yield shape
+                    except Exception as e:
+                        _error(events, e)
+                        continue
+                else:
                     got = yield shape
-                except Exception as e:
-                    _error(events, e)
-                    continue
-            else:
-                got = yield shape
             total += _record(events, got)
         return Out(total + len(events), tuple(events))
     finally:
@@ -202,14 +223,15 @@ async def _async(src: bytes) -> Any:
             # A call, or a lazy value of one, is awaited as it is; anything else
             # (a plain Delayed has dask's own __await__) through gather.
             direct = step[1][0] in ("call", "get")
-            if step[2]:
-                try:
+            with _annotated(step):
+                if step[2]:
+                    try:
+                        got = await (shape if direct else gather(shape))
+                    except Exception as e:
+                        _error(events, e)
+                        continue
+                else:
                     got = await (shape if direct else gather(shape))
-                except Exception as e:
-                    _error(events, e)
-                    continue
-            else:
-                got = await (shape if direct else gather(shape))
             total += _record(events, got)
         return Out(total + len(events), tuple(events))
     finally:
@@ -231,14 +253,15 @@ def _plain(src: bytes) -> Any:
             if step[0] == "raise":
                 raise ValueError(f"node {node[1]} raised")
             shape = _build(step[1], made, epoch)
-            if step[2]:
-                try:
+            with _annotated(step):
+                if step[2]:
+                    try:
+                        got = _wait_from_a_helper(shape)
+                    except Exception as e:
+                        _error(events, e)
+                        continue
+                else:
                     got = _wait_from_a_helper(shape)
-                except Exception as e:
-                    _error(events, e)
-                    continue
-            else:
-                got = _wait_from_a_helper(shape)
             total += _record(events, got)
         return Out(total + len(events), tuple(events))
     finally:
@@ -332,7 +355,7 @@ class Reference:
     def _child(self, spec: Any, made: list) -> tuple[bool, Any]:
         """(ok, value or Raised) of one child, memoized per made object."""
         kind = spec[0]
-        if kind == "leaf":
+        if kind in ("leaf", "future"):
             x, fail = spec[1], spec[2]
 
             def run_leaf() -> int:
@@ -359,7 +382,7 @@ class Reference:
 
     def _shape(self, spec: Any, made: list, errors: list, fine: list) -> Any:
         kind = spec[0]
-        if kind in ("leaf", "call", "get", "again"):
+        if kind in ("leaf", "future", "call", "get", "again"):
             ok, v = self._child(spec, made)
             if not ok:
                 errors.append(v)
@@ -390,7 +413,7 @@ def _runs_below(spec: Any) -> set:
         s = stack.pop()
         if type(s) is not tuple:
             continue
-        if s[:1] == ("leaf",):
+        if s[:1] in (("leaf",), ("future",)):
             found.add(("leaf", s[1]))
         elif s[:1] == ("node",):
             found.add(("node", s[1]))
@@ -416,7 +439,7 @@ def reference(node: tuple) -> tuple[Any, Counter, set, bool]:
 # Random programs.
 
 
-def programs(max_depth: int = 3):  # -> hypothesis strategy of nodes
+def programs(max_depth: int = 3, futures: bool = False):  # -> hypothesis strategy of nodes
     from hypothesis import strategies as st
 
     forms = st.sampled_from(["gen", "async", "plain"])
@@ -431,6 +454,8 @@ def programs(max_depth: int = 3):  # -> hypothesis strategy of nodes
         def child() -> Any:
             nonlocal made
             choices = ["leaf", "leaf", "get"] + (["call", "call"] if depth < max_depth else [])
+            if futures:
+                choices.append("future")
             if made:
                 choices.append("again")
             kind = draw(st.sampled_from(choices))
@@ -438,10 +463,10 @@ def programs(max_depth: int = 3):  # -> hypothesis strategy of nodes
                 return ("again", draw(st.integers(0, made - 1)))
             if kind == "get" and depth >= max_depth:
                 kind = "leaf"  # a get is of a call, and calls stop at max_depth
-            if kind == "leaf":
+            if kind in ("leaf", "future"):
                 counter[0] += 1
                 made += 1
-                return ("leaf", counter[0], draw(st.integers(0, 9)) == 0)
+                return (kind, counter[0], draw(st.integers(0, 9)) == 0)
             sub = draw(node(depth + 1, counter))
             made += 1
             if kind == "get":
@@ -457,7 +482,9 @@ def programs(max_depth: int = 3):  # -> hypothesis strategy of nodes
 
         steps: list = []
         for _ in range(draw(st.integers(0, 3))):
-            steps.append(("wait", shape(0), draw(st.booleans())))
+            # Some waits under dask.annotate(priority=...): value-neutral.
+            priority = draw(st.sampled_from([None, None, None, 1, -1]))
+            steps.append(("wait", shape(0), draw(st.booleans()), priority))
         if draw(st.integers(0, 9)) == 0:
             steps.append(("raise",))
         return ("node", ident, draw(forms), draw(st.booleans()), tuple(steps))
@@ -725,14 +752,17 @@ class Harness:
         return found
 
     def forget(self) -> None:
-        """After a path left tasks behind: restart the cluster, so the next
-        program starts clean."""
-        self.client.restart()
+        """After a path left tasks behind. The divergence is reported; the
+        cluster is not restarted (``Client.restart`` of an in-process cluster,
+        whose workers have no nanny, waits for workers that never come back),
+        so later programs of the same run may report the leftovers again."""
 
     def divergences(self, node: tuple, paths: tuple[str, ...] = PATHS) -> list[str]:
         """What each path did differently from the reference (empty: none).
         Raises ``Ambiguous`` for a program whose outcome depends on timing."""
         expected, runs, open_, raised = reference(node)
+        if _has_futures(node):  # a Future needs a cluster: no local paths
+            paths = tuple(p for p in paths if not p.startswith("local"))
         want = _show(expected)
         found = []
         for path in paths:
@@ -762,6 +792,17 @@ class Harness:
                 if (counts["done"], counts["failed"], done) != (counts["spawned"], 0, started) or counts["spawned"] + started < n:
                     found.append(f"{path}: progress {counts}, {n} runs below the root")
         return found
+
+
+def _has_futures(node: tuple) -> bool:
+    stack: list = [node]
+    while stack:
+        s = stack.pop()
+        if type(s) is tuple:
+            if s[:1] == ("future",):
+                return True
+            stack.extend(s)
+    return False
 
 
 def _show(outcome: Any) -> Any:
