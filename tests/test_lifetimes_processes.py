@@ -54,10 +54,13 @@ def test_preloaded_scheduler_has_the_plugins_before_first_use(tmp_path):
         n = 100_000
         client.wait_for_workers(2, timeout=60)
         arr = client.submit(produce, n)
-        reads = [
-            client.submit(total, arr, workers=[w], pure=False)
-            for w in client.scheduler_info(n_workers=-1)["workers"]
-        ]
+        # The workers' addresses from a broadcast: scheduler_info(n_workers=-1)
+        # can come back with no workers under load (the client's periodic
+        # refresh, n_workers=0, may replace the answer before it is returned:
+        # Client.scheduler_info then _update_scheduler_info).
+        workers = sorted(client.run(os.getpid))
+        assert len(workers) == 2
+        reads = [client.submit(total, arr, workers=[w], pure=False) for w in workers]
         out = client.gather(reads)
         assert {o[0] for o in out} == {n * (n - 1) // 2}
         assert len({o[1] for o in out}) == 2  # two processes read it
