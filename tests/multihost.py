@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from distributed import Client
+from helpers import workers_now
 
 
 def available() -> str | None:
@@ -127,7 +128,7 @@ class Hosts:
 
     def workers_of(self, i: int) -> list[str]:
         host = self.hosts[i]
-        return sorted(a for a, w in self.client.scheduler_info()["workers"].items() if w["host"] == host)
+        return sorted(a for a, w in workers_now(self.client).items() if w["host"] == host)
 
     def run_on_host(self, i: int, argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
         """Run ``argv`` on host ``i`` (in its mount namespace: its /dev/shm)."""

@@ -13,7 +13,7 @@ import dask
 import pytest
 from distributed import Client, LocalCluster, SchedulerPlugin
 from distributed.utils_test import async_poll_for, gen_cluster
-from helpers import dask_cli, peak_threads_until_waiting, recorder, start_worker
+from helpers import dask_cli, peak_threads_until_waiting, recorder, start_worker, workers_now
 from workloads import afib, fib, inc, process_all, process_all_checked, sequential_fib
 
 import dask_coro
@@ -216,7 +216,7 @@ def test_2000_suspended_coroutines_hold_no_threads(tmp_path):
     with LocalCluster(
         n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
     ) as cluster, Client(cluster) as client:
-        (worker,) = client.scheduler_info()["workers"]
+        (worker,) = workers_now(client)
         # The gate needs a resource no worker has: it stays pending while 2,000
         # coroutines wait on it, and runs once a worker that has it joins.
         gate = client.submit(lambda: 1, resources={"GATE": 1}, pure=False)
@@ -277,7 +277,7 @@ def cli_cluster(tmp_path, n_workers: int, scheduler_args=(), worker_args=()):
 def test_dask_scheduler_and_worker_processes(tmp_path):
     with cli_cluster(tmp_path, 2) as client:
         assert client.compute(fib(12)).result(timeout=60) == 144
-        assert len(client.scheduler_info(n_workers=-1)["workers"]) == 2
+        assert len(workers_now(client)) == 2
 
 
 @gen_cluster(client=True, nthreads=[("", 1)])

@@ -11,6 +11,7 @@ import time
 
 import multihost
 import pytest
+from helpers import workers_now
 
 reason = multihost.available()
 pytestmark = pytest.mark.skipif(reason is not None, reason=reason or "")
@@ -68,7 +69,7 @@ def wait_until(check, timeout=20):
 
 def test_the_hosts_are_hosts(hosts):
     """distributed sees two hosts; a segment of one does not exist on the other."""
-    info = hosts.client.scheduler_info()["workers"].values()
+    info = workers_now(hosts.client).values()
     assert sorted({w["host"] for w in info}) == hosts.hosts
     a = hosts.client.submit(produce, 10, workers=hosts.workers_of(0))
     a.result()

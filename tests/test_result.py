@@ -16,7 +16,7 @@ import dask
 import pytest
 from distributed import Client, Future, LocalCluster, Worker, get_client, get_worker
 from distributed.utils_test import async_poll_for, gen_cluster
-from helpers import cluster, peak_threads_until_waiting, recorder, start_worker
+from helpers import cluster, peak_threads_until_waiting, recorder, start_worker, workers_now
 from workloads import boom
 
 from dask_coro import BadYieldError, DaskCoroError, coroutine, current_key, result
@@ -238,7 +238,7 @@ def test_2000_bodies_parked_two_frames_deep_hold_no_threads(tmp_path):
     with LocalCluster(
         n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
     ) as lc, Client(lc) as client:
-        (worker,) = client.scheduler_info()["workers"]
+        (worker,) = workers_now(client)
         gate = client.submit(lambda: 1, resources={"GATE": 1}, pure=False)
         root = client.compute(hold(2000, gate.key, 0))
         peak, nthreads = peak_threads_until_waiting(client, worker, 2001)

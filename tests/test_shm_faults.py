@@ -33,6 +33,7 @@ import pytest
 from distributed import Client, Event, LocalCluster, get_worker
 from filelog import append as _append
 from filelog import lines as _lines
+from helpers import workers_now
 
 import dask_coro
 from dask_coro import DaskCoroError, coroutine, shm
@@ -343,7 +344,7 @@ def _kill(cluster: LocalCluster, client: Client, address: str, how: str) -> int:
         (nanny,) = [n for n in cluster.workers.values() if n.worker_address == address]
         cluster.sync(nanny.kill, timeout=30)
     poll(
-        lambda: address not in client.scheduler_info()["workers"],
+        lambda: address not in workers_now(client),
         lambda: f"{address} still in {list(client.scheduler_info()['workers'])}",
     )
     return pid

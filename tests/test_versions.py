@@ -4,6 +4,7 @@ naming both versions and the process, at the first coroutine task it sees."""
 from __future__ import annotations
 
 import pytest
+from helpers import workers_now
 from test_cluster import cli_cluster
 
 import dask_coro
@@ -20,7 +21,7 @@ def _preload(tmp_path):
 
 def test_a_worker_with_another_version_fails_the_task_naming_both(tmp_path):
     with cli_cluster(tmp_path, 1, worker_args=("--preload", _preload(tmp_path))) as client:
-        worker = next(iter(client.scheduler_info()["workers"]))
+        worker = next(iter(workers_now(client)))
         with pytest.raises(dask_coro.VersionMismatchError) as e:
             client.compute(fib(5)).result(timeout=60)
     message = str(e.value)
