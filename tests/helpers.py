@@ -136,14 +136,15 @@ def key_at(keys, place: str):
     return found[0] if found else None
 
 
-def _workers_now(dask_scheduler):
-    return {a: {"host": ws.host, "nthreads": ws.nthreads} for a, ws in dask_scheduler.workers.items()}
-
-
 def workers_now(client) -> dict:
     """``{address: {"host", "nthreads"}}`` of every worker, asked of the
     scheduler now. ``Client.scheduler_info(n_workers=-1)["workers"]`` can come
     back empty under load: the client's periodic refresh (``n_workers=0``)
     may replace the answer between ``_update_scheduler_info`` and its return
-    (``Client.scheduler_info``)."""
-    return client.run_on_scheduler(_workers_now)
+    (``Client.scheduler_info``). The function travels by value: a scheduler
+    started without this folder on its path can run it."""
+
+    def workers(dask_scheduler):
+        return {a: {"host": ws.host, "nthreads": ws.nthreads} for a, ws in dask_scheduler.workers.items()}
+
+    return client.run_on_scheduler(workers)
