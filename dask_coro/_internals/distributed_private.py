@@ -367,26 +367,27 @@ def add_handlers(
         server.stream_handlers.update(stream)
 
 
-def wrap_stream_handler(server: Any, op: str, wrap: Callable[[Any], Any], mark: str) -> None:
-    """Replace the stream handler of ``op`` by ``wrap(handler)``, once
-    (``mark`` names the attribute that says it is wrapped already)."""
-    handler = server.stream_handlers.get(op)
+def _wrap_handler(table: dict[str, Any], op: str, wrap: Callable[[Any], Any], mark: str) -> None:
+    """Replace ``table[op]`` by ``wrap(table[op])``, once (``mark`` names the
+    attribute that says it is wrapped already)."""
+    handler = table.get(op)
     if handler is None or getattr(handler, mark, False):
         return
     wrapped = wrap(handler)
     setattr(wrapped, mark, True)
-    server.stream_handlers[op] = wrapped
+    table[op] = wrapped
+
+
+def wrap_stream_handler(server: Any, op: str, wrap: Callable[[Any], Any], mark: str) -> None:
+    """Replace the stream handler of ``op`` (``Server.stream_handlers``) by
+    ``wrap(handler)``, once."""
+    _wrap_handler(server.stream_handlers, op, wrap, mark)
 
 
 def wrap_rpc_handler(server: Any, op: str, wrap: Callable[[Any], Any], mark: str) -> None:
     """Replace the RPC handler of ``op`` (``Server.handlers``) by
-    ``wrap(handler)``, once (``mark`` as for ``wrap_stream_handler``)."""
-    handler = server.handlers.get(op)
-    if handler is None or getattr(handler, mark, False):
-        return
-    wrapped = wrap(handler)
-    setattr(wrapped, mark, True)
-    server.handlers[op] = wrapped
+    ``wrap(handler)``, once."""
+    _wrap_handler(server.handlers, op, wrap, mark)
 
 
 def worker_of_this_process() -> Any:
