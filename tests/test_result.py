@@ -11,10 +11,11 @@ from __future__ import annotations
 import threading
 import time
 import traceback
+import weakref
 
 import dask
 import pytest
-from distributed import Client, Future, LocalCluster, Worker, get_client, get_worker
+from distributed import Client, Future, LocalCluster, Worker, get_client, get_worker, worker_client
 from distributed.utils_test import async_poll_for, gen_cluster
 from helpers import cluster, peak_threads_until_waiting, recorder, start_worker, workers_now
 from workloads import boom
@@ -352,6 +353,60 @@ async def test_compute_once_and_current_key_in_helpers(c, s, a):
     out = await c.compute(key_in_helper(dask_key_name="kh"))
     assert out == ("kh", "once", ["once", "once"])
     assert LOG == ["once"]
+
+
+class Blob:
+    """A value whose life a weak reference shows."""
+
+    def __init__(self, x):
+        self.x = x
+
+
+def make_blob(x):
+    return Blob(x)
+
+
+def _wait_for_a_future(x):  # a plain helper: the Future is its own
+    value = result(get_client().submit(make_blob, x, pure=False))
+    LOG.append(weakref.ref(value))
+    return value.x
+
+
+@coroutine
+def future_inline(x):
+    return _wait_for_a_future(x)
+
+
+@coroutine(inline=False)
+def future_task(x):
+    return _wait_for_a_future(x)
+
+
+@coroutine
+def future_yielded(x):
+    return (yield [future_task(x), future_inline(x + 1)])
+
+
+def future_worker_client(x):  # the same program in plain distributed
+    with worker_client() as client:
+        value = client.submit(make_blob, x, pure=False).result()
+        LOG.append(weakref.ref(value))
+        return value.x
+
+
+@cluster(nthreads=[("", 1)])
+async def test_a_body_waited_on_lets_go_of_its_futures_and_values(c, s, a):
+    """A body that waited in ``result()`` keeps nothing alive once it ended: not
+    the Futures it waited on (their keys leave the scheduler, as after a
+    ``worker_client`` task) nor the values it was resumed with. Idle greenlets
+    of the worker's pool once kept the last values handed through them."""
+    assert await c.submit(future_worker_client, 1) == 1
+    await async_poll_for(lambda: not s.tasks, timeout=5)
+    for call, want in ((future_inline(1), 1), (future_task(1), 1), (future_yielded(1), [1, 2])):
+        assert await c.compute(call) == want
+        await async_poll_for(lambda: not s.tasks, timeout=5)
+    assert len(LOG) == 1 + 1 + 1 + 2
+    await async_poll_for(lambda: all(ref() is None for ref in LOG), timeout=5)
 
 
 # --------------------------------------------------------------------------

@@ -591,15 +591,15 @@ class Trampoline:
             # Start the remote leaves now; they run while the inline ones do:
             # back to the caller with them, then the loop goes on.
             frame.sent = len(frame.remote)
-            return me.parent.switch(Submit([(frame, list(frame.remote))], False, frame))
+            return _resumed(me.parent.switch(Submit([(frame, list(frame.remote))], False, frame)))
         # The loop goes on in another greenlet: an idle one of the pool
         # straight away (its outcome goes to our caller, the same parent);
         # else the caller makes one. Only the caller makes greenlets: a new
         # greenlet starts at the recursion depth of the code that starts it,
         # and this code may be deep in a body.
         if _pool():
-            return _dispatch(me.parent, self, self._loop, (None, None))
-        return me.parent.switch(_CONTINUE)
+            return _resumed(_dispatch(me.parent, self, self._loop, (None, None)))
+        return _resumed(me.parent.switch(_CONTINUE))
 
     # -- greenlets -----------------------------------------------------------
 
@@ -1366,20 +1366,30 @@ def _dispatch(hub: greenlet, tramp: Trampoline, fn: Callable[..., Any], args: tu
     glet = pool.pop() if pool else greenlet(_serve)
     glet.parent = hub
     glet.gr_context = hub.gr_context
-    return glet.switch((tramp, fn, args))
+    out = glet.switch((tramp, fn, args))
+    return out.take() if type(out) is _Handoff else out
 
 
-def _serve(job: tuple[Trampoline, Callable[..., Any], tuple[Any, ...]]) -> Any:
-    """A loop greenlet: runs one job after another, idle in the pool between."""
+def _serve(job: Any) -> Any:
+    """A loop greenlet: runs one job after another, idle in the pool between.
+
+    Idle, it is suspended in a ``switch`` call, and a suspended frame keeps
+    its locals and the call's arguments: so it holds nothing of the job it
+    ran. What it hands on travels in a ``_Handoff`` the receiver empties.
+    Otherwise an idle greenlet would keep the last trampoline, the values a
+    body was resumed with, and the Futures among them (their keys then stay
+    on the scheduler) until the greenlet is next used."""
     me = getcurrent()
     pool = _pool()
     while True:
         tramp, fn, args = job
+        job = None
         setattr(me, _ATTR, tramp)
         try:
             out = fn(*args)
         finally:
             setattr(me, _ATTR, None)
+        tramp = fn = args = None
         if type(out) is _Transfer:
             # Hand back to the parked body straight away (its outcomes go to
             # our caller); idle in the pool meanwhile.
@@ -1387,16 +1397,41 @@ def _serve(job: tuple[Trampoline, Callable[..., Any], tuple[Any, ...]]) -> Any:
             glet.parent = me.parent
             glet.gr_context = me.gr_context
             pool.append(me)
-            error = out.error
-            if error is None:
-                job = glet.switch(out.value)
-            else:  # with its traceback: the child's frames stay in it
-                job = glet.throw(type(error), error, error.__traceback__)
+            hand = _Handoff(out.value, out.error)  # the error with its traceback: the child's frames
+            out = None
+            job = glet.switch(hand)
+            del glet, hand
             continue
         if len(pool) >= _POOL_SIZE:
             return out
         pool.append(me)
-        job = me.parent.switch(out)
+        hand = _Handoff(out, None)
+        out = None
+        job = me.parent.switch(hand)
+        del hand
+
+
+class _Handoff:
+    """A value (or an error to raise) handed from one greenlet to another;
+    the receiver's ``take`` empties it, so the suspended sender keeps nothing."""
+
+    __slots__ = ("value", "error")
+
+    def __init__(self, value: Any, error: BaseException | None):
+        self.value = value
+        self.error = error
+
+    def take(self) -> Any:
+        value, error = self.value, self.error
+        self.value = self.error = None
+        if error is not None:
+            raise error
+        return value
+
+
+def _resumed(got: Any) -> Any:
+    """What a parked ``wait`` was resumed with: the yield's results, or its error raised."""
+    return got.take() if type(got) is _Handoff else got
 
 
 def _kill(parked: _Parked, label: str) -> BaseException | None:
