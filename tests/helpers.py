@@ -148,3 +148,34 @@ def workers_now(client) -> dict:
         return {a: {"host": ws.host, "nthreads": ws.nthreads} for a, ws in dask_scheduler.workers.items()}
 
     return client.run_on_scheduler(workers)
+
+
+class Busy:
+    """User code that holds a thread of its worker for a while (``busy(s)``),
+    counted per worker address: ``most(address)`` is the most that ran there
+    at once. gen_cluster's workers share the test's process, so one counter
+    sees them all."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.active: dict = {}  # worker address -> [running now, the most at once]
+
+    def clear(self) -> None:
+        with self._lock:
+            self.active.clear()
+
+    def most(self, address: str) -> int:
+        return int(self.active[address][1])
+
+    def __call__(self, seconds: float) -> None:
+        from distributed import get_worker
+
+        with self._lock:
+            count = self.active.setdefault(get_worker().address, [0, 0])
+            count[0] += 1
+            count[1] = max(count[1], count[0])
+        try:
+            time.sleep(seconds)
+        finally:
+            with self._lock:
+                count[0] -= 1

@@ -17,7 +17,7 @@ import dask
 import pytest
 from distributed import Client, Future, LocalCluster, Worker, get_client, get_worker, worker_client
 from distributed.utils_test import async_poll_for, gen_cluster
-from helpers import cluster, peak_threads_until_waiting, recorder, start_worker, workers_now
+from helpers import Busy, cluster, peak_threads_until_waiting, recorder, start_worker, workers_now
 from workloads import boom
 
 from dask_coro import BadYieldError, DaskCoroError, coroutine, current_key, result
@@ -31,29 +31,16 @@ pytestmark = pytest.mark.inline
 # module state (in-process workers)
 
 LOG: list = []
-_lock = threading.Lock()
-_active: dict = {}  # worker address -> [user code running there now, the most at once]
+_busy = Busy()  # user code holding a thread, counted per worker
 
 
 @pytest.fixture(autouse=True)
 def _clear():
     LOG.clear()
-    _active.clear()
+    _busy.clear()
     yield
     LOG.clear()
 
-
-def _busy(seconds: float) -> None:
-    """User code that takes a thread of its worker for ``seconds``, counted."""
-    with _lock:
-        count = _active.setdefault(get_worker().address, [0, 0])
-        count[0] += 1
-        count[1] = max(count[1], count[0])
-    try:
-        time.sleep(seconds)
-    finally:
-        with _lock:
-            count[0] -= 1
 
 
 # --------------------------------------------------------------------------
@@ -231,7 +218,7 @@ async def test_parked_bodies_resume_on_their_own_thread(c, s, nthreads, n):
         assert before[0].startswith("dask-coro-lane")
     if nthreads > 1:
         assert len({b for b, _, _ in out}) > 1  # the lanes share the work
-    assert 0 < _active[a.address][1] <= nthreads, _active
+    assert 0 < _busy.most(a.address) <= nthreads, _busy.active
 
 
 

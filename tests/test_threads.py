@@ -16,40 +16,26 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-import time
 
 import dask
 import distributed
 import pytest
 from distributed import Worker, get_client, get_worker, rejoin, secede, worker_client
 from distributed.utils_test import async_poll_for
-from helpers import cluster
+from helpers import Busy, cluster
 
 import dask_coro
 from dask_coro import coroutine
 
-_lock = threading.Lock()
-_active: dict = {}  # worker address -> [user code running now, the most at once]
+_busy = Busy()  # user code holding a thread, counted per worker
 
 
 @pytest.fixture(autouse=True)
 def _clear():
-    _active.clear()
+    _busy.clear()
     yield
-    _active.clear()
+    _busy.clear()
 
-
-def _busy(seconds: float) -> None:
-    """User code holding a thread for ``seconds``, counted per worker."""
-    with _lock:
-        count = _active.setdefault(get_worker().address, [0, 0])
-        count[0] += 1
-        count[1] = max(count[1], count[0])
-    try:
-        time.sleep(seconds)
-    finally:
-        with _lock:
-            count[0] -= 1
 
 
 def inc(x):
@@ -134,7 +120,7 @@ async def test_thread_bound_objects_survive_yields(c, s, nthreads):
         plain = await c.gather(c.map(wc_bound, [n] * 2, pure=False))
     assert got == [expect] * (2 * bodies)
     assert plain == [expect] * 2
-    assert 0 < _active[a.address][1] <= nthreads, _active
+    assert 0 < _busy.most(a.address) <= nthreads, _busy.active
 
 
 @pytest.mark.inline
