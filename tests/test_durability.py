@@ -16,6 +16,7 @@ from collections import Counter
 
 import pytest
 from distributed import Future, Nanny, Worker, get_client, get_worker
+from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.utils_test import async_poll_for, captured_logger
 from filelog import append as _append
 from filelog import lines as _lines
@@ -24,39 +25,41 @@ from helpers import cluster
 from dask_coro import coroutine, tree
 from dask_coro.core.keys import slot_of
 from dask_coro.durability.book import HoldBook
+from dask_coro.durability.budget import HoldBudget
 from dask_coro.durability.scheduler import NAME
 
 # --------------------------------------------------------------------------
 # the pure book
 
 
-def test_book_holds_finished_children_once_and_lets_go_when_the_parent_ends():
+def test_book_holds_children_from_submission_and_lets_go_when_the_parent_ends():
     b = HoldBook()
     states = {"a": "released", "b": "released", "c": "memory"}
-    b.adopt("p", ["a", "b"], states.get)
-    b.adopt("p", ["b", "c", "p"], states.get)  # a parent is never its own child
-    b.adopt("a", ["a1"], lambda k: "released")  # a child with children of its own
+    assert b.adopt("p", ["a", "b"], states.get) == ["a", "b"]
+    assert b.adopt("p", ["b", "c", "p"], states.get) == ["c"]  # a parent is never its own child
+    assert b.adopt("a", ["a1"], lambda k: "released") == ["a1"]  # a child with children of its own
     assert b.waiting("p") and b.parent_of == {"a": "p", "b": "p", "c": "p", "a1": "a"}
-    assert b.finished("c") == "p" and b.finished("c") is None  # held once
+    assert b.held == {"p": {"a", "b", "c"}, "a": {"a1"}}
+    assert b.finished("c") is None  # held already, from its submission
     assert b.moved("a", "released", "waiting") is None  # still work left
     assert b.moved("a", "processing", "memory") is None  # b is left
-    assert b.finished("a") == "p"
     assert b.moved("b", "processing", "memory") == "p"  # p waits no more
     assert not b.waiting("p")
     assert b.moved("b", "memory", "released") == "p"  # lost: p waits again
     assert b.waiting("p")
+    assert b.lost("b") == "p" and b.lost("b") is None  # let go of once
+    assert b.finished("b") == "p" and b.finished("b") is None  # computed again: held again
     assert b.moved("x", "released", "memory") is None and b.finished("x") is None
     # A child forgotten before it finished is still waited for...
     assert b.moved("b", "released", "forgotten") is None and b.waiting("p")
     b.forget("b")
     # ... until the parent submits again (a re-run resubmits it).
-    b.adopt("p", ["b"], lambda k: "released")
+    assert b.adopt("p", ["b"], lambda k: "released") == ["b"]
     assert b.open["p"] == 1
     b.forget("c")
-    b.finished("a1")
     assert b.lost("a1") == "a" and b.lost("a1") is None  # its data died: let go of
-    assert b.lost("b") is None  # never held
-    assert sorted(b.end("p")) == ["a"]  # b never finished: not held
+    assert b.lost("x") is None  # never held
+    assert sorted(b.end("p")) == ["a", "b"]
     assert b.end("p") == []
     assert b.end("a") == []
     assert not b.held and not b.parent_of and not b.open and not b.orphans
@@ -116,6 +119,30 @@ def test_book_costs_per_parent_do_not_grow_with_the_parents_waiting():
     small, large = _lifecycle(250), _lifecycle(1000)
     assert large <= 4 * small + 10
     assert large <= 3 * 1000
+
+
+def test_budget_lets_go_of_the_oldest_consumed_children_past_it():
+    limits = {"w1": 100, "w2": None}
+    g = HoldBudget(limits.get)
+    assert g.charge("a", "w1", 40) == [] and g.charge("b", "w1", 40) == []
+    assert g.charge("c", "w1", 40) == ["a"]  # oldest first
+    assert g.spent == {"w1": 80}
+    assert g.charge("big", "w1", 101) == ["b", "c", "big"]  # alone over the budget
+    assert not g.on and not g.spent
+    g.charge("d", "w1", 60)
+    g.discharge("d")  # asked for again: not consumed
+    g.discharge("d")
+    assert not g.where
+    assert g.charge("e", "w2", 10**12) == []  # no bound
+    # A worker leaves: what it held elsewhere counts there now, the rest goes.
+    g.charge("f", "w1", 30)
+    g.charge("h", "w1", 30)
+    assert g.left("w1", {"f": "w2"}.get) == ["w2"]
+    assert g.spent == {"w2": 10**12 + 30} and list(g.on["w2"]) == ["e", "f"]
+    limits["w2"] = 40
+    assert g.over("w2") == ["e"] and g.charged("f") and not g.charged("e")
+    g.charge("n", "w1", -1)  # size unknown to the scheduler: counts as 0
+    assert g.spent["w1"] == 0
 
 
 # --------------------------------------------------------------------------
@@ -287,3 +314,123 @@ async def test_a_re_run_that_yields_something_else_is_reported_and_never_mixed(c
     ((old, new),) = t.replayed
     assert old in first_keys and new not in first_keys and slot_of(old) == slot_of(new)
     assert t.counts["replayed"] == 1 and "1 differ from a first run" in repr(t)
+
+
+# --------------------------------------------------------------------------
+# children running when their parent's worker dies
+
+
+@coroutine(inline=False)
+def waits_for_go(i, folder):
+    """Records its start, then runs until the test writes ``go``."""
+    import time
+
+    _append(folder, "runs", f"{i} {get_worker().address}")
+    while not _lines(folder, "go"):
+        time.sleep(0.02)
+    return i + 1
+
+
+@coroutine(inline=False)
+def fails(folder):
+    _append(folder, "fails", get_worker().address)
+    raise ValueError("child failed")
+
+
+@coroutine
+def waits_on_running(n, folder):
+    _append(folder, "starts", get_worker().address)
+    values = yield [waits_for_go(i, folder) for i in range(n)]
+    return sum(values)
+
+
+@coroutine
+def gives_up(folder):
+    try:
+        yield [fails(folder), waits_for_go(0, folder)]
+    except ValueError as e:
+        return f"caught {e}"
+    return "not raised"
+
+
+class Place(SchedulerPlugin):
+    """Restricts every task whose key starts with ``prefix`` to ``workers``
+    (before the graph's transitions run), so children run off the parent's
+    worker."""
+
+    name = "test-place"
+
+    def __init__(self, prefix, workers):
+        self.prefix, self.workers = prefix, set(workers)
+
+    def update_graph(self, scheduler, *, tasks=(), **kwargs):
+        for k in tasks:
+            if str(k).startswith(self.prefix):
+                ts = scheduler.tasks[k]
+                ts.worker_restrictions = set(self.workers)
+                ts.loose_restrictions = False
+
+
+@cluster(nthreads=[("", 1)] * 3, Worker=Nanny, timeout=120)
+async def test_children_running_when_the_parents_worker_dies_run_once(c, s, a, b, w3, tmp_path):
+    folder = str(tmp_path)
+    s.add_plugin(Place("waits_for_go", [b.worker_address, w3.worker_address]))
+    fut = c.compute(
+        waits_on_running(2, folder, dask_key_name="parent"), workers=[a.worker_address], allow_other_workers=True
+    )
+    await async_poll_for(lambda: len(_lines(folder, "runs")) == 2, timeout=60)
+    assert "parent" in s.tasks and s.tasks["parent"].processing_on.address == a.worker_address
+    os.kill(a.process.process.pid, signal.SIGKILL)
+    await async_poll_for(lambda: a.worker_address not in s.workers, timeout=30)
+    # The dead worker's client is gone and with it its wish for the running
+    # children; they run on, held for the parent.
+    children = [k for k in s.tasks if str(k).startswith("waits_for_go")]
+    assert len(children) == 2
+
+    def held_alone():
+        return all(
+            {cs.client_key for cs in s.tasks[k].who_wants} == {"dask-coro-held-'parent'"} for k in children
+        )
+
+    await async_poll_for(held_alone, timeout=30)
+    assert all(s.tasks[k].state == "processing" for k in children)
+    _append(folder, "go", "")
+    assert await fut == 3
+    runs = [line.split(" ")[0] for line in _lines(folder, "runs")]
+    assert sorted(runs) == ["0", "1"], runs  # each ran once
+    assert len(_lines(folder, "starts")) >= 2  # the parent ran again
+    del fut
+    await async_poll_for(lambda: not s.tasks, timeout=30)
+    assert not [cid for cid in s.clients if str(cid).startswith("dask-coro-held-")]
+
+
+@cluster(nthreads=[("", 1)] * 2, timeout=60)
+async def test_a_sibling_of_a_failed_child_is_still_cancelled(c, s, a, b, tmp_path):
+    folder = str(tmp_path)
+    fut = c.compute(gives_up(folder, dask_key_name="gives-up"))
+    assert await fut == "caught child failed"
+    # The running sibling was given up on: cancelled, not kept running for
+    # the hold (it would run until the test wrote go).
+    await async_poll_for(lambda: not [k for k in s.tasks if str(k).startswith("waits_for_go")], timeout=30)
+    assert s.plugins[NAME].counts["given-up"] >= 1
+    assert len(_lines(folder, "runs")) <= 1  # it ran at most once, as in plain Dask
+    # A running task is not interrupted (as in plain Dask): let its thread end.
+    _append(folder, "go", "")
+    del fut
+    await async_poll_for(lambda: not s.tasks and not a.state.tasks and not b.state.tasks, timeout=30)
+
+
+@cluster(nthreads=[("", 3)], timeout=60)
+async def test_a_cancelled_parent_lets_go_of_its_running_children(c, s, a, tmp_path):
+    # Three threads: the children take two, the third closes the cancelled
+    # body (a run with no free thread closes once one frees).
+    folder = str(tmp_path)
+    fut = c.compute(waits_on_running(2, folder, dask_key_name="parent"))
+    await async_poll_for(lambda: len(_lines(folder, "runs")) == 2, timeout=60)
+    await fut.cancel()
+    # Cancelled: the children are not kept running for the hold.
+    await async_poll_for(lambda: not s.tasks, timeout=30)
+    assert not [cid for cid in s.clients if str(cid).startswith("dask-coro-held-")]
+    assert not s.plugins[NAME].book.held
+    _append(folder, "go", "")
+    await async_poll_for(lambda: not a.state.tasks, timeout=30)

@@ -3,11 +3,12 @@ no distributed).
 
 A coroutine's children are submitted by its worker's client, which releases
 each result once the coroutine has resumed, and which dies with the worker.
-The book keeps, per parent key, the children that finished, held on its
-behalf, so that a parent re-run elsewhere finds them (their keys derive from
-the parent's key, the yield and the position), until the parent ends. A
-child that has not finished is not held: the parent may give up on it (a
-sibling failed) and it is then cancelled, as any unwanted task.
+The book keeps, per parent key, the children held on its behalf from their
+submission, so that a parent re-run elsewhere finds them (their keys derive
+from the parent's key, the yield and the position), finished or still
+running, until the parent ends. A child the parent gives up on while it has
+work left (a sibling failed) is let go of, and then cancelled as any unwanted
+task; one consumed may be let go of for the budget (``budget.py``).
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ UNFINISHED = frozenset({"released", "waiting", "queued", "no-worker", "processin
 
 
 class HoldBook:
-    """parent -> finished children held for it; child -> its parent (every
-    child, finished or not), and its inverse, parent -> every child; per
-    parent, how many of its children have work left (``open``): while any
-    has, the parent is waiting on them. Each event costs O(the keys it names):
-    ending a parent touches its own children, never another parent's."""
+    """parent -> children held for it (from their submission); child -> its
+    parent (every child, held or let go of), and its inverse, parent -> every
+    child; per parent, how many of its children have work left (``open``):
+    while any has, the parent is waiting on them. Each event costs O(the keys
+    it names): ending a parent touches its own children, never another
+    parent's."""
 
     def __init__(self) -> None:
         self.held: dict[Key, set[Key]] = {}
@@ -39,25 +41,32 @@ class HoldBook:
         # the parent submits again
         self.orphans: dict[Key, int] = {}
 
-    def adopt(self, parent: Key, children: Iterable[Key], state: Callable[[Key], str | None]) -> None:
-        """``parent`` submitted ``children`` (``state(key)``: their task state now)."""
+    def adopt(self, parent: Key, children: Iterable[Key], state: Callable[[Key], str | None]) -> list[Key]:
+        """``parent`` submitted ``children`` (``state(key)``: their task state
+        now): the ones to hold for it from now on."""
         n = 0
+        new = []
+        held = self.held.setdefault(parent, set())
         for k in children:
             if k == parent or k in self.parent_of:
                 continue
             self.parent_of[k] = parent
             self.children.setdefault(parent, set()).add(k)
+            held.add(k)
+            new.append(k)
             n += state(k) in UNFINISHED
-        self.held.setdefault(parent, set())
         n -= self.orphans.pop(parent, 0)
         if n:
             self.open[parent] = max(0, self.open.get(parent, 0) + n)
+        return new
 
     def is_parent(self, key: Key) -> bool:
         return key in self.held
 
     def finished(self, child: Key) -> Key | None:
-        """``child`` is in memory: the parent to hold it for, the first time."""
+        """``child`` is in memory: the parent to hold it for, if it is not
+        held already (it was let go of when its data was lost, and computed
+        again for its parent)."""
         parent = self.parent_of.get(child)
         if parent is None:
             return None
@@ -68,9 +77,10 @@ class HoldBook:
         return parent
 
     def lost(self, child: Key) -> Key | None:
-        """A held ``child``'s data is gone (its worker died): the parent to
-        let go of it for, as the result it held is no more. A re-run that
-        yields it again submits it again; nothing else should recompute it."""
+        """A held ``child``'s data is gone (its worker died), or it is let go
+        of (its parent gave up on it, or the budget): the parent to let go of
+        it for. A re-run that yields it again submits it again; nothing else
+        should recompute it."""
         parent = self.parent_of.get(child)
         held = self.held.get(parent) if parent is not None else None
         if held is None or child not in held:
