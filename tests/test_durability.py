@@ -434,3 +434,44 @@ async def test_a_cancelled_parent_lets_go_of_its_running_children(c, s, a, tmp_p
     assert not s.plugins[NAME].book.held
     _append(folder, "go", "")
     await async_poll_for(lambda: not a.state.tasks, timeout=30)
+
+
+# --------------------------------------------------------------------------
+# scale-down while coroutines wait
+
+
+@coroutine
+def loop_then_wait(n, folder):
+    _append(folder, "starts", get_worker().address)
+    total = 0
+    for i in range(n):
+        total += yield child(i, folder)
+    total += yield waits_for_go(-1, folder)
+    return total
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the runner on a worker closing gracefully fails its coroutine with "
+    "RuntimeError('ConnectionPool is closed') (its client's pool closed first), which the "
+    "scheduler takes for the task's error instead of rescheduling it (runtime/worker.py)",
+)
+@cluster(nthreads=[("", 1), ("", 2)], timeout=120)
+async def test_retiring_the_parents_worker_reruns_it_with_its_children_kept(c, s, a, b, tmp_path):
+    folder = str(tmp_path)
+    fut = c.compute(loop_then_wait(5, folder, dask_key_name="parent"), workers=[a.address], allow_other_workers=True)
+    await async_poll_for(lambda: any(line.startswith("-1 ") for line in _lines(folder, "runs")), timeout=60)
+    assert s.tasks["parent"].processing_on.address == a.address
+    await c.retire_workers([a.address])
+    assert a.address not in s.workers
+    # b's second thread runs the re-run (the gate's child may hold the first).
+    await async_poll_for(lambda: len(_lines(folder, "starts")) >= 2, timeout=60)
+    _append(folder, "go", "")
+    assert await fut == sum(i * i for i in range(5)) + 0
+    runs = Counter(line.split(" ")[0] for line in _lines(folder, "runs"))
+    # Each finished child was copied off the retired worker and reused.
+    assert all(runs[str(i)] == 1 for i in range(5)), runs
+    del fut
+    await async_poll_for(lambda: not s.tasks and not b.state.tasks, timeout=30)
+    assert not [cid for cid in s.clients if str(cid).startswith("dask-coro-held-")]
+    assert not s.plugins[NAME].book.held and not s.plugins[NAME].budget.where
