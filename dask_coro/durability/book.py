@@ -40,6 +40,14 @@ class HoldBook:
         # submitter's client went, with its worker): still waited for, until
         # the parent submits again
         self.orphans: dict[Key, int] = {}
+        # per parent, its run: one more each time it leaves a worker without
+        # ending (lost, retired, rescheduled); per child, the run of its
+        # parent that last asked for it. A child the parent's run let go of
+        # while it has work left was given up on only if that run asked for
+        # it: the releases of a run that left its worker (a retired worker's
+        # client letting go as it closes) are not the parent's choice.
+        self.run: dict[Key, int] = {}
+        self.asked: dict[Key, int] = {}
 
     def adopt(self, parent: Key, children: Iterable[Key], state: Callable[[Key], str | None]) -> list[Key]:
         """``parent`` submitted ``children`` (``state(key)``: their task state
@@ -52,6 +60,7 @@ class HoldBook:
                 continue
             self.parent_of[k] = parent
             self.children.setdefault(parent, set()).add(k)
+            self.asked[k] = self.run.get(parent, 0)
             held.add(k)
             new.append(k)
             n += state(k) in UNFINISHED
@@ -59,6 +68,24 @@ class HoldBook:
         if n:
             self.open[parent] = max(0, self.open.get(parent, 0) + n)
         return new
+
+    def ask(self, child: Key) -> None:
+        """The parent's current run asked for ``child`` (submitted it, or
+        asked for it again)."""
+        parent = self.parent_of.get(child)
+        if parent is not None:
+            self.asked[child] = self.run.get(parent, 0)
+
+    def left(self, parent: Key) -> None:
+        """``parent`` left its worker without ending: what its run asked for
+        is no longer asked for, until a new run asks again."""
+        if parent in self.held:
+            self.run[parent] = self.run.get(parent, 0) + 1
+
+    def asked_now(self, child: Key) -> bool:
+        """Whether the current run of ``child``'s parent asked for it."""
+        parent = self.parent_of.get(child)
+        return parent is not None and self.asked.get(child) == self.run.get(parent, 0)
 
     def is_parent(self, key: Key) -> bool:
         return key in self.held
@@ -116,13 +143,16 @@ class HoldBook:
         held = self.held.pop(parent, set())
         self.open.pop(parent, None)
         self.orphans.pop(parent, None)
+        self.run.pop(parent, None)
         for k in self.children.pop(parent, ()):
             del self.parent_of[k]
+            self.asked.pop(k, None)
         return list(held)
 
     def forget(self, child: Key) -> None:
         """``child`` is gone from the scheduler (forgotten)."""
         parent = self.parent_of.pop(child, None)
+        self.asked.pop(child, None)
         if parent is not None:
             siblings = self.children[parent]
             siblings.discard(child)

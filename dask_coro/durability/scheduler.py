@@ -17,7 +17,11 @@ it, so its bytes count against its worker's budget
 consumed children there are let go of. A worker client that dies with its
 worker sends nothing (``Scheduler.remove_client`` releases its keys
 directly), so what its coroutine had not consumed stays held, uncharged: it
-was in memory for that coroutine already.
+was in memory for that coroutine already. Nor is a release by a run of the
+parent that has left its worker (a retired worker's client letting go as the
+worker closes, after ``retire_workers`` moved the parent): the book counts
+the parent's runs, and only what the current run asked for can be given up
+or consumed by it.
 
 A coroutine lost with its worker while it waited on its children was not
 running code that could have killed the worker, so it should not count
@@ -46,6 +50,9 @@ from .budget import HoldBudget
 logger = logging.getLogger("dask_coro")
 
 NAME = "dask-coro-durable"
+#: On a worker's client stream, ahead of the releases of a run its closing
+#: worker cancelled: {"op": RUN_LEFT, "key": parent, "address": worker}.
+RUN_LEFT = "dask-coro-run-left"
 _ENDED = ("memory", "erred", "forgotten")
 
 
@@ -69,7 +76,9 @@ class DurablePlugin(SchedulerPlugin):
         self.hold_bytes = _config.get_size_or_fraction("coro.durability.hold-bytes")
         self.book = HoldBook()
         self.budget = HoldBudget(self._limit)
-        self.counts = {"budget": 0, "given-up": 0}  # children let go of, and why
+        # children let go of, and why; run-left: let go of by a run that left its
+        # worker, kept for the re-run
+        self.counts = {"budget": 0, "given-up": 0, "run-left": 0}
         self.where: dict[Key, str] = {}  # parent -> address of the worker running it
         self.left: dict[Key, str] = {}  # parent -> the worker it last left
         self.credited: set[Key] = set()  # waiting parents, their suspicion given ahead
@@ -79,6 +88,7 @@ class DurablePlugin(SchedulerPlugin):
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         private.wrap_stream_handler(scheduler, "client-releases-keys", self._then_released, "_dask_coro_durable")
+        private.add_handlers(scheduler, stream={RUN_LEFT: self._run_left})
 
     def update_graph(
         self,
@@ -88,10 +98,12 @@ class DurablePlugin(SchedulerPlugin):
         annotations: dict[str, dict[Key, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
-        if self.budget.where:
-            # A re-run parent asks for a consumed child again: not consumed.
-            for k in keys or ():
-                self.budget.discharge(k)
+        book, budget = self.book, self.budget
+        for k in keys or ():
+            # A re-run parent asks for a child again: asked for by its current
+            # run, and not consumed.
+            book.ask(k)
+            budget.discharge(k)
         for parent, children in children_by_parent(annotations).items():
             ts = scheduler.tasks.get(parent)
             if ts is None or ts.state in _ENDED:
@@ -129,6 +141,12 @@ class DurablePlugin(SchedulerPlugin):
                 # Where it last ran: remove_worker moves a lost worker's
                 # tasks on before plugins hear of the loss.
                 self.left[key] = self.where.pop(key)
+            if start == "processing" and finish not in _ENDED:
+                # Its run is over (its worker was lost or retired, or it was
+                # rescheduled): what that run's client lets go of from now on
+                # (a retiring worker's, as it closes) is no choice of the
+                # parent's. Held, uncharged, as after a kill.
+                self.book.left(key)
             if finish == "processing":
                 ws = self.scheduler.tasks[key].processing_on
                 if ws is not None:
@@ -168,6 +186,16 @@ class DurablePlugin(SchedulerPlugin):
 
     # -- what the worker's client let go of ------------------------------------
 
+    def _run_left(self, key: Key, address: str, **kwargs: Any) -> None:
+        """The run of ``key`` on worker ``address`` was cancelled as that
+        worker closes (``Worker.close`` not through ``retire_workers``, which
+        moves the parent first): its client's releases that follow on the same
+        stream are not the parent's choice. Nothing to do if the parent moved
+        on already (its transition counted the run)."""
+        ts = self.scheduler.tasks.get(key)
+        if ts is not None and ts.processing_on is not None and ts.processing_on.address == address:
+            self.book.left(key)
+
     def _then_released(self, handler: Any) -> Any:
         def client_releases_keys(**kwargs: Any) -> Any:
             result = handler(**kwargs)
@@ -192,6 +220,11 @@ class DurablePlugin(SchedulerPlugin):
             name = holder(parent)
             if any(cs.client_key != name for cs in ts.who_wants or ()):
                 continue  # wanted by another client still: the hold costs nothing
+            if not book.asked_now(key):
+                # Let go of by a run of the parent that left its worker: kept
+                # for the re-run, as after a kill, neither consumed nor given up.
+                self.counts["run-left"] += 1
+                continue
             if ts.state == "memory":
                 ws = next(iter(ts.who_has or ()), None)
                 if ws is None:
