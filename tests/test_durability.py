@@ -539,3 +539,141 @@ async def test_closing_the_parents_worker_keeps_its_running_children(c, s, a, b,
     assert s.plugins[NAME].counts["given-up"] == 0
     del fut
     await async_poll_for(lambda: _nothing_left(s, b), timeout=30)
+
+
+@coroutine(inline=False)
+async def gate(i, folder):
+    """Records its run, then waits for ``go`` holding no thread (an async
+    body awaiting asyncio)."""
+    import asyncio
+
+    _append(folder, "gates", f"{i} {get_worker().address}")
+    while not _lines(folder, "go"):
+        await asyncio.sleep(0.02)
+    return 100 * i
+
+
+@coroutine
+def steps_then_gate(i, folder):
+    _append(folder, "starts", f"{i} {get_worker().address}")
+    total = 0
+    for j in range(3):
+        total += yield child(10 * i + j, folder)
+    total += yield gate(i, folder)
+    return total
+
+
+def _gates(folder) -> dict:
+    """gate i -> the workers it ran on, in order."""
+    out: dict = {}
+    for line in _lines(folder, "gates"):
+        i, address = line.split(" ")
+        out.setdefault(int(i), []).append(address)
+    return out
+
+
+def _answers(n):
+    return [sum((10 * i + j) ** 2 for j in range(3)) + 100 * i for i in range(n)]
+
+
+@cluster(nthreads=[("", 1)] * 4, timeout=120)
+async def test_scaling_down_from_4_workers_to_1_under_10_waiting_parents(c, s, a, b, w3, w4, tmp_path):
+    # Adaptive.scale_down retires through Scheduler.retire_workers(names,
+    # remove=True, close_workers=True). cluster.adapt itself never picks a
+    # worker with a long-running task (Scheduler.workers_to_close: "we should
+    # never shut down the worker they're running on"), so a waiting parent,
+    # like a worker_client task, keeps its worker from adapt (the next test);
+    # here the same call retires the parents' workers, as a cluster manager or
+    # a user may.
+    folder = str(tmp_path)
+    n = 10
+    futs = c.compute([steps_then_gate(i, folder, dask_key_name=f"parent-{i}") for i in range(n)])
+    await async_poll_for(lambda: len(_lines(folder, "gates")) == n, timeout=60)
+    on = {line.split(" ")[0]: line.split(" ")[1] for line in _lines(folder, "starts")}
+    others = [w.address for w in (b, w3, w4)]
+    assert set(on.values()) & set(others)  # parents wait on the workers that go
+    await s.retire_workers(workers=others, remove=True, close_workers=True)
+    assert list(s.workers) == [a.address]
+    moved = {i for i, w in on.items() if w != a.address}
+    await async_poll_for(
+        lambda: moved <= {ln.split(" ")[0] for ln in _lines(folder, "starts") if ln.split(" ")[1] == a.address},
+        timeout=60,
+    )
+    _append(folder, "go", "")
+    assert await c.gather(futs) == _answers(n)
+    runs = Counter(line.split(" ")[0] for line in _lines(folder, "runs"))
+    # Every child had finished before the scale-down: copied, none ran again.
+    assert runs == {str(10 * i + j): 1 for i in range(n) for j in range(3)}, runs
+    for i, where in _gates(folder).items():
+        # A gate waiting on a survivor ran once; one on a retired worker went
+        # with it and ran again on a.
+        assert where == [a.address] or (where[0] in others and where[1:] == [a.address]), (i, where)
+    assert s.plugins[NAME].counts["given-up"] == 0
+    del futs
+    await async_poll_for(lambda: _nothing_left(s, a), timeout=30)
+
+
+def _scheduler_state(dask_scheduler=None):
+    plugin = dask_scheduler.plugins.get(NAME)  # None before the first coroutine
+    book = plugin.book if plugin is not None else HoldBook()
+    return {
+        "tasks": len(dask_scheduler.tasks),
+        "workers": sorted(dask_scheduler.workers),
+        "held-clients": [c for c in dask_scheduler.clients if str(c).startswith("dask-coro-held-")],
+        "book": len(book.held) + len(book.parent_of) + len(book.run) + len(book.asked),
+        "budget": len(plugin.budget.where) if plugin is not None else 0,
+        "given-up": plugin.counts["given-up"] if plugin is not None else 0,
+    }
+
+
+def _place(prefix, workers, dask_scheduler=None):
+    dask_scheduler.add_plugin(Place(prefix, workers), name=f"test-place-{prefix}")
+
+
+def test_cluster_adapt_scales_from_4_workers_to_1_under_10_waiting_parents(tmp_path):
+    # The parents and their gates wait on one worker (adapt keeps a worker
+    # with long-running tasks); their finished children are spread over all
+    # four. adapt(maximum=1) retires the other three, whose held children
+    # retire_workers copies to the survivor: nothing runs again.
+    import time
+
+    from distributed import Client, LocalCluster
+
+    folder = str(tmp_path)
+    n = 10
+    with (
+        LocalCluster(n_workers=4, threads_per_worker=1, processes=False, dashboard_address=":0") as lc,
+        Client(lc, set_as_default=False) as c,
+    ):
+        workers = c.run_on_scheduler(_scheduler_state)["workers"]
+        keep = workers[0]
+        c.run_on_scheduler(_place, "gate", [keep])
+        futs = c.compute(
+            [steps_then_gate(i, folder, dask_key_name=f"parent-{i}") for i in range(n)], workers=[keep]
+        )
+        deadline = time.monotonic() + 90
+        while len(_lines(folder, "gates")) < n:  # every parent waits at its gate
+            assert time.monotonic() < deadline, _lines(folder, "gates")
+            time.sleep(0.05)
+        ran_on = {line.split(" ")[1] for line in _lines(folder, "runs")}
+        lc.adapt(minimum=1, maximum=1, interval="50ms", wait_count=1)
+        while (state := c.run_on_scheduler(_scheduler_state))["workers"] != [keep]:
+            assert time.monotonic() < deadline, state["workers"]
+            time.sleep(0.05)
+        _append(folder, "go", "")
+        assert c.gather(futs) == _answers(n)
+        runs = Counter(line.split(" ")[0] for line in _lines(folder, "runs"))
+        assert runs == {str(10 * i + j): 1 for i in range(n) for j in range(3)}, runs
+        assert _gates(folder) == {i: [keep] for i in range(n)}
+        assert len(_lines(folder, "starts")) == n  # no parent ran again
+        # It tested something: children had lived on the workers that went.
+        assert ran_on - {keep}, ran_on
+        del futs
+        while (state := c.run_on_scheduler(_scheduler_state)) != {
+            "tasks": 0, "workers": [keep], "held-clients": [], "book": 0, "budget": 0, "given-up": 0
+        }:
+            assert time.monotonic() < deadline, state
+            time.sleep(0.05)
+        while any(w.state.tasks for w in lc.workers.values()):
+            assert time.monotonic() < deadline, "tasks left on the worker"
+            time.sleep(0.05)
