@@ -121,6 +121,49 @@ def test_book_costs_per_parent_do_not_grow_with_the_parents_waiting():
     assert large <= 3 * 1000
 
 
+class _CountingOn(_CountingDict):
+    """worker -> a counting dict, made on first use (``setdefault``)."""
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self[key] = _CountingDict()
+        return self[key]
+
+
+def _budget_lifecycle(n_parents, children=3):
+    """``n_parents`` waiting at once on two workers, each consuming its
+    children (charged, the oldest let go of past a budget of 10 children),
+    asking some again, then ending; one worker leaves half-way: the entries
+    the budget's own dicts visited, over every event."""
+    g = HoldBudget({"w1": 10 * 100, "w2": 10 * 100}.get)
+    for name in vars(g):
+        if isinstance(getattr(g, name), dict):
+            setattr(g, name, _CountingDict())
+    g.on = _CountingOn()  # the FIFO of each worker counts too
+    _CountingDict.visited = 0
+    parents = [f"p{i}" for i in range(n_parents)]
+    for i, p in enumerate(parents):
+        for j in range(children):
+            g.charge(f"{p}-{j}", "w1" if j % 2 else "w2", 100)
+        g.discharge(f"{p}-0")  # asked for again
+        if i == n_parents // 2:
+            g.left("w2", lambda k: "w1")  # what w2 held was copied to w1
+    for p in parents:
+        for j in range(children):
+            g.discharge(f"{p}-{j}")  # the parent ended
+    assert not g.where and not g.on and not g.spent
+    return _CountingDict.visited
+
+
+def test_budget_costs_per_child_do_not_grow_with_the_parents_waiting():
+    """A charge, a child let go of past the budget, a discharge: O(1) each
+    (a FIFO per worker), and a worker leaving walks only what it held, which
+    the budget bounds. 4x the parents: at most 4x the entries visited."""
+    small, large = _budget_lifecycle(250), _budget_lifecycle(1000)
+    assert 0 < small and large <= 4 * small + 50  # a constant: one worker leaves, its FIFO bounded
+    assert large <= 3 * 3 * 1000
+
+
 def test_book_tells_the_current_runs_releases_from_a_run_that_left():
     b = HoldBook()
     b.adopt("p", ["a", "b"], lambda k: "processing")
