@@ -295,14 +295,23 @@ async def test_a_parent_lost_while_waiting_is_not_suspected(c, s, a, b, tmp_path
     # Killed while it waits on the gate's child: its children ran and the
     # scheduler's book has a child of it with work left. (Long-running alone
     # is not enough: between two waits the parent runs code of its own, and a
-    # worker lost then rightly counts against it.)
-    await async_poll_for(
-        lambda: "parent" in s.tasks and s.tasks["parent"].processing_on is not None
-        and s.tasks["parent"] in s.tasks["parent"].processing_on.long_running
-        and len(_lines(folder, "runs")) >= 2 and s.plugins[NAME].book.waiting("parent")
-        and "parent" in s.plugins[NAME].credited,
-        timeout=60,
-    )
+    # worker lost then rightly counts against it. Nor is "its children
+    # started": they record their run as they start, and the parent is
+    # waiting on them then, but if they finish before the kill lands, it runs
+    # code of its own until it yields the gate. The gate's child, which
+    # cannot run, keeps it waiting.)
+    def at_the_gate():
+        plugin = s.plugins.get(NAME)
+        ts = s.tasks.get("parent")
+        return (
+            plugin is not None and ts is not None and ts.processing_on is not None
+            and ts in ts.processing_on.long_running
+            and len(_lines(folder, "runs")) >= 2 and plugin.book.waiting("parent")
+            and any(str(k).startswith("gate-") and p == "parent" for k, p in plugin.book.parent_of.items())
+            and "parent" in plugin.credited
+        )
+
+    await async_poll_for(at_the_gate, timeout=60)
     address = s.tasks["parent"].processing_on.address
     (victim,) = [nanny for nanny in (a, b) if nanny.worker_address == address]
     os.kill(victim.process.process.pid, signal.SIGKILL)
