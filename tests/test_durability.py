@@ -729,3 +729,55 @@ def test_cluster_adapt_scales_from_4_workers_to_1_under_10_waiting_parents(tmp_p
         while any(w.state.tasks for w in lc.workers.values()):
             assert time.monotonic() < deadline, "tasks left on the worker"
             time.sleep(0.05)
+
+
+@coroutine(inline=False)
+def megabyte(i):
+    import numpy as np
+
+    return np.full(2**17, float(i))  # 1 MiB
+
+
+@coroutine
+def streams_then_waits(n, folder):
+    total = 0.0
+    for i in range(n):
+        a = yield megabyte(i)
+        total += a[0]
+        del a
+    total += yield waits_for_go(-1, folder)
+    return total
+
+
+@pytest.mark.parametrize("hold_bytes, most", [(3 * 2**20 + 2**19, 3), (None, 10), (0, 0)])
+def test_the_budget_bounds_the_consumed_children_held_per_worker(hold_bytes, most, tmp_path):
+    # Read where DurablePlugin is made: this cluster's scheduler runs in
+    # this process, as its workers do.
+    @cluster(nthreads=[("", 2)], config={"coro.durability.hold-bytes": hold_bytes})
+    async def run(c, s, a):
+        folder = str(tmp_path)
+        fut = c.compute(streams_then_waits(10, folder, dask_key_name="streaming"))
+        await async_poll_for(lambda: _lines(folder, "runs"), timeout=60)  # at its last yield
+        plugin = s.plugins[NAME]
+
+        def chunks():
+            return [k for k in s.tasks if str(k).startswith("megabyte")]
+
+        # Each consumed 1 MiB child is charged; past the budget the oldest go.
+        # (The last may still be wanted by the coroutine's own client.)
+        await async_poll_for(lambda: len(plugin.budget.where) + plugin.counts["budget"] >= 9, timeout=30)
+        held = chunks()
+        assert all(s.tasks[k].state == "memory" for k in held)
+        assert len(plugin.budget.where) <= most and len(held) <= most + 1, len(held)
+        assert plugin.counts["budget"] == 10 - len(held)
+        if hold_bytes is not None:
+            assert plugin.budget.spent.get(a.address, 0) <= hold_bytes
+            # The oldest went: the ones kept are the newest.
+            kept = sorted(int(s.tasks[k].who_has and a.data[k][0]) for k in held)
+            assert kept == list(range(10 - len(held), 10)), kept
+        _append(folder, "go", "")
+        assert await fut == float(sum(range(10))) + 0
+        del fut
+        await async_poll_for(lambda: _nothing_left(s, a), timeout=30)
+
+    run()
