@@ -22,7 +22,7 @@ from typing import Any
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.typing import Key
 from distributed.comm import CommClosedError
-from distributed.core import Status, error_message
+from distributed.core import PooledRPCCall, Status, error_message
 from distributed.threadpoolexecutor import thread_state as pool_thread_state
 from distributed.worker import _worker_cvar, thread_state
 from distributed.worker_state_machine import SecedeEvent
@@ -368,8 +368,6 @@ def own_scheduler_rpc(client: Any, worker: Any) -> bool:
     Re-pointed at ``client.rpc`` (the client's own ``ConnectionPool``, which
     a client made from an address uses), it outlives that worker. A client on
     its own worker's pool is left alone: the two close together."""
-    from distributed.core import PooledRPCCall
-
     current = client.scheduler
     if not isinstance(current, PooledRPCCall):
         return False

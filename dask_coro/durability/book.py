@@ -8,7 +8,10 @@ submission, so that a parent re-run elsewhere finds them (their keys derive
 from the parent's key, the yield and the position), finished or still
 running, until the parent ends. A child the parent gives up on while it has
 work left (a sibling failed) is let go of, and then cancelled as any unwanted
-task; one consumed may be let go of for the budget (``budget.py``).
+task; one consumed may be let go of for the budget (``budget.py``). Only the
+parent's current run gives a child up or consumes it: the book counts its
+runs (one ends when the parent leaves its worker without ending), so the
+releases of a run whose worker retired or closed are told apart.
 """
 
 from __future__ import annotations
