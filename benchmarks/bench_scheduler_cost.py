@@ -20,8 +20,9 @@ the number of roots; "durability hook per root" the part of it in
 ``DurablePlugin``'s ``transition`` (which ends each root's book).
 
 Books: the same events fed to the pure books alone, no cluster (CPU time of
-this thread, ``time.thread_time``): the durability book for N parents of
-3 children each, all waiting, then each ending; the release books for one
+this thread, ``time.thread_time``): the durability book and its byte budget
+for N parents of 3 children each, all waiting, then each consuming its
+children (charged, the oldest let go of past the budget) and ending; the release books for one
 key whose D dependents are assigned one at a time to one worker.
 
 Dependents: one key (a 1 MB array) and D tasks that each take it and an
@@ -190,19 +191,29 @@ def dependents_row(d: int, workers: int) -> dict:
 
 def hold_book(n: int) -> float:
     """N parents of 3 children each waiting at once, then each ending, fed to
-    the durability book: CPU seconds."""
+    the durability book and its byte budget (each child consumed and charged
+    on one of two workers, the oldest let go of past 64 children's worth, a
+    run asked again): CPU seconds."""
     from dask_coro.durability.book import HoldBook
+    from dask_coro.durability.budget import HoldBudget
 
     book = HoldBook()
+    budget = HoldBudget(lambda w: 64 * 100)
     kids = {f"p{i}": [f"p{i}-{j}" for j in range(3)] for i in range(n)}
     t0 = time.thread_time()
     for p, ks in kids.items():
         book.adopt(p, ks, lambda k: "processing")
     for p, ks in kids.items():
-        for k in ks:
+        for j, k in enumerate(ks):
             book.moved(k, "processing", "memory")
             book.finished(k)
-        book.end(p)
+            if book.asked_now(k):
+                for gone in budget.charge(k, f"w{j % 2}", 100):
+                    book.lost(gone)
+        book.ask(ks[0])
+        budget.discharge(ks[0])
+        for k in book.end(p):
+            budget.discharge(k)
     return time.thread_time() - t0
 
 

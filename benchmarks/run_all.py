@@ -146,6 +146,10 @@ SCENARIOS = [
     Scenario("shm", "One large array read by tasks on two workers: shared memory versus plain "
              "Dask transfer",
              "bench_shm.py", [], 60, json=False),
+    Scenario("hold", "Holding children for a re-run, bounded: a streaming loop's peak memory "
+             "(default budget, hold off, plain worker_client) and children run again after a kill "
+             "(default budget, unbounded)",
+             "bench_hold.py", [], 300),
 ]
 
 

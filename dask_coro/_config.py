@@ -20,7 +20,7 @@ from typing import Any, overload
 
 import dask.config
 import yaml
-from dask.utils import parse_timedelta
+from dask.utils import parse_bytes, parse_timedelta
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULTS_FILE = os.path.join(HERE, "coro.yaml")
@@ -98,6 +98,42 @@ def _seconds(key: str, value: Any) -> float:
     return float(seconds)
 
 
+def get_size_or_fraction(key: str) -> int | float | None:
+    """The setting ``key`` (``"coro.durability.hold-bytes"``): a size in
+    bytes (an integer, or a string with a unit, ``"64MiB"``) as an int, a
+    fraction of a worker's memory (a number above 0 and at most 1 with a
+    point, ``0.05``) as a float, or None for null (no bound). Anything else
+    raises a ValueError naming the key."""
+    value = get(key)
+    return None if value is None else _size_or_fraction(key, value)
+
+
+def _size_or_fraction(key: str, value: Any) -> int | float:
+    error = ValueError(
+        f"{key}: {value!r} is not a size in bytes (an integer, or a string such as '64MiB'), "
+        "a fraction of a worker's memory (a number above 0 and at most 1) or null (no bound)"
+    )
+    if isinstance(value, bool):
+        raise error
+    if isinstance(value, int):
+        if value < 0:
+            raise error
+        return value
+    if isinstance(value, float):
+        if not 0 < value <= 1:  # also NaN
+            raise error
+        return value
+    if isinstance(value, str):
+        try:
+            size = parse_bytes(value)
+        except Exception as e:  # ValueError (number), KeyError (unit)
+            raise error from e
+        if not size >= 0:
+            raise error
+        return int(size)
+    raise error
+
+
 def get_choice(key: str, choices: tuple[str, ...]) -> str:
     """The setting ``key``, one of ``choices``; anything else raises a
     ValueError naming the key and the choices."""
@@ -122,14 +158,17 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 def check_value(key: str, value: Any) -> None:
     """Raise a ValueError naming ``key`` and ``value`` unless the value is
     one ``coro-schema.yaml`` allows for the setting ``key``: its ``type``,
-    ``enum`` and ``minimum``, and ``format: time-interval`` (what
-    ``get_timedelta`` reads)."""
+    ``enum`` and ``minimum``, ``format: time-interval`` (what
+    ``get_timedelta`` reads) and ``format: size-or-fraction`` (what
+    ``get_size_or_fraction`` reads)."""
     entry = SETTINGS[key]
     types = entry["type"] if isinstance(entry["type"], list) else [entry["type"]]
     if value is None and "null" in types:
         return
     if entry.get("format") == "time-interval":
         _seconds(key, value)
+    elif entry.get("format") == "size-or-fraction":
+        _size_or_fraction(key, value)
     elif "enum" in entry:
         if value not in entry["enum"]:
             raise ValueError(f"{key}: {value!r} is not one of {', '.join(map(str, entry['enum']))}")

@@ -25,6 +25,7 @@ EXPECTED = {
     "coro.inline.interval": "20ms",
     "coro.inline.switch-interval": "1ms",
     "coro.durability.hold-children": True,
+    "coro.durability.hold-bytes": "64MiB",
     "coro.worker-release.enabled": False,
     "coro.lifetimes.retry-delay": "500ms",
     "coro.lifetimes.close-timeout": "10s",
@@ -281,12 +282,12 @@ def test_user_yaml_file_is_picked_up(tmp_path):
 # -- every setting is checked where a computation uses it ----------------------------
 
 #: A bad value of each kind of setting the schema describes.
-BAD = {"time-interval": "soon", "boolean": "no", "integer": "many", "enum": "sometimes"}
+BAD = {"time-interval": "soon", "boolean": "no", "integer": "many", "enum": "sometimes", "size-or-fraction": "lots"}
 
 
 def kind_of(entry: dict) -> str:
-    if entry.get("format") == "time-interval":
-        return "time-interval"
+    if entry.get("format") in ("time-interval", "size-or-fraction"):
+        return entry["format"]
     if "enum" in entry:
         return "enum"
     return entry["type"]
@@ -368,6 +369,7 @@ def test_a_bad_setting_fails_a_local_computation(setting, message, inline):
         ({"coro.inline.interval": "soon"}, "coro.inline.interval: 'soon' is not a time interval"),
         ({"coro.durability.hold-children": "yes"}, "coro.durability.hold-children: 'yes' is not true or false"),
         ({"coro.tree.max-nodes": -1}, "coro.tree.max-nodes: -1 is not a whole number of 0 or more"),
+        ({"coro.durability.hold-bytes": "lots"}, "coro.durability.hold-bytes: 'lots' is not a size in bytes"),
         ({"coro.lifetimes.leave-timeout": "later"}, "coro.lifetimes.leave-timeout: 'later' is not a time interval"),
     ],
 )
@@ -546,3 +548,23 @@ def test_a_bad_setting_in_a_worker_process_fails_the_computation():
             "variable, write True or False)"
         )
         assert c.submit(sum, [1, 2]).result() == 3  # plain tasks run on
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [("64MiB", 64 * 2**20), (0, 0), (1000, 1000), (0.05, 0.05), (1.0, 1.0), (None, None)],
+)
+def test_hold_bytes_is_a_size_a_fraction_or_null(value, expected):
+    with dask.config.set({"coro.durability.hold-bytes": value}):
+        assert _config.get_size_or_fraction("coro.durability.hold-bytes") == expected
+
+
+@pytest.mark.parametrize("value", [True, -1, 1.5, 0.0, "lots", "-5MB", [1], float("nan")])
+def test_hold_bytes_bad_value_names_the_key(value):
+    message = r"^coro\.durability\.hold-bytes: .* is not a size in bytes .*, a fraction of a worker's memory"
+    with dask.config.set({"coro.durability.hold-bytes": value}):
+        with pytest.raises(ValueError, match=message):
+            _config.get_size_or_fraction("coro.durability.hold-bytes")
+        with pytest.raises(ValueError, match=message):
+            _config.check()  # held to the schema where a computation starts
+    _config.check()

@@ -538,3 +538,26 @@ def test_blocking_client_calls_go_through_client_sync_and_the_worker_makes_its_c
     assert "asynchronous" in inspect.signature(Client.sync).parameters
     for method in (Client.gather, Client.scatter, Future.result):
         assert "self.sync(" in inspect.getsource(method) or "self.client.sync(" in inspect.getsource(method)
+
+
+@gen_cluster(client=True, client_kwargs={"set_as_default": False}, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)])
+async def test_workers_of_a_process_share_the_client_of_the_first_over_its_pool(c, s, a, b):
+    """own_scheduler_rpc relies on Worker._get_client handing the client the
+    worker's PooledRPCCall to the scheduler (Client.scheduler), making it the
+    process's default client, which the other workers adopt, and on its RPCs
+    failing once that worker's pool is closed."""
+    from distributed.core import PooledRPCCall
+
+    from dask_coro._internals.distributed_private import own_scheduler_rpc
+
+    client = a._get_client()
+    await client
+    assert b._get_client() is client  # adopted: the process's default
+    assert isinstance(client.scheduler, PooledRPCCall) and client.scheduler.pool is a.rpc
+    assert not own_scheduler_rpc(client, a)  # on a's own pool: left alone
+    await a.rpc.close()
+    with pytest.raises(RuntimeError, match="ConnectionPool is closed"):
+        await client.scheduler.identity()
+    assert own_scheduler_rpc(client, b)
+    assert client.scheduler.pool is client.rpc and not own_scheduler_rpc(client, b)
+    assert (await client.scheduler.identity())["type"] == "Scheduler"

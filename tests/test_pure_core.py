@@ -245,7 +245,7 @@ def test_core_imports_no_distributed_and_nothing_outside_core_but_the_seams():
 
 def test_pure_modules_import_neither_dask_nor_distributed():
     # Pure of dask as well: structure, cache, scope, the ledger, the tree book.
-    for name in ("core/structure.py", "core/cache.py", "core/keys.py", "core/scope.py", "_exceptions.py", "lifetimes/ledger.py", "diagnostics/book.py", "durability/book.py", "release/book.py"):
+    for name in ("core/structure.py", "core/cache.py", "core/keys.py", "core/scope.py", "_exceptions.py", "lifetimes/ledger.py", "diagnostics/book.py", "durability/book.py", "durability/budget.py", "release/book.py"):
         mods = _imported_modules(PKG / name)
         assert not _top(mods) & {"dask", "distributed"}, name
         relative = {m for m in mods if m.startswith(".")}

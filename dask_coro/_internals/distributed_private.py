@@ -22,7 +22,7 @@ from typing import Any
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.typing import Key
 from distributed.comm import CommClosedError
-from distributed.core import Status, error_message
+from distributed.core import PooledRPCCall, Status, error_message
 from distributed.threadpoolexecutor import thread_state as pool_thread_state
 from distributed.worker import _worker_cvar, thread_state
 from distributed.worker_state_machine import SecedeEvent
@@ -350,6 +350,31 @@ def set_batch_interval(client: Any, seconds: float) -> None:
     comm = getattr(client, "scheduler_comm", None)
     if comm is not None:
         comm.interval = seconds
+
+
+def own_scheduler_rpc(client: Any, worker: Any) -> bool:
+    """Give ``client`` a scheduler RPC of its own pool if it talks to the
+    scheduler through the connection pool of a worker other than ``worker``;
+    whether it did.
+
+    A client a worker makes (``Worker._get_client``) is handed that worker's
+    ``PooledRPCCall`` to the scheduler, which ``Client.__init__`` keeps as
+    ``client.scheduler``; ``_get_client`` also makes it the process's default
+    client, so every other worker of the process adopts it
+    (dask/distributed #3921 notes the sharing). When the worker that made it
+    closes its pool (``Worker.close``: ``self.rpc.close()``), every RPC of the
+    client (``who_has`` in ``gather``, ``scheduler_info``) raises
+    ``RuntimeError('ConnectionPool is closed')`` on the workers that remain.
+    Re-pointed at ``client.rpc`` (the client's own ``ConnectionPool``, which
+    a client made from an address uses), it outlives that worker. A client on
+    its own worker's pool is left alone: the two close together."""
+    current = client.scheduler
+    if not isinstance(current, PooledRPCCall):
+        return False
+    if current.pool is client.rpc or current.pool is worker.rpc:
+        return False
+    client.scheduler = client.rpc(current.addr)
+    return True
 
 
 # -- scheduler ---------------------------------------------------------------

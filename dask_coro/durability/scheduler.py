@@ -1,11 +1,27 @@
 """Scheduler side of durability: ``DurablePlugin``.
 
-Children that finished are held as a ``Variable`` or ``Queue`` holds keys:
-on behalf of a client of the plugin's own (``client_desires_keys``), here
-one per parent, ``dask-coro-held-<parent>``, so they outlive the worker's
-client that submitted them. When the parent ends (memory, erred, forgotten)
-its children are let go of, on the next turn of the event loop (not inside a
-transition).
+Children are held from their submission as a ``Variable`` or ``Queue`` holds
+keys: on behalf of a client of the plugin's own (``client_desires_keys``),
+here one per parent, ``dask-coro-held-<parent>``, so they outlive the
+worker's client that submitted them, finished or still running: a child
+running on another worker when its parent's worker dies runs on, once, for
+the re-run. When the parent ends (memory, erred, forgotten) its children are
+let go of, on the next turn of the event loop (not inside a transition).
+
+What the worker's client lets go of (its ``client-releases-keys``, wrapped
+here) tells the rest. A child let go of while it has work left (a sibling
+failed, the yield was cancelled) is let go of here too, and so cancelled as
+in plain Dask. A child let go of in memory was consumed: only the hold keeps
+it, so its bytes count against its worker's budget
+(``coro.durability.hold-bytes``, ``budget.py``), over which the oldest
+consumed children there are let go of. A worker client that dies with its
+worker sends nothing (``Scheduler.remove_client`` releases its keys
+directly), so what its coroutine had not consumed stays held, uncharged: it
+was in memory for that coroutine already. Nor is a release by a run of the
+parent that has left its worker (a retired worker's client letting go as the
+worker closes, after ``retire_workers`` moved the parent): the book counts
+the parent's runs, and only what the current run asked for can be given up
+or consumed by it.
 
 A coroutine lost with its worker while it waited on its children was not
 running code that could have killed the worker, so it should not count
@@ -25,13 +41,18 @@ from typing import Any
 from dask.typing import Key
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from .. import _config
 from .._internals import distributed_private as private
 from ..diagnostics.scheduler import children_by_parent
-from .book import HoldBook
+from .book import UNFINISHED, HoldBook
+from .budget import HoldBudget
 
 logger = logging.getLogger("dask_coro")
 
 NAME = "dask-coro-durable"
+#: On a worker's client stream, ahead of the releases of a run its closing
+#: worker cancelled: {"op": RUN_LEFT, "key": parent, "address": worker}.
+RUN_LEFT = "dask-coro-run-left"
 _ENDED = ("memory", "erred", "forgotten")
 
 
@@ -50,7 +71,14 @@ class DurablePlugin(SchedulerPlugin):
     idempotent = True
 
     def __init__(self) -> None:
+        # Read (and checked: a bad value fails the coroutine that installs
+        # the plugin, naming the setting) where the plugin is made.
+        self.hold_bytes = _config.get_size_or_fraction("coro.durability.hold-bytes")
         self.book = HoldBook()
+        self.budget = HoldBudget(self._limit)
+        # children let go of, and why; run-left: let go of by a run that left its
+        # worker, kept for the re-run
+        self.counts = {"budget": 0, "given-up": 0, "run-left": 0}
         self.where: dict[Key, str] = {}  # parent -> address of the worker running it
         self.left: dict[Key, str] = {}  # parent -> the worker it last left
         self.credited: set[Key] = set()  # waiting parents, their suspicion given ahead
@@ -59,15 +87,32 @@ class DurablePlugin(SchedulerPlugin):
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
+        private.wrap_stream_handler(scheduler, "client-releases-keys", self._then_released, "_dask_coro_durable")
+        private.add_handlers(scheduler, stream={RUN_LEFT: self._run_left})
 
     def update_graph(
-        self, scheduler: Any, *, annotations: dict[str, dict[Key, Any]] | None = None, **kwargs: Any
+        self,
+        scheduler: Any,
+        *,
+        keys: Any = (),
+        annotations: dict[str, dict[Key, Any]] | None = None,
+        **kwargs: Any,
     ) -> None:
-        for parent, keys in children_by_parent(annotations).items():
+        book, budget = self.book, self.budget
+        for k in keys or ():
+            # A re-run parent asks for a child again: asked for by its current
+            # run, and not consumed.
+            book.ask(k)
+            budget.discharge(k)
+        for parent, children in children_by_parent(annotations).items():
             ts = scheduler.tasks.get(parent)
             if ts is None or ts.state in _ENDED:
                 continue  # a parent that ended meanwhile holds nothing
-            self.book.adopt(parent, [k for k in keys if k in scheduler.tasks], self._state)
+            held = self.book.adopt(parent, [k for k in children if k in scheduler.tasks], self._state)
+            if held:
+                # Held before this graph's transitions run: from now on the
+                # worker's client is not their only holder.
+                scheduler.client_desires_keys(keys=held, client=holder(parent))
             if ts.processing_on is not None:
                 self.where[parent] = ts.processing_on.address
             self._credit(parent)
@@ -83,6 +128,7 @@ class DurablePlugin(SchedulerPlugin):
             # "waiting" (transition_memory_released: it was wanted), so it may
             # be sent to a worker once before this release gets there.
             parent = self.book.lost(key)
+            self.budget.discharge(key)
             if parent is not None:
                 asyncio.get_running_loop().call_soon(self._let_go_of, parent, key)
         if finish == "memory":
@@ -95,6 +141,12 @@ class DurablePlugin(SchedulerPlugin):
                 # Where it last ran: remove_worker moves a lost worker's
                 # tasks on before plugins hear of the loss.
                 self.left[key] = self.where.pop(key)
+            if start == "processing" and finish not in _ENDED:
+                # Its run is over (its worker was lost or retired, or it was
+                # rescheduled): what that run's client lets go of from now on
+                # (a retiring worker's, as it closes) is no choice of the
+                # parent's. Held, uncharged, as after a kill.
+                self.book.left(key)
             if finish == "processing":
                 ws = self.scheduler.tasks[key].processing_on
                 if ws is not None:
@@ -104,11 +156,21 @@ class DurablePlugin(SchedulerPlugin):
                 self.left.pop(key, None)
                 self._uncredit(key)
                 children = self.book.end(key)
+                for k in children:
+                    self.budget.discharge(k)
                 asyncio.get_running_loop().call_soon(self._let_go, key, children)
         if finish == "forgotten":
             self.book.forget(key)
+            self.budget.discharge(key)
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        # Consumed children whose data lived there alone were discharged as
+        # they went memory -> released; the others (copied away by
+        # retire_workers, or replicas) count on a worker that holds them now.
+        # Scheduler.remove_worker calls this hook after it removed the
+        # worker from each task's who_has.
+        for w in self.budget.left(worker, self._where_now):
+            asyncio.get_running_loop().call_soon(self._enforce, w)
         for parent, address in list(self.left.items()):
             if address != worker:
                 continue
@@ -121,6 +183,90 @@ class DurablePlugin(SchedulerPlugin):
                     private.adjust_suspicion(ts, 0, prefix=-1)
                 self.forgiven += 1
                 self._credit(parent)  # still waiting on children of its own
+
+    # -- what the worker's client let go of ------------------------------------
+
+    def _run_left(self, key: Key, address: str, **kwargs: Any) -> None:
+        """The run of ``key`` on worker ``address`` was cancelled as that
+        worker closes (``Worker.close`` not through ``retire_workers``, which
+        moves the parent first): its client's releases that follow on the same
+        stream are not the parent's choice. Nothing to do if the parent moved
+        on already (its transition counted the run)."""
+        ts = self.scheduler.tasks.get(key)
+        if ts is not None and ts.processing_on is not None and ts.processing_on.address == address:
+            self.book.left(key)
+
+    def _then_released(self, handler: Any) -> Any:
+        def client_releases_keys(**kwargs: Any) -> Any:
+            result = handler(**kwargs)
+            try:
+                self._released(kwargs.get("keys") or ())
+            except Exception:  # a hook's error must not close the client's stream
+                logger.exception("dask_coro: DurablePlugin failed on client-releases-keys")
+            return result
+
+        return client_releases_keys
+
+    def _released(self, keys: Any) -> None:
+        """A client let go of ``keys`` (``Scheduler.client_releases_keys`` ran)."""
+        book, s = self.book, self.scheduler
+        for key in keys:
+            parent = book.parent_of.get(key)
+            if parent is None or key not in book.held.get(parent, ()):
+                continue
+            ts = s.tasks.get(key)
+            if ts is None:
+                continue
+            name = holder(parent)
+            if any(cs.client_key != name for cs in ts.who_wants or ()):
+                continue  # wanted by another client still: the hold costs nothing
+            if not book.asked_now(key):
+                # Let go of by a run of the parent that left its worker: kept
+                # for the re-run, as after a kill, neither consumed nor given up.
+                self.counts["run-left"] += 1
+                continue
+            if ts.state == "memory":
+                ws = next(iter(ts.who_has or ()), None)
+                if ws is None:
+                    continue
+                for child in self.budget.charge(key, ws.address, ts.nbytes):
+                    self.counts["budget"] += 1
+                    self._drop(child, "dask-coro-budget")
+            elif ts.state in UNFINISHED or ts.state == "erred":
+                # The parent gave up on it (a sibling failed, its yield was
+                # cancelled): not kept running for nobody.
+                self.counts["given-up"] += 1
+                self._drop(key, "dask-coro-given-up")
+
+    def _drop(self, child: Key, why: str) -> None:
+        """Let go of a held ``child`` now (not inside a transition)."""
+        parent = self.book.lost(child)
+        if parent is None:
+            return
+        s = self.scheduler
+        cs = s.clients.get(holder(parent))
+        ts = s.tasks.get(child)
+        if cs is None or ts is None or ts not in cs.wants_what:
+            return
+        s.client_releases_keys(keys=[child], client=holder(parent), stimulus_id=f"{why}-{parent}")
+
+    def _enforce(self, worker: str) -> None:
+        for child in self.budget.over(worker):
+            self.counts["budget"] += 1
+            self._drop(child, "dask-coro-budget")
+
+    def _limit(self, worker: str) -> int | None:
+        """The budget of ``worker`` in bytes (None: no bound)."""
+        if self.hold_bytes is None or isinstance(self.hold_bytes, int):
+            return self.hold_bytes
+        ws = self.scheduler.workers.get(worker) if self.scheduler is not None else None
+        return int(self.hold_bytes * (ws.memory_limit or 0)) if ws is not None else 0
+
+    def _where_now(self, child: Key) -> str | None:
+        ts = self.scheduler.tasks.get(child)
+        if ts is None or ts.state != "memory" or not ts.who_has:
+            return None
+        return next(iter(ts.who_has)).address
 
     # -- helpers -------------------------------------------------------------
 

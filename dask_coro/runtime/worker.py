@@ -71,7 +71,7 @@ from ..core.localize import evaluate
 from ..core.plan import plan_yield
 from ..core.scope import Scope
 from ..diagnostics.scheduler import ANNOTATION, CALLS_OP, TreePlugin
-from ..durability.scheduler import DurablePlugin
+from ..durability.scheduler import RUN_LEFT, DurablePlugin
 from ..lifetimes.tie import hold_segments
 from ..release.scheduler import ReleasePlugin
 from ..release.worker import ReleaseWorkerPlugin
@@ -443,6 +443,11 @@ class _Run:
             if "-worker-" in client.id and interval:
                 private.set_batch_interval(client, interval)
             self.watcher.client = client
+        # Several workers in one process share the client the first of them
+        # made, over that worker's connection pool: when that worker closes
+        # (retired, scaled down), the others' coroutines would lose the
+        # scheduler's RPCs under them. Once per client; a check after.
+        private.own_scheduler_rpc(client, self.worker)
         return client
 
     async def _child_annotations(self) -> dict[str, Any]:
@@ -553,6 +558,10 @@ class _Run:
         except asyncio.CancelledError:
             # The worker is closing; no pool to run on. A step may still be
             # running in a pool thread: its bodies are busy, leave them.
+            # distributed reschedules the task (Worker._run_task_async: an
+            # async task cancelled while its worker closes): a lost worker,
+            # whose children a re-run finds, not a parent giving them up.
+            self._leaving()
             try:
                 tramp.close()
             except ValueError as e:  # "generator already executing"
@@ -572,6 +581,20 @@ class _Run:
             for scope in self.scopes.values():
                 self._release((*scope.end_yield(), *scope.end_body()))
             self.scopes.clear()
+
+    def _leaving(self) -> None:
+        """Before the run lets go of its children as its worker closes: tell
+        DurablePlugin on the client's stream, ahead of those releases, so it
+        keeps them for the re-run (a killed worker's client sends nothing)."""
+        client, durable = self.watcher.client, self.watcher.durable
+        if client is None or durable is None or not durable.done() or durable.cancelled():
+            return
+        if durable.exception() is not None or not private.worker_is_closing(self.worker):
+            return
+        try:
+            private.send_on_client_stream(client, {"op": RUN_LEFT, "key": self.key, "address": self.worker.address})
+        except Exception as e:  # the client closed first: it sends no release either
+            logger.debug("coroutine %r: %s not sent: %r", self.key, RUN_LEFT, e)
 
     def _scope_of(self, frame: Frame) -> Scope[Future]:
         """The frame's scope, made the first time it needs one (on the loop,
