@@ -6,7 +6,8 @@ in one process, against sequential Python.
 
 Run: python benchmarks/profile_fib.py [--n 14] [--repeat 3] [--rate 250] [--top 12] [--inline-n 22]
                                       [--quick]
-     python benchmarks/profile_fib.py --stages [--rev main] [--rounds 5] [--inline-n 20]
+     python benchmarks/profile_fib.py --stages [--rev main | --tree DIR] [--rounds 5]
+                                      [--inline-n 20]
 
 --stages: nanoseconds per inline call by stage (body and generators, call object, result
 delivery, trampoline step, bookkeeping for progress, cancellation and stealing), each the
@@ -156,6 +157,8 @@ def main(argv=None) -> int:
     p.add_argument("--stages", action="store_true",
                    help="only the table of ns per inline call by stage (no cluster, no py-spy)")
     p.add_argument("--rev", help="with --stages: also measure this git revision, as 'before'")
+    p.add_argument("--tree", help="with --stages: also measure the dask_coro package under "
+                   "this directory, as 'before' (instead of --rev)")
     p.add_argument("--rounds", type=int, default=5,
                    help="with --stages: fresh processes per tree, alternating (their median)")
     p.add_argument("--stages-child", help=argparse.SUPPRESS)
@@ -491,7 +494,10 @@ def profile_stages(args) -> tuple[str, dict]:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     trees = {"after": here}
     with tempfile.TemporaryDirectory() as tmp:
-        if args.rev:
+        if args.tree:
+            rev = os.path.basename(os.path.abspath(args.tree))
+            trees = {"before": os.path.abspath(args.tree), "after": here}
+        elif args.rev:
             before = os.path.join(tmp, "before")
             os.mkdir(before)
             rev = subprocess.run(["git", "rev-parse", "--short", args.rev], cwd=here,
@@ -502,7 +508,9 @@ def profile_stages(args) -> tuple[str, dict]:
             trees = {"before": before, "after": here}
         got: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
         for r in range(args.rounds):
-            for name, root in trees.items():
+            # A B, then B A: neither tree always runs right after the other.
+            order = list(trees.items()) if r % 2 == 0 else list(reversed(trees.items()))
+            for name, root in order:
                 out = os.path.join(tmp, f"{name}-{r}.json")
                 env = dict(os.environ, PYTHONPATH=root)
                 subprocess.run([sys.executable, os.path.abspath(__file__), "--stages-child", out,
@@ -517,12 +525,13 @@ def profile_stages(args) -> tuple[str, dict]:
     cols = list(trees)
     head = [f"ns per inline call, fib({n}) in one process"] + [
         (f"before ({rev})" if c == "before" else "this tree") for c in cols]
-    if args.rev:
+    compare = len(cols) > 1
+    if compare:
         head.append("change")
 
     def row(label: str, key: str, bold: bool = False) -> list[str]:
         cells = [label] + [f"{med[c][key]:.0f}" for c in cols]
-        if args.rev:
+        if compare:
             cells.append(f"{med['after'][key] - med['before'][key]:+.0f}")
         if bold:
             cells = [f"**{x}**" for x in cells]
@@ -535,7 +544,7 @@ def profile_stages(args) -> tuple[str, dict]:
     for c in cols:
         med[c]["x_seq"] = med[c]["worker"] / med[c]["seq"]
     rows.append(["as a worker / sequential"] + [f"{med[c]['x_seq']:.1f} x" for c in cols]
-                + ([""] if args.rev else []))
+                + ([""] if compare else []))
     text = "\n".join([
         f"### An inline call by stage: fib({n}) ({2 * _fib(n + 1) - 1} calls) in one process",
         "",
@@ -543,12 +552,12 @@ def profile_stages(args) -> tuple[str, dict]:
         "",
         B.fill(
             f"Each figure is the median over {args.rounds} fresh processes per tree"
-            + (", the two trees in turn" if args.rev else "")
+            + (", the two trees in turn (A B, B A, ...)" if compare else "")
             + f"; in each process every driver runs fib({n}) 9 times, interleaved, and the "
             "fastest run counts. A stage is the difference between two drivers that differ "
             "by it alone, so a small stage is rough (noise of a few ns)."),
     ])
-    return text, {"n": n, "rev": args.rev, "rounds": args.rounds, "median": med, "runs": got}
+    return text, {"n": n, "rev": args.rev, "tree": args.tree, "rounds": args.rounds, "median": med, "runs": got}
 
 
 def inline_child(n: int, seconds: float, path: str) -> int:
