@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import os
 import re
@@ -162,12 +163,22 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5,
                    help="with --stages: fresh processes per tree, alternating (their median)")
     p.add_argument("--stages-child", help=argparse.SUPPRESS)
+    p.add_argument("--driver", choices=sorted(DRIVERS),
+                   help="only run fib(--inline-n) by this driver --times times, once first "
+                   "(for a count of machine instructions: see RESULTS.md)")
+    p.add_argument("--times", type=int, default=1)
     args = B.parse(p, argv, quick={"n": 8, "repeat": 1, "inline_n": 12, "inline_seconds": 1.0,
                                    "top": 5, "rounds": 1})
     if args.inline_child is not None:
         return inline_child(args.inline_child, args.inline_seconds, args.json)
     if args.stages_child:
         return stages_child(args.inline_n, args.stages_child)
+    if args.driver:
+        fn = DRIVERS[args.driver]
+        expect = _fib(args.inline_n)
+        for _ in range(args.times + 1):
+            assert fn(args.inline_n) == expect
+        return 0
     if args.stages:
         text, data = profile_stages(args)
         print(text)
@@ -446,6 +457,16 @@ STAGES = [
 ]
 
 
+DRIVERS = {
+    "seq": lambda n: _fib(n),
+    "floor": lambda n: _floor_run(_floor_body, (n,)),
+    "calls": lambda n: _floor_calls(fib.__wrapped__, (n,)),
+    "deliver": lambda n: _floor_calls(fib.__wrapped__, (n,), True),
+    "tramp": lambda n: _tramp_fib(n),
+    "worker": lambda n: _worker_fib(n),
+}
+
+
 def stages_child(n: int, path: str) -> int:
     """Times fib(n) by each driver in this process; writes ns per call."""
     import dask_coro
@@ -457,14 +478,7 @@ def stages_child(n: int, path: str) -> int:
     assert _floor_calls(body, (n,)) == expect
     assert _floor_calls(body, (n,), True) == expect
     assert _tramp_fib(n) == expect and _worker_fib(n) == expect
-    runs = {
-        "seq": lambda: _fib(n),
-        "floor": lambda: _floor_run(_floor_body, (n,)),
-        "calls": lambda: _floor_calls(body, (n,)),
-        "deliver": lambda: _floor_calls(body, (n,), True),
-        "tramp": lambda: _tramp_fib(n),
-        "worker": lambda: _worker_fib(n),
-    }
+    runs = {k: functools.partial(fn, n) for k, fn in DRIVERS.items()}
     # Interleaved, the best of 9 each: the machine's load varies less
     # between neighbouring runs than over the whole measurement.
     best = {k: float("inf") for k in runs}
