@@ -6,6 +6,15 @@ in one process, against sequential Python.
 
 Run: python benchmarks/profile_fib.py [--n 14] [--repeat 3] [--rate 250] [--top 12] [--inline-n 22]
                                       [--quick]
+     python benchmarks/profile_fib.py --stages [--rev main | --tree DIR] [--rounds 5]
+                                      [--inline-n 20]
+
+--stages: nanoseconds per inline call by stage (body and generators, call object, result
+delivery, trampoline step, bookkeeping for progress, cancellation and stealing), each the
+difference of two timed runs of fib(--inline-n) in one process; no py-spy needed. With --rev,
+the same for that git revision (extracted with `git archive` into a temporary directory), the
+two trees measured in turn, --rounds times each, in fresh processes: the medians, before and
+after.
 Needs py-spy (`pip install py-spy`) and the right to attach to a process
 (root, or ptrace_scope 0). Tasks: 2 worker processes x 1 thread with
 `coro.inline.enabled` off; --repeat runs of fib(n) after a warm-up, in one
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import os
 import re
@@ -145,10 +155,35 @@ def main(argv=None) -> int:
     p.add_argument("--inline-n", type=int, default=22, help="fib(n) run by the trampoline alone")
     p.add_argument("--inline-seconds", type=float, default=4.0, help="s of py-spy sampling of it")
     p.add_argument("--inline-child", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--stages", action="store_true",
+                   help="only the table of ns per inline call by stage (no cluster, no py-spy)")
+    p.add_argument("--rev", help="with --stages: also measure this git revision, as 'before'")
+    p.add_argument("--tree", help="with --stages: also measure the dask_coro package under "
+                   "this directory, as 'before' (instead of --rev)")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="with --stages: fresh processes per tree, alternating (their median)")
+    p.add_argument("--stages-child", help=argparse.SUPPRESS)
+    p.add_argument("--driver", choices=sorted(DRIVERS),
+                   help="only run fib(--inline-n) by this driver --times times, once first "
+                   "(for a count of machine instructions: see RESULTS.md)")
+    p.add_argument("--times", type=int, default=1)
     args = B.parse(p, argv, quick={"n": 8, "repeat": 1, "inline_n": 12, "inline_seconds": 1.0,
-                                   "top": 5})
+                                   "top": 5, "rounds": 1})
     if args.inline_child is not None:
         return inline_child(args.inline_child, args.inline_seconds, args.json)
+    if args.stages_child:
+        return stages_child(args.inline_n, args.stages_child)
+    if args.driver:
+        fn = DRIVERS[args.driver]
+        expect = _fib(args.inline_n)
+        for _ in range(args.times + 1):
+            assert fn(args.inline_n) == expect
+        return 0
+    if args.stages:
+        text, data = profile_stages(args)
+        print(text)
+        B.write_json(args.json, data)
+        return 0
     spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     if not os.path.exists(spy):
         print("py-spy is not installed (`pip install py-spy`): no profile of tasks.")
@@ -342,6 +377,201 @@ def _floor_run(func, args):
             stack[-1][2].append(stop.value)
             continue
         top[1], top[2], top[3] = y, [], 0
+
+
+def _floor_calls(func, args, deliver: bool = False):
+    """``_floor_run`` driving ``@coroutine`` calls as the engine reads them (the
+    ``InlineCall`` protocol: ``__dask_coro_inline__``, ``__dask_coro_args__``),
+    made by the real body (``fib.__wrapped__``); with ``deliver``, each value
+    is also kept on its call, as the engine does (``__dask_coro_value__``)."""
+    gen_type = types.GeneratorType
+    out = func(*args)
+    try:
+        y = out.send(None)
+    except StopIteration as stop:
+        return stop.value
+    stack = [[out, y, [], 0]]
+    while True:
+        top = stack[-1]
+        leaves, results, i = top[1], top[2], top[3]
+        if i < len(leaves):
+            top[3] = i + 1
+            leaf = leaves[i]
+            o = leaf.__dask_coro_inline__(*leaf.__dask_coro_args__)
+            if type(o) is gen_type:
+                try:
+                    y = o.send(None)
+                except StopIteration as stop:
+                    results.append(stop.value)
+                    if deliver:
+                        leaf.__dask_coro_value__ = stop.value
+                        leaf.__dask_coro_inline__ = None
+                    continue
+                stack.append([o, y, [], 0])
+                continue
+            results.append(o)
+            continue
+        try:
+            y = top[0].send(results)
+        except StopIteration as stop:
+            stack.pop()
+            if not stack:
+                return stop.value
+            up = stack[-1]
+            up[2].append(stop.value)
+            if deliver:
+                leaf = up[1][up[3] - 1]
+                leaf.__dask_coro_value__ = stop.value
+                leaf.__dask_coro_inline__ = None
+            continue
+        top[1], top[2], top[3] = y, [], 0
+
+
+def _worker_fib(n: int) -> int:
+    """fib(n) through the trampoline wired as a worker's runner wires it for
+    a run (``runtime.worker``): counting calls per function for progress and
+    tree, asking a cancelled() callback every check_every calls, reading
+    an ``Idle`` the scheduler's pushes set (0 here: nothing handed out)."""
+    from dask_coro.core.engine import Done, Idle
+    from dask_coro.runtime.call import trampoline
+
+    tramp = trampoline("fib", inline=True, count=True, idle=Idle(0), cancelled=lambda: False)
+    out = tramp.start(fib.__wrapped__, (n,), {})
+    assert type(out) is Done
+    return out.step.value
+
+
+# (row, how it is measured): each stage is the difference of two timings.
+STAGES = [
+    ("body and generators: fib's body with `(func, args)` tuples for calls, driven by the "
+     "least generator trampoline (`_floor_run`)", "floor"),
+    ("call object: the body makes `@coroutine` calls (`fib(i - 1)`), the driver reads their "
+     "`__dask_coro_inline__` and `__dask_coro_args__` (`_floor_calls` less the floor)", "call"),
+    ("result delivery: each value also kept on its call (`__dask_coro_value__`), as the engine "
+     "keeps it (`_floor_calls(deliver=True)` less the above)", "deliver"),
+    ("trampoline step: `Trampoline` itself (stack, `Frame`s, yield checks, annotations, the "
+     "per-call stop and idle reads) less the driver above", "step"),
+    ("bookkeeping for progress, cancellation and stealing as a worker wires the run "
+     "(`count=True`, a `cancelled()` callback, an `Idle`) less the bare `Trampoline`",
+     "bookkeeping"),
+]
+
+
+DRIVERS = {
+    "seq": lambda n: _fib(n),
+    "floor": lambda n: _floor_run(_floor_body, (n,)),
+    "calls": lambda n: _floor_calls(fib.__wrapped__, (n,)),
+    "deliver": lambda n: _floor_calls(fib.__wrapped__, (n,), True),
+    "tramp": lambda n: _tramp_fib(n),
+    "worker": lambda n: _worker_fib(n),
+}
+
+
+def stages_child(n: int, path: str) -> int:
+    """Times fib(n) by each driver in this process; writes ns per call."""
+    import dask_coro
+
+    calls = 2 * _fib(n + 1) - 1
+    expect = _fib(n)
+    body = fib.__wrapped__
+    assert _floor_run(_floor_body, (n,)) == expect
+    assert _floor_calls(body, (n,)) == expect
+    assert _floor_calls(body, (n,), True) == expect
+    assert _tramp_fib(n) == expect and _worker_fib(n) == expect
+    runs = {k: functools.partial(fn, n) for k, fn in DRIVERS.items()}
+    # Interleaved, the best of 9 each: the machine's load varies less
+    # between neighbouring runs than over the whole measurement.
+    best = {k: float("inf") for k in runs}
+    for _ in range(9):
+        for k, fn in runs.items():
+            best[k] = min(best[k], B.timed(fn)[0])
+    ns = {k: v / calls * 1e9 for k, v in best.items()}
+    B.write_json(path, {"n": n, "calls": calls, "ns": ns, "package": dask_coro.__file__})
+    return 0
+
+
+def _stage_rows(ns: dict[str, float]) -> dict[str, float]:
+    return {
+        "floor": ns["floor"],
+        "call": ns["calls"] - ns["floor"],
+        "deliver": ns["deliver"] - ns["calls"],
+        "step": ns["tramp"] - ns["deliver"],
+        "bookkeeping": ns["worker"] - ns["tramp"],
+        "tramp": ns["tramp"],
+        "worker": ns["worker"],
+        "seq": ns["seq"],
+    }
+
+
+def profile_stages(args) -> tuple[str, dict]:
+    """The stage table: this tree (and --rev's) in fresh processes, in turn."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    trees = {"after": here}
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.tree:
+            rev = os.path.basename(os.path.abspath(args.tree))
+            trees = {"before": os.path.abspath(args.tree), "after": here}
+        elif args.rev:
+            before = os.path.join(tmp, "before")
+            os.mkdir(before)
+            rev = subprocess.run(["git", "rev-parse", "--short", args.rev], cwd=here,
+                                 capture_output=True, text=True, check=True).stdout.strip()
+            archive = subprocess.run(["git", "archive", args.rev, "dask_coro"], cwd=here,
+                                     capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", before], input=archive, check=True)
+            trees = {"before": before, "after": here}
+        got: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
+        for r in range(args.rounds):
+            # A B, then B A: neither tree always runs right after the other.
+            order = list(trees.items()) if r % 2 == 0 else list(reversed(trees.items()))
+            for name, root in order:
+                out = os.path.join(tmp, f"{name}-{r}.json")
+                env = dict(os.environ, PYTHONPATH=root)
+                subprocess.run([sys.executable, os.path.abspath(__file__), "--stages-child", out,
+                                "--inline-n", str(args.inline_n)], env=env, check=True,
+                               cwd=here)
+                with open(out) as f:
+                    child = json.load(f)
+                assert child["package"].startswith(root), child["package"]
+                got[name].append(_stage_rows(child["ns"]))
+    med = {name: {k: B.median(r[k] for r in rows) for k in rows[0]} for name, rows in got.items()}
+    n = args.inline_n
+    cols = list(trees)
+    head = [f"ns per inline call, fib({n}) in one process"] + [
+        (f"before ({rev})" if c == "before" else "this tree") for c in cols]
+    compare = len(cols) > 1
+    if compare:
+        head.append("change")
+
+    def row(label: str, key: str, bold: bool = False) -> list[str]:
+        cells = [label] + [f"{med[c][key]:.0f}" for c in cols]
+        if compare:
+            cells.append(f"{med['after'][key] - med['before'][key]:+.0f}")
+        if bold:
+            cells = [f"**{x}**" for x in cells]
+        return cells
+
+    rows = [row(label, key) for label, key in STAGES]
+    rows.append(row("all, as a worker runs it (the sum of the above)", "worker", bold=True))
+    rows.append(row("the bare `Trampoline` (no counting, no callback)", "tramp"))
+    rows.append(row("sequential Python (`def fib`)", "seq"))
+    for c in cols:
+        med[c]["x_seq"] = med[c]["worker"] / med[c]["seq"]
+    rows.append(["as a worker / sequential"] + [f"{med[c]['x_seq']:.1f} x" for c in cols]
+                + ([""] if compare else []))
+    text = "\n".join([
+        f"### An inline call by stage: fib({n}) ({2 * _fib(n + 1) - 1} calls) in one process",
+        "",
+        B.table(head, rows),
+        "",
+        B.fill(
+            f"Each figure is the median over {args.rounds} fresh processes per tree"
+            + (", the two trees in turn (A B, B A, ...)" if compare else "")
+            + f"; in each process every driver runs fib({n}) 9 times, interleaved, and the "
+            "fastest run counts. A stage is the difference between two drivers that differ "
+            "by it alone, so a small stage is rough (noise of a few ns)."),
+    ])
+    return text, {"n": n, "rev": args.rev, "tree": args.tree, "rounds": args.rounds, "median": med, "runs": got}
 
 
 def inline_child(n: int, seconds: float, path: str) -> int:

@@ -153,6 +153,69 @@ def test_results_keep_the_yielded_shape():
 
 
 @coroutine
+def tuple_fib(i):
+    """fib yielding tuples: its first yield is taken where the call starts,
+    the later ones where its body is resumed (the engine's two fast paths)."""
+    if i < 2:
+        return i
+    a, b = yield (tuple_fib(i - 1), tuple_fib(i - 2))
+    got = yield (rec(a), rec(b))
+    assert type(got) is tuple
+    return got[0] + got[1]
+
+
+@coroutine
+def tuple_shapes():
+    first = yield (rec(1), grec("g"))
+    second = yield (rec(2),)
+    return first, second
+
+
+def test_tuple_yields_of_calls_resume_with_tuples_on_every_path():
+    t, out = start(tuple_fib, 10)
+    assert returned(out) == 55
+    assert t.stack == []
+    _t, out = start(tuple_shapes)
+    first, second = returned(out)
+    # The same shapes as dask.compute gives for the same tuples of Delayed.
+    expect = dask.compute((dask.delayed(1), dask.delayed(("g", "g.child"))), (dask.delayed(2),))
+    assert (first, second) == expect
+    assert type(first) is tuple and type(second) is tuple and type(first[1]) is tuple
+
+
+@coroutine
+def tuple_steal_root():
+    return (yield (rec("a"), rec("b"), rec("c")))
+
+
+def test_tuple_yield_of_calls_is_stolen_as_a_list_is():
+    idle = Idle(1)
+    t, out = start(tuple_steal_root, tramp=make(idle=idle))
+    assert type(out) is Submit and out.wait is False
+    assert positions(out) == [("root", [2])]
+    idle.n = 0
+    out = t.run()
+    assert LOG == ["a", "b"]
+    assert type(out) is Submit and out.wait is True
+    value = returned(t.resume(["c"]))
+    assert value == ("a", "b", "c") and type(value) is tuple
+
+
+@coroutine
+def tuple_under_annotate():
+    with dask.annotate(priority=5):
+        return (yield (rec(1), rec(2)))
+
+
+def test_tuple_yield_of_calls_under_annotate_is_remote():
+    _t, out = start(tuple_under_annotate)
+    assert type(out) is Submit and out.wait is True
+    (frame, pos), = out.batches
+    assert list(pos) == [0, 1] and frame.ann == {"priority": 5}
+    assert LOG == []
+
+
+@coroutine
 def yields_one_delayed():
     value = yield delayed_leaf(5)
     return value * 2

@@ -858,7 +858,8 @@ class Trampoline:
                         method, arg = top.body.send, value
                         break
                     # The common case, stepped here: a generator with no
-                    # scope, whose next step yields inline calls or returns.
+                    # scope, whose next step yields a list or tuple of inline
+                    # calls, or returns.
                     try:
                         y = top.body.send(value)
                     except StopIteration as stop:
@@ -885,7 +886,8 @@ class Trampoline:
                         method, out, ended = _STEPPED, e, _RAISED
                         break
                     del value
-                    if type(y) is list and ((a := ann_now()) is own or not a):
+                    yt = type(y)
+                    if (yt is list or yt is tuple) and ((a := ann_now()) is own or not a):
                         for x in y:
                             if type(x) is not call_type or (
                                 x.__dask_coro_inline__ is None
@@ -895,7 +897,7 @@ class Trampoline:
                         else:
                             n = len(y)
                             top.index += 1
-                            top.shape = list
+                            top.shape = yt
                             top.leaves = leaves = y
                             top.results = results = [_PENDING] * n
                             top.todo = todo = _RANGES[n] if n < _NRANGES else tuple(range(n))
@@ -988,8 +990,8 @@ class Trampoline:
                         break
                     # Its first step, here: most calls of fine-grained
                     # recursion return at once, with no frame and no trip
-                    # through the step above; the rest mostly yield inline
-                    # calls, and get their frame here.
+                    # through the step above; the rest mostly yield a list or
+                    # tuple of inline calls, and get their frame here.
                     try:
                         y = out.send(None)
                     except StopIteration as stop:
@@ -1008,7 +1010,12 @@ class Trampoline:
                         fresh, body, method = pos, out, _STEPPED
                         out, ended = e, _RAISED
                         break
-                    if type(y) is list and stack[-1] is top and ((a := ann_now()) is own or not a):
+                    yt = type(y)
+                    if (
+                        (yt is list or yt is tuple)
+                        and stack[-1] is top
+                        and ((a := ann_now()) is own or not a)
+                    ):
                         for x in y:
                             if type(x) is not call_type or (
                                 x.__dask_coro_inline__ is None
@@ -1029,7 +1036,7 @@ class Trampoline:
                             new.sent = 0
                             new.ann = None
                             n = len(y)
-                            new.shape = list
+                            new.shape = yt
                             new.leaves = leaves = y
                             new.results = results = [_PENDING] * n
                             new.todo = todo = _RANGES[n] if n < _NRANGES else tuple(range(n))
