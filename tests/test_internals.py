@@ -256,6 +256,53 @@ async def test_client_stream_is_ordered_with_graph_submissions(c, s, a):
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_flush_client_stream_sends_before_the_interval_ends(c, s, a):
+    # BatchedSend._background_send waits for next_deadline after each batch;
+    # flush_stream clears it and wakes the sender. With an interval of an
+    # hour, the second message arrives only if the flush sent it.
+    got = []
+    arrived = asyncio.Event()
+
+    def handler(n=None, client=None):
+        got.append(n)
+        arrived.set()
+
+    pv.add_handlers(s, stream={"test-flush-op": handler})
+    c.scheduler_comm.interval = 3600
+    pv.send_on_client_stream(c, {"op": "test-flush-op", "n": 1})  # idle stream: sent now
+    await asyncio.wait_for(arrived.wait(), 10)
+    arrived.clear()
+    pv.send_on_client_stream(c, {"op": "test-flush-op", "n": 2})  # held for the hour
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert got == [1] and c.scheduler_comm.buffer
+    pv.flush_client_stream(c)
+    await asyncio.wait_for(arrived.wait(), 10)
+    assert got == [1, 2]
+    c.scheduler_comm.interval = 0.01
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_send_to_worker_now_sends_before_the_interval_ends(c, s, a):
+    got = []
+    pv.add_handlers(a, stream={"test-op": lambda n, **kw: got.append(n)})
+    stream = s.stream_comms[a.address]
+    stream.interval = 3600
+    assert pv.send_to_worker(s, a.address, {"op": "test-op", "n": 1})
+    while not got:
+        await asyncio.sleep(0.01)
+    assert pv.send_to_worker(s, a.address, {"op": "test-op", "n": 2})
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert got == [1] and stream.buffer  # held for the hour
+    assert pv.send_to_worker(s, a.address, {"op": "test-op", "n": 3}, now=True)
+    while len(got) < 3:
+        await asyncio.sleep(0.01)
+    assert got == [1, 2, 3]  # in order, both sent by the flush
+    stream.interval = 0.005
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
 async def test_batch_interval_is_the_client_streams(c, s, a):
     pv.set_batch_interval(c, 0.002)
     assert c.scheduler_comm.interval == 0.002

@@ -255,7 +255,10 @@ class InlinePlugin(SchedulerPlugin):
         sent = 0
         for i, address in enumerate(chosen):
             share = each + (i < extra)
-            if private.send_to_worker(self.scheduler, address, {"op": IDLE, "n": share}):
+            # Sent now, not at the end of the stream's 5 ms batch: a thread
+            # idles until the worker hears of it (the push that follows a
+            # tree's start, right after its compute-task, waited out the batch).
+            if private.send_to_worker(self.scheduler, address, {"op": IDLE, "n": share}, now=True):
                 self.counts["push"] += 1
                 self.counts["pushed"] += share
                 sent += 1
