@@ -256,6 +256,32 @@ async def test_client_stream_is_ordered_with_graph_submissions(c, s, a):
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_get_in_order_gives_the_scheduler_its_order(c, s, a, monkeypatch):
+    # Client._graph_to_futures takes internal_priority; Scheduler.update_graph
+    # then skips dask.order.order (its offload), and _set_priorities uses ours.
+    import dask.order
+
+    ordered = []
+    real = dask.order.order
+    monkeypatch.setattr(dask.order, "order", lambda *a, **k: ordered.append(1) or real(*a, **k))
+    graph = {"io-x": (operator.add, 1, 1), "io-y": (operator.mul, "io-x", 10)}
+    fy, fx = pv.get_in_order(c, graph, ["io-y", "io-x"])
+    assert (fy.key, fx.key) == ("io-y", "io-x")
+    assert await fy == 20 and await fx == 2
+    assert s.tasks["io-x"].priority[-1] == 0 and s.tasks["io-y"].priority[-1] == 1
+    assert not ordered
+    # Annotated (a HighLevelGraph), as a coroutine's children may be.
+    annotated = pv.annotated_graph({"io-z": (operator.add, 2, 3)}, {"io-z": {"retries": 2}})
+    (fz,) = pv.get_in_order(c, annotated, ["io-z"])
+    assert await fz == 5
+    assert s.tasks["io-z"].retries == 2 and s.tasks["io-z"].priority[-1] == 0
+    assert not ordered
+    # Client.get has its graph ordered on the scheduler.
+    assert await c.get({"io-w": (operator.add, 1, 2)}, "io-w", sync=False) == 3
+    assert ordered
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
 async def test_flush_client_stream_sends_before_the_interval_ends(c, s, a):
     # BatchedSend._background_send waits for next_deadline after each batch;
     # flush_stream clears it and wakes the sender. With an interval of an

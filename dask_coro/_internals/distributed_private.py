@@ -344,6 +344,31 @@ def send_on_client_stream(client: Any, msg: dict[str, Any]) -> None:
     client._send_to_scheduler(msg)
 
 
+def get_in_order(client: Any, graph: Any, keys: list[Key]) -> list[Any]:
+    """``client.get(graph, keys, sync=False)``, the futures of ``keys``, with
+    the graph's order given: each task's priority is its place among
+    ``graph``'s keys (dependencies first), so ``Scheduler.update_graph`` does
+    not order the graph with ``dask.order.order`` on its offload thread, one
+    thread hop less before the tasks are assigned (it orders only when the
+    message has no ``internal_priority``; ``Scheduler._set_priorities`` gives
+    a task missing from it no priority, so every key of the graph is in it).
+    ``Client.get`` takes no order; ``Client._graph_to_futures``, which it
+    calls, does. For small graphs whose order does not matter."""
+    from dask._expr import HLGExpr, LLGExpr
+    from distributed.spans import SpanMetadata
+
+    order = {k: i for i, k in enumerate(graph.keys())}
+    expr = HLGExpr(graph) if isinstance(graph, HighLevelGraph) else LLGExpr(graph)
+    futures = client._graph_to_futures(
+        expr=expr,
+        keys=set(keys),
+        span_metadata=SpanMetadata(collections=[{"type": "low-level-graph"}]),
+        internal_priority=order,
+        fifo_timeout="60s",  # Client.get's default
+    )
+    return [futures[k] for k in keys]
+
+
 def flush_client_stream(client: Any) -> None:
     """Send what the client's batched stream holds on the event loop's next
     turn, not at the end of its batch interval (``flush_stream``)."""

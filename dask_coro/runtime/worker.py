@@ -721,7 +721,15 @@ class _Run:
             # ranks a graph by its submitting task.
             annotations = await self._child_annotations()
             with private.submitting_as(self.key), dask.annotate(**annotations):
-                futures = client.get(private.annotated_graph(graph, annotated), list(wanted), sync=False)
+                full = private.annotated_graph(graph, annotated)
+                if now:
+                    # Calls handed out to idle threads: a few tasks, in the
+                    # order they were handed out (the oldest, biggest, first);
+                    # the scheduler need not order them, and the message goes
+                    # at once.
+                    futures = private.get_in_order(client, full, list(wanted))
+                else:
+                    futures = client.get(full, list(wanted), sync=False)
             new = dict(zip(wanted, futures))
             if now:
                 private.flush_client_stream(client)
