@@ -11,8 +11,8 @@ Two ways, chosen on each worker by ``coro.inline.stealing``:
   joins or runs again, a worker subscribes; and, while threads were idle at
   the last look with no worker to tell, a task starts on a subscribed worker:
   a new tree there frees no thread until it ends), at most once per ``coro.inline.interval`` (a look
-  that only task starts asked for and that finds no idle thread does not
-  count), and when some are idle it sends ``{op: IDLE, n}``
+  that only task starts, or the look again after a push, asked for and that
+  finds no idle thread does not count), and when some are idle it sends ``{op: IDLE, n}``
   to as few subscribers as it takes: round robin, one idle thread each (the
   ``n`` split among them when there are more threads than subscribers), so one
   freed thread makes one worker hand out one task, whatever the number of
@@ -219,7 +219,11 @@ class InlinePlugin(SchedulerPlugin):
             self._backoff = min(MAX_BACKOFF, max(self._backoff, self.interval, 0.001) * 2)
         self._left = n
         self._stranded = not self._push(n)
-        self._counted = True  # the look again, below, counts
+        # The look again, below, counts only if it finds threads still idle
+        # (then it pushes again). One that finds none (the thieves started:
+        # the common case) must not delay the look at the next thread that
+        # frees by an interval: that thread would idle for up to 20 ms.
+        # Such looks are at most one per push.
         self._look(self._backoff)
 
     def _push(self, n: int) -> int:
