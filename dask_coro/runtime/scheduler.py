@@ -80,6 +80,7 @@ class InlinePlugin(SchedulerPlugin):
         self._timer: asyncio.TimerHandle | None = None
         self._due = 0.0  # when the timer fires
         self._last = -float("inf")  # when the last check ran
+        self._last_start = -float("inf")  # when the last look a start asked for ran
         self._backoff = 0.0
         self._left = 0  # idle threads at the last check
         self._counted = False  # the next check was asked for by more than task starts
@@ -173,13 +174,21 @@ class InlinePlugin(SchedulerPlugin):
         that may give idle threads work started): look, once the current
         transitions are done (a queued task may take the thread at once), and
         no sooner than ``interval`` after the last look that counts (see
-        ``_check``)."""
+        ``_check``). A start is looked at no sooner than ``interval`` after
+        the last start looked at: its own limit, as the looks at the threads
+        the last tree left idle (which told nobody) come just before it, and
+        would hold the new tree's first hand-out back by up to an interval."""
         if not self.subscribed:
             return
         self.counts["event"] += 1
-        if not start:
+        now = monotonic()
+        if start:
+            delay = max(0.0, self._last_start + self.interval - now)
+            self._last_start = now + delay
+        else:
             self._counted = True
-        self._look(max(0.0, self._last + self.interval - monotonic()))
+            delay = max(0.0, self._last + self.interval - now)
+        self._look(delay)
 
     def _look(self, delay: float) -> None:
         due = monotonic() + delay
