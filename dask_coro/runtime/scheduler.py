@@ -10,7 +10,8 @@ Two ways, chosen on each worker by ``coro.inline.stealing``:
   ``processing``, a task secedes, a queued or unrunnable task goes, a worker
   joins or runs again, a worker subscribes; and, while threads were idle at
   the last look with no worker to tell, a task starts on a subscribed worker:
-  a new tree there frees no thread until it ends), at most once per ``coro.inline.interval`` (a look
+  a new tree there frees no thread until it ends), at most once per ``coro.inline.interval`` (a start at most once per
+  interval besides; a look
   that only task starts, or the look again after a push, asked for and that
   finds no idle thread does not count), and when some are idle it sends ``{op: IDLE, n}``
   to as few subscribers as it takes: round robin, one idle thread each (the
