@@ -764,6 +764,47 @@ async def test_a_tree_starting_on_a_subscribed_worker_is_pushed_to_at_once(c, s,
     assert events_at_push and events_at_push[0] > events
 
 
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1), ("", 1)])
+async def test_a_push_is_not_held_for_the_rest_of_a_batch(c, s, a, b):
+    """The push that follows a tree's start goes on the stream that just
+    carried the tree's compute-task, whose next batch waits out the stream's
+    interval (5 ms; 10 s here): it is sent at once. Held, it would come after
+    a had run the whole tree (64 leaves of 10 ms) inline."""
+    assert len(await c.compute(sleepy_where(2), workers=[a.address])) == 4
+    plugin = s.plugins[INLINE]
+    assert a.address in plugin.subscribed
+    a.plugins[_KeyWatcher.name].stealer.cancel()  # a stays subscribed
+    checks = plugin.counts["check"]
+    await async_poll_for(lambda: plugin.counts["check"] > checks, timeout=20)
+    stream = s.stream_comms[a.address]
+    interval, stream.interval = stream.interval, 10
+    try:
+        where = await c.compute(sleepy_where(6), workers=[a.address])
+    finally:
+        stream.interval = interval
+    assert len(where) == 64 and b.address in where
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1), ("", 1)])
+async def test_a_tree_starting_right_after_a_look_is_pushed_to_at_once(c, s, a, b):
+    """The looks at the threads a tree left idle tell nobody (no worker runs a
+    task) and hold the next look back by an interval; a tree that starts
+    meanwhile on a subscribed worker is looked at at once all the same (a
+    start has a limit of its own), so its first hand-out does not wait out
+    the interval (an hour here)."""
+    assert len(await c.compute(sleepy_where(2), workers=[a.address])) == 4
+    plugin = s.plugins[INLINE]
+    assert a.address in plugin.subscribed
+    a.plugins[_KeyWatcher.name].stealer.cancel()  # a stays subscribed
+    await async_poll_for(lambda: plugin._stranded, timeout=20)
+    plugin.interval = 3600
+    plugin._last = time.monotonic()  # as if that look had just run
+    where = await c.compute(sleepy_where(6), workers=[a.address])
+    assert len(where) == 64 and b.address in where
+
+
 @coroutine
 def switch_interval():
     return sys.getswitchinterval()

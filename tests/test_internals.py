@@ -256,6 +256,79 @@ async def test_client_stream_is_ordered_with_graph_submissions(c, s, a):
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_get_in_order_gives_the_scheduler_its_order(c, s, a, monkeypatch):
+    # Client._graph_to_futures takes internal_priority; Scheduler.update_graph
+    # then skips dask.order.order (its offload), and _set_priorities uses ours.
+    import dask.order
+
+    ordered = []
+    real = dask.order.order
+    monkeypatch.setattr(dask.order, "order", lambda *a, **k: ordered.append(1) or real(*a, **k))
+    graph = {"io-x": (operator.add, 1, 1), "io-y": (operator.mul, "io-x", 10)}
+    fy, fx = pv.get_in_order(c, graph, ["io-y", "io-x"])
+    assert (fy.key, fx.key) == ("io-y", "io-x")
+    assert await fy == 20 and await fx == 2
+    assert s.tasks["io-x"].priority[-1] == 0 and s.tasks["io-y"].priority[-1] == 1
+    assert not ordered
+    # Annotated (a HighLevelGraph), as a coroutine's children may be.
+    annotated = pv.annotated_graph({"io-z": (operator.add, 2, 3)}, {"io-z": {"retries": 2}})
+    (fz,) = pv.get_in_order(c, annotated, ["io-z"])
+    assert await fz == 5
+    assert s.tasks["io-z"].retries == 2 and s.tasks["io-z"].priority[-1] == 0
+    assert not ordered
+    # Client.get has its graph ordered on the scheduler.
+    assert await c.get({"io-w": (operator.add, 1, 2)}, "io-w", sync=False) == 3
+    assert ordered
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_flush_client_stream_sends_before_the_interval_ends(c, s, a):
+    # BatchedSend._background_send waits for next_deadline after each batch;
+    # flush_stream clears it and wakes the sender. With an interval of an
+    # hour, the second message arrives only if the flush sent it.
+    got = []
+    arrived = asyncio.Event()
+
+    def handler(n=None, client=None):
+        got.append(n)
+        arrived.set()
+
+    pv.add_handlers(s, stream={"test-flush-op": handler})
+    c.scheduler_comm.interval = 3600
+    pv.send_on_client_stream(c, {"op": "test-flush-op", "n": 1})  # idle stream: sent now
+    await asyncio.wait_for(arrived.wait(), 10)
+    arrived.clear()
+    pv.send_on_client_stream(c, {"op": "test-flush-op", "n": 2})  # held for the hour
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert got == [1] and c.scheduler_comm.buffer
+    pv.flush_client_stream(c)
+    await asyncio.wait_for(arrived.wait(), 10)
+    assert got == [1, 2]
+    c.scheduler_comm.interval = 0.01
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_send_to_worker_now_sends_before_the_interval_ends(c, s, a):
+    got = []
+    pv.add_handlers(a, stream={"test-op": lambda n, **kw: got.append(n)})
+    stream = s.stream_comms[a.address]
+    stream.interval = 3600
+    assert pv.send_to_worker(s, a.address, {"op": "test-op", "n": 1})
+    while not got:
+        await asyncio.sleep(0.01)
+    assert pv.send_to_worker(s, a.address, {"op": "test-op", "n": 2})
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert got == [1] and stream.buffer  # held for the hour
+    assert pv.send_to_worker(s, a.address, {"op": "test-op", "n": 3}, now=True)
+    while len(got) < 3:
+        await asyncio.sleep(0.01)
+    assert got == [1, 2, 3]  # in order, both sent by the flush
+    stream.interval = 0.005
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
 async def test_batch_interval_is_the_client_streams(c, s, a):
     pv.set_batch_interval(c, 0.002)
     assert c.scheduler_comm.interval == 0.002

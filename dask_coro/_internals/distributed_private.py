@@ -344,6 +344,50 @@ def send_on_client_stream(client: Any, msg: dict[str, Any]) -> None:
     client._send_to_scheduler(msg)
 
 
+def get_in_order(client: Any, graph: Any, keys: list[Key]) -> list[Any]:
+    """``client.get(graph, keys, sync=False)``, the futures of ``keys``, with
+    the graph's order given: each task's priority is its place among
+    ``graph``'s keys (dependencies first), so ``Scheduler.update_graph`` does
+    not order the graph with ``dask.order.order`` on its offload thread, one
+    thread hop less before the tasks are assigned (it orders only when the
+    message has no ``internal_priority``; ``Scheduler._set_priorities`` gives
+    a task missing from it no priority, so every key of the graph is in it).
+    ``Client.get`` takes no order; ``Client._graph_to_futures``, which it
+    calls, does. For small graphs whose order does not matter."""
+    from dask._expr import HLGExpr, LLGExpr
+    from distributed.spans import SpanMetadata
+
+    order = {k: i for i, k in enumerate(graph.keys())}
+    expr = HLGExpr(graph) if isinstance(graph, HighLevelGraph) else LLGExpr(graph)
+    futures = client._graph_to_futures(
+        expr=expr,
+        keys=set(keys),
+        span_metadata=SpanMetadata(collections=[{"type": "low-level-graph"}]),
+        internal_priority=order,
+        fifo_timeout="60s",  # Client.get's default
+    )
+    return [futures[k] for k in keys]
+
+
+def flush_client_stream(client: Any) -> None:
+    """Send what the client's batched stream holds on the event loop's next
+    turn, not at the end of its batch interval (``flush_stream``)."""
+    flush_stream(getattr(client, "scheduler_comm", None))
+
+
+def flush_stream(stream: Any) -> None:
+    """Have a ``BatchedSend`` send what it holds on the event loop's next
+    turn. ``BatchedSend._background_send`` sends a message at once only when
+    the stream sent nothing in the last ``interval``; otherwise it waits for
+    ``next_deadline``, the end of the interval that began with the last batch.
+    Clearing the deadline and waking the sender sends now (one batch more);
+    the order of messages is kept. Call on the stream's event loop."""
+    if stream is None or stream.comm is None or not stream.buffer:
+        return
+    stream.next_deadline = None
+    stream.waker.set()
+
+
 def set_batch_interval(client: Any, seconds: float) -> None:
     """How long the client's batched stream gathers messages before it sends
     (``Client.scheduler_comm``, a ``BatchedSend`` with ``interval``)."""
@@ -453,11 +497,13 @@ def store_worker_plugin(scheduler: Any, name: str, pickled: bytes) -> None:
     scheduler.worker_plugins[name] = pickled
 
 
-def send_to_worker(scheduler: Any, worker: str, msg: dict[str, Any]) -> bool:
+def send_to_worker(scheduler: Any, worker: str, msg: dict[str, Any], now: bool = False) -> bool:
     """Send ``msg`` on the scheduler's batched stream to ``worker``
-    (``Scheduler.stream_comms``, a ``BatchedSend``); False if it has none
-    or it is closed (the worker is going). The worker must have a stream
-    handler for ``msg["op"]``: an op it has none for closes the stream."""
+    (``Scheduler.stream_comms``, a ``BatchedSend``, which batches over 5 ms);
+    with ``now``, on the loop's next turn even if the stream sent a batch less
+    than 5 ms ago (``flush_stream``). False if it has none or it is closed
+    (the worker is going). The worker must have a stream handler for
+    ``msg["op"]``: an op it has none for closes the stream."""
     stream = scheduler.stream_comms.get(worker)
     if stream is None:
         return False
@@ -465,6 +511,8 @@ def send_to_worker(scheduler: Any, worker: str, msg: dict[str, Any]) -> bool:
         stream.send(msg)
     except CommClosedError:
         return False
+    if now:
+        flush_stream(stream)
     return True
 
 

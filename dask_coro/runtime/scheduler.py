@@ -10,9 +10,10 @@ Two ways, chosen on each worker by ``coro.inline.stealing``:
   ``processing``, a task secedes, a queued or unrunnable task goes, a worker
   joins or runs again, a worker subscribes; and, while threads were idle at
   the last look with no worker to tell, a task starts on a subscribed worker:
-  a new tree there frees no thread until it ends), at most once per ``coro.inline.interval`` (a look
-  that only task starts asked for and that finds no idle thread does not
-  count), and when some are idle it sends ``{op: IDLE, n}``
+  a new tree there frees no thread until it ends), at most once per ``coro.inline.interval`` (a start at most once per
+  interval besides; a look
+  that only task starts, or the look again after a push, asked for and that
+  finds no idle thread does not count), and when some are idle it sends ``{op: IDLE, n}``
   to as few subscribers as it takes: round robin, one idle thread each (the
   ``n`` split among them when there are more threads than subscribers), so one
   freed thread makes one worker hand out one task, whatever the number of
@@ -80,6 +81,7 @@ class InlinePlugin(SchedulerPlugin):
         self._timer: asyncio.TimerHandle | None = None
         self._due = 0.0  # when the timer fires
         self._last = -float("inf")  # when the last check ran
+        self._last_start = -float("inf")  # when the last look a start asked for ran
         self._backoff = 0.0
         self._left = 0  # idle threads at the last check
         self._counted = False  # the next check was asked for by more than task starts
@@ -173,13 +175,21 @@ class InlinePlugin(SchedulerPlugin):
         that may give idle threads work started): look, once the current
         transitions are done (a queued task may take the thread at once), and
         no sooner than ``interval`` after the last look that counts (see
-        ``_check``)."""
+        ``_check``). A start is looked at no sooner than ``interval`` after
+        the last start looked at: its own limit, as the looks at the threads
+        the last tree left idle (which told nobody) come just before it, and
+        would hold the new tree's first hand-out back by up to an interval."""
         if not self.subscribed:
             return
         self.counts["event"] += 1
-        if not start:
+        now = monotonic()
+        if start:
+            delay = max(0.0, self._last_start + self.interval - now)
+            self._last_start = now + delay
+        else:
             self._counted = True
-        self._look(max(0.0, self._last + self.interval - monotonic()))
+            delay = max(0.0, self._last + self.interval - now)
+        self._look(delay)
 
     def _look(self, delay: float) -> None:
         due = monotonic() + delay
@@ -219,7 +229,11 @@ class InlinePlugin(SchedulerPlugin):
             self._backoff = min(MAX_BACKOFF, max(self._backoff, self.interval, 0.001) * 2)
         self._left = n
         self._stranded = not self._push(n)
-        self._counted = True  # the look again, below, counts
+        # The look again, below, counts only if it finds threads still idle
+        # (then it pushes again). One that finds none (the thieves started:
+        # the common case) must not delay the look at the next thread that
+        # frees by an interval: that thread would idle for up to 20 ms.
+        # Such looks are at most one per push.
         self._look(self._backoff)
 
     def _push(self, n: int) -> int:
@@ -255,7 +269,10 @@ class InlinePlugin(SchedulerPlugin):
         sent = 0
         for i, address in enumerate(chosen):
             share = each + (i < extra)
-            if private.send_to_worker(self.scheduler, address, {"op": IDLE, "n": share}):
+            # Sent now, not at the end of the stream's 5 ms batch: a thread
+            # idles until the worker hears of it (the push that follows a
+            # tree's start, right after its compute-task, waited out the batch).
+            if private.send_to_worker(self.scheduler, address, {"op": IDLE, "n": share}, now=True):
                 self.counts["push"] += 1
                 self.counts["pushed"] += share
                 sent += 1

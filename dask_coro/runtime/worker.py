@@ -528,7 +528,7 @@ class _Run:
                     continue
                 assert type(out) is Submit
                 if out.batches:
-                    await self._submit(out.batches, tramp.own_annotations)
+                    await self._submit(out.batches, tramp.own_annotations, now=not out.wait)
                     if not out.wait:
                         watcher.handed(sum(len(p) for _, p in out.batches))
                 if not out.wait:
@@ -699,10 +699,13 @@ class _Run:
             client = futures[0].client
             client.loop.add_callback(plugin.let_go, client, [f.key for f in futures])
 
-    async def _submit(self, batches: list[tuple[Frame, list[int]]], own: Any) -> None:
+    async def _submit(self, batches: list[tuple[Frame, list[int]]], own: Any,
+                      now: bool = False) -> None:
         """Plan the remote leaves of each frame (keys derived from the frame's
         place under our key, annotated as the frame's yield was, ``own`` the
-        run's own annotations) and submit them all in one message."""
+        run's own annotations) and submit them all in one message; with
+        ``now`` (calls handed out to idle threads, which wait for them) sent
+        on the loop's next turn, not at the end of the client's batch."""
         client = await self._client()
         graph: dict[Key, Any] = {}
         wanted: dict[Key, None] = {}
@@ -741,8 +744,18 @@ class _Run:
             # ranks a graph by its submitting task.
             annotations = await self._child_annotations()
             with private.submitting_as(self.key), dask.annotate(**annotations):
-                futures = client.get(private.annotated_graph(graph, annotated), list(wanted), sync=False)
+                full = private.annotated_graph(graph, annotated)
+                if now:
+                    # Calls handed out to idle threads: a few tasks, in the
+                    # order they were handed out (the oldest, biggest, first);
+                    # the scheduler need not order them, and the message goes
+                    # at once.
+                    futures = private.get_in_order(client, full, list(wanted))
+                else:
+                    futures = client.get(full, list(wanted), sync=False)
             new = dict(zip(wanted, futures))
+            if now:
+                private.flush_client_stream(client)
         for scope, positions, plan in plans:
             # Delayed results are held until no live lazy value needs them; the
             # rest (finalized collections) only until the body has them.
