@@ -279,6 +279,10 @@ class Workload(NamedTuple):
     name: str
     start: Callable[[Client], Any]  # submits it, returns its future
     answer: Any
+    # Plain Dask, for comparison: its error is its outcome, not a wrong
+    # answer of ours (a task running on allowed-failures + 1 killed workers
+    # fails with KilledWorker, Scheduler.remove_worker).
+    plain: bool = False
 
 
 def workloads(size: Size) -> list[Workload]:
@@ -297,7 +301,8 @@ def workloads(size: Size) -> list[Workload]:
                  lambda c: c.compute(stream(n, mb, secs)), stream_answer(n, mb)),
         # The same loop in plain Dask, for its memory: a task of its own.
         Workload("stream_wc", "the same loop as a worker_client task (plain Dask)",
-                 lambda c: c.submit(wc_stream, n, mb, secs, pure=False), stream_answer(n, mb)),
+                 lambda c: c.submit(wc_stream, n, mb, secs, pure=False), stream_answer(n, mb),
+                 plain=True),
         Workload("tree", f"a tree of {size.parents} parents waiting on {size.width} "
                  "running children each",
                  lambda c: c.compute(waiting_tree(size.parents, size.width, size.secs)),
@@ -307,12 +312,15 @@ def workloads(size: Size) -> list[Workload]:
 
 @dataclass
 class Round:
-    """What one round saw: workload runs, wrong answers (name, got), kills,
-    wall time and the peak worker memory (bytes: the largest worker process,
-    the largest sum over the workers), in all and per workload (by key)."""
+    """What one round saw: workload runs, wrong answers of ours (name, what
+    came back: a value or an error), errors of the plain Dask ones (by
+    key), kills, wall time and the peak worker memory (bytes: the largest
+    worker process, the largest sum over the workers), in all and per
+    workload (by key)."""
 
     runs: int = 0
     wrong: list[tuple[str, Any]] = field(default_factory=list)
+    plain_errors: dict[str, str] = field(default_factory=dict)
     kills: int = 0
     wall: float = 0.0
     peak_worker: int = 0
@@ -324,22 +332,31 @@ class Round:
 
 def run_round(client: Client, killer: Killer | Any, memory: WorkerMemory, size: Size,
               timeout: float = 240) -> Round:
-    """Every workload once, one after the other; a wrong answer is recorded,
-    not raised, so a caller counts them all (a hang still raises, at
-    ``timeout``). ``killer`` may be anything with ``kills`` and
+    """Every workload once, one after the other; a wrong answer (or an
+    error, or no answer within ``timeout``) is recorded, not raised, so a
+    caller counts them all. ``killer`` may be anything with ``kills`` and
     ``next_workload()`` (a round without kills)."""
     r = Round()
     kills, start = killer.kills, time.monotonic()
     for w in workloads(size):
+        # What the last workload held is let go of (on the scheduler, then
+        # on the workers) before this one's memory is measured.
+        poll(lambda: client.run_on_scheduler(scheduler_tasks) == 0, 60,
+             "tasks left on the scheduler after a workload")
         killer.next_workload()
         memory.reset()
         t, k = time.monotonic(), killer.kills
-        got = w.start(client).result(timeout=timeout)
+        try:
+            got = w.start(client).result(timeout=timeout)
+        except Exception as e:
+            got = e
         r.walls[w.key] = time.monotonic() - t
         r.kills_in[w.key] = killer.kills - k
         r.peaks[w.key] = memory.peak()
         r.runs += 1
-        if got != w.answer:
+        if w.plain and isinstance(got, Exception):
+            r.plain_errors[w.key] = type(got).__name__
+        elif isinstance(got, Exception) or got != w.answer:
             r.wrong.append((w.name, got))
     r.wall = time.monotonic() - start
     r.kills = killer.kills - kills

@@ -71,6 +71,8 @@ def test_workloads_survive_workers_killed_at_random(pytestconfig):
     for r in seen:
         print("  " + ", ".join(f"{k}: {t:.1f} s, {r.kills_in[k]} kills, "
                                f"{r.peaks[k][0] / 2**20:.0f} MiB"
+                               + (f", plain Dask's {r.plain_errors[k]}" if k in r.plain_errors
+                                  else "")
                                for k, t in r.walls.items()))
     assert not wrong, wrong
     assert ran == rounds * len(workloads(SMALL))
