@@ -32,7 +32,8 @@ sys.path.insert(0, TESTS)
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p)
 import chaos  # noqa: E402
 
-HEADING = "## Chaos at a larger size: a streaming loop and waiting parents under kills"
+# Its own section of RESULTS.md (--write), beside the one run_all.py writes.
+HEADING = "## Chaos at a larger size: runs, kills, wrong answers, peak worker memory"
 SIZES = {"small": chaos.SMALL, "large": chaos.LARGE}
 SHOWN = ["stream", "stream_wc", "tree"]  # workloads with a column of their own
 
