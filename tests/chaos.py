@@ -104,16 +104,22 @@ class Killer:
             pids = _running_pids(self.cluster)
             if len(pids) < 2:
                 continue
+            victim = self.random.choice(pids)
             try:
-                os.kill(self.random.choice(pids), signal.SIGKILL)
+                os.kill(victim, signal.SIGKILL)
             except ProcessLookupError:
                 continue
             self.kills += 1
             self._since += 1
-            # Until its Nanny's new worker runs (or the stop, or a time
-            # after which the next kill goes ahead anyway).
+            # Until the Nanny saw it die and its new worker runs (or the
+            # stop, or a time after which the next kill goes ahead anyway):
+            # right after the signal the dead process may still count as
+            # running, until its exit is handled.
             deadline = time.monotonic() + self.back_within
-            while len(_running_pids(self.cluster)) < len(pids) and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
+                now = _running_pids(self.cluster)
+                if victim not in now and len(now) >= len(pids):
+                    break
                 if self._stop.wait(0.1):
                     return
 
