@@ -43,7 +43,9 @@ from dask_coro import shm
 pytestmark = pytest.mark.chaos
 
 
-@pytest.mark.timeout(600)
+# A round takes 30-60 s on 2 loaded cores, so --chaos-runs 10 needs more than
+# 600 s; a hang fails sooner, at run_round's 240 s per workload.
+@pytest.mark.timeout(1800)
 def test_workloads_survive_workers_killed_at_random(pytestconfig):
     rounds = pytestconfig.getoption("--chaos-runs")
     cap = pytestconfig.getoption("--chaos-kills") or None
