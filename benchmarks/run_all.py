@@ -150,6 +150,13 @@ SCENARIOS = [
              "(default budget, hold off, plain worker_client) and children run again after a kill "
              "(default budget, unbounded)",
              "bench_hold.py", [], 300),
+    Scenario("chaos", "Chaos at a larger size: a streaming loop and waiting parents under kills",
+             "bench_chaos.py", ["--runs", "3", "--size", "large", "--kills", "5"], 420,
+             quick=["--kills", "5"],
+             notes="3 Nanny workers, not the 2 of the other scenarios (the chaos test's "
+                   "cluster: the killer always leaves one running). Rounds under random "
+                   "kills take as long as the kills make them: the wall times measure "
+                   "recovery on a loaded machine, not speed."),
 ]
 
 
@@ -527,6 +534,13 @@ def targets(by: dict[str, Scenario]) -> str:
         row(target, text, _yes(pq <= 0.7 and wq <= 1.1) + " (no queuing)")
     else:
         missing("worker release: peak worker memory >= 30% lower under scheduler load")
+    d = _data(by, "chaos")
+    if d:
+        row("chaos at a larger size: every answer right under random worker kills",
+            f"**{d['wrong']} wrong** in {d['runs']} workload runs, {d['kills']} kills "
+            f"(size `{d['size']}`)", _yes(d["wrong"] == 0))
+    else:
+        missing("chaos at a larger size: every answer right under random worker kills")
     return B.table(["target", "measured", "met?"], rows)
 
 

@@ -46,6 +46,13 @@ def pytest_addoption(parser):
         help="rounds of the chaos workloads (tests marked chaos) under random worker kills",
     )
     parser.addoption(
+        "--chaos-kills",
+        type=int,
+        default=5,
+        help="at most this many kills per chaos workload (0: no limit), so a round's time "
+        "has a bound on a loaded machine",
+    )
+    parser.addoption(
         "--release-examples",
         type=int,
         default=12,
