@@ -26,9 +26,12 @@
 static PyObject *NOT_DONE;     /* a call's value before it ran */
 static PyObject *STOPPED;      /* what run() returns once cancelled */
 static PyObject *ANN_VAR;      /* a contextvar, or NULL: annotations in effect */
+static PyObject *OWN_SEEN;     /* annotations a call found to be its run's own */
+static PyObject *CURRENT_OWN;  /* the running run's own annotations, or NULL */
 static PyObject *STR_THROW;
 static PyObject *STR_CLOSE;
 static PyObject *STR_KEYNAME;  /* "dask_key_name" */
+static PyObject *STR_N;
 
 /* -- CFunction ----------------------------------------------------------- */
 
@@ -118,12 +121,19 @@ cfunction_vectorcall(PyObject *self_, PyObject *const *args, size_t nargsf,
             Py_XDECREF(name);
             return NULL;
         }
-        if (ann != NULL) {
-            int truth = PyObject_IsTrue(ann);
-            Py_DECREF(ann);
-            if (truth)
+        if (ann != NULL && ann != OWN_SEEN) {
+            /* As CoroutineFunction.__call__: annotations other than the
+             * run's own (on a worker, the span its task runs in) make the
+             * call a task; the run's own are looked up once, not per call. */
+            int truth = PyObject_IsTrue(ann), own = 0;
+            if (truth > 0 && CURRENT_OWN != NULL)
+                own = ann == CURRENT_OWN || PyObject_RichCompareBool(ann, CURRENT_OWN, Py_EQ) > 0;
+            if (own)
+                Py_XSETREF(OWN_SEEN, Py_NewRef(ann));
+            else if (truth)
                 plain = 0;
         }
+        Py_XDECREF(ann);
     }
     CCallObject *call = PyObject_GC_New(CCallObject, &CCall_Type);
     if (call == NULL) {
@@ -368,17 +378,18 @@ typedef struct {
     int stop;
     int check_every;
     PyObject *cancelled;    /* callable or NULL */
+    PyObject *idle;         /* an object whose .n is read before each call, or NULL */
     PyObject *calls;        /* {CFunction: [started, failed]} */
 } TrampolineObject;
 
 static int
 tramp_init(TrampolineObject *self, PyObject *args, PyObject *kw)
 {
-    PyObject *cancelled = Py_None;
+    PyObject *cancelled = Py_None, *idle = Py_None;
     int check_every = 256;
-    static char *kwlist[] = {"cancelled", "check_every", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|Oi:Trampoline", kwlist, &cancelled,
-                                     &check_every))
+    static char *kwlist[] = {"cancelled", "check_every", "idle", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OiO:Trampoline", kwlist, &cancelled,
+                                     &check_every, &idle))
         return -1;
     if (check_every < 1) {
         PyErr_SetString(PyExc_ValueError, "check_every must be at least 1");
@@ -391,6 +402,7 @@ tramp_init(TrampolineObject *self, PyObject *args, PyObject *kw)
     self->stop = 0;
     self->check_every = check_every;
     Py_XSETREF(self->cancelled, cancelled == Py_None ? NULL : Py_NewRef(cancelled));
+    Py_XSETREF(self->idle, idle == Py_None ? NULL : Py_NewRef(idle));
     if (self->calls == NULL && (self->calls = PyDict_New()) == NULL)
         return -1;
     return 0;
@@ -400,6 +412,7 @@ static int
 tramp_traverse(TrampolineObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->cancelled);
+    Py_VISIT(self->idle);
     Py_VISIT(self->calls);
     return 0;
 }
@@ -408,6 +421,7 @@ static int
 tramp_clear(TrampolineObject *self)
 {
     Py_CLEAR(self->cancelled);
+    Py_CLEAR(self->idle);
     Py_CLEAR(self->calls);
     return 0;
 }
@@ -609,19 +623,30 @@ tramp_run(TrampolineObject *self, PyObject *root_)
         return NULL;
     }
     CCallObject *root = (CCallObject *)root_;
-    if (root->inline_ == NULL) {
-        PyErr_SetString(PyExc_TypeError, "the root call cannot run inline (or ran before)");
+    if (root->value != NOT_DONE || root->error != NULL) {
+        PyErr_SetString(PyExc_TypeError, "the root call ran before");
         return NULL;
     }
+    /* The root is the task itself: it runs here whether or not it could
+     * have run inline as a child. */
+    PyObject *func = root->fn->func;
     PyObject *body = root->kwargs
-        ? PyObject_Call(root->inline_, root->args, root->kwargs)
-        : PyObject_Vectorcall(root->inline_, &PyTuple_GET_ITEM(root->args, 0),
+        ? PyObject_Call(func, root->args, root->kwargs)
+        : PyObject_Vectorcall(func, &PyTuple_GET_ITEM(root->args, 0),
                               PyTuple_GET_SIZE(root->args), NULL);
     if (body == NULL)
         return NULL;
     if (!PyGen_CheckExact(body))
         return body; /* a plain function's value */
 
+    /* The annotations in effect where the run starts are its own
+     * (Trampoline.own_annotations): a yield under others is annotated. */
+    PyObject *own = NULL, *outer_own = CURRENT_OWN;
+    if (ANN_VAR != NULL && PyContextVar_Get(ANN_VAR, NULL, &own) < 0) {
+        Py_DECREF(body);
+        return NULL;
+    }
+    CURRENT_OWN = own;
     Stack s = {NULL, 0, 0};
     PyObject *result = NULL;
     PyObject *y = NULL;
@@ -632,16 +657,17 @@ tramp_run(TrampolineObject *self, PyObject *root_)
     PySendResult rc = PyIter_Send(body, Py_None, &y);
     if (rc == PYGEN_RETURN) {
         Py_DECREF(body);
-        return y;
+        result = y;
+        goto done;
     }
     if (rc == PYGEN_ERROR) {
         Py_DECREF(body);
-        return NULL;
+        goto done;
     }
     if (push(&s, body, -1, NULL) < 0) {
         Py_DECREF(body);
         Py_DECREF(y);
-        return NULL;
+        goto done;
     }
     goto yielded;
 
@@ -667,6 +693,22 @@ tramp_run(TrampolineObject *self, PyObject *root_)
                 /* computed before (check_yield let nothing else through) */
                 PyList_SET_ITEM(top->results, pos, Py_NewRef(leaf->value));
                 continue;
+            }
+            if (self->idle != NULL) {
+                /* as the pure loop reads Idle.n before each call */
+                PyObject *nobj = PyObject_GetAttr(self->idle, STR_N);
+                if (nobj == NULL)
+                    goto error;
+                Py_ssize_t n = PyLong_AsSsize_t(nobj);
+                Py_DECREF(nobj);
+                if (n == -1 && PyErr_Occurred())
+                    goto error;
+                if (n > 0) {
+                    PyErr_SetString(PyExc_NotImplementedError,
+                                    "idle threads elsewhere: handing calls out (stealing) is "
+                                    "not in the prototype");
+                    goto error;
+                }
             }
             if (self->stop)
                 goto stopped;
@@ -806,6 +848,37 @@ tramp_run(TrampolineObject *self, PyObject *root_)
             Py_DECREF(y);
             goto error;
         }
+        if (ANN_VAR != NULL) {
+            /* a yield under dask.annotate other than the run's own: every
+             * leaf a task (Trampoline.annotated) */
+            PyObject *now;
+            if (PyContextVar_Get(ANN_VAR, NULL, &now) < 0) {
+                Py_DECREF(y);
+                goto error;
+            }
+            if (now != NULL && now != own) {
+                int annotated = PyObject_IsTrue(now);
+                if (annotated > 0 && own != NULL)
+                    annotated = !PyObject_RichCompareBool(now, own, Py_EQ);
+                Py_DECREF(now);
+                if (annotated < 0) {
+                    Py_DECREF(y);
+                    goto error;
+                }
+                if (annotated) {
+                    Py_DECREF(y);
+                    pending = PyObject_CallFunction(
+                        PyExc_TypeError, "s",
+                        "a yield under dask.annotate makes every leaf a task: needs a "
+                        "cluster, not in the prototype");
+                    if (pending == NULL)
+                        goto error;
+                    continue;
+                }
+            } else {
+                Py_XDECREF(now);
+            }
+        }
         if (set_yield(top, y) < 0)
             goto error;
     }
@@ -816,7 +889,12 @@ stopped:
     goto done;
 error:
     Py_CLEAR(pending);
-    close_all(&s);
+    {
+        PyObject *t, *v, *tb;
+        PyErr_Fetch(&t, &v, &tb);
+        close_all(&s);
+        PyErr_Restore(t, v, tb);
+    }
     result = NULL;
 done:
     if (run_n) {
@@ -827,6 +905,8 @@ done:
         PyErr_Restore(t, v, tb);
     }
     Py_XDECREF(run_fn);
+    CURRENT_OWN = outer_own;
+    Py_XDECREF(own);
     while (s.depth)
         pop(&s);
     PyMem_Free(s.f);
@@ -842,6 +922,7 @@ static PyMemberDef tramp_members[] = {
     {"stop", T_BOOL, offsetof(TrampolineObject, stop), 0, NULL},
     {"check_every", T_INT, offsetof(TrampolineObject, check_every), READONLY, NULL},
     {"calls", T_OBJECT, offsetof(TrampolineObject, calls), READONLY, NULL},
+    {"idle", T_OBJECT, offsetof(TrampolineObject, idle), READONLY, NULL},
     {NULL},
 };
 
@@ -896,7 +977,8 @@ PyInit__ccall(void)
     STR_THROW = PyUnicode_InternFromString("throw");
     STR_CLOSE = PyUnicode_InternFromString("close");
     STR_KEYNAME = PyUnicode_InternFromString("dask_key_name");
-    if (!NOT_DONE || !STOPPED || !STR_THROW || !STR_CLOSE || !STR_KEYNAME)
+    STR_N = PyUnicode_InternFromString("n");
+    if (!NOT_DONE || !STOPPED || !STR_THROW || !STR_CLOSE || !STR_KEYNAME || !STR_N)
         return NULL;
     if (PyModule_AddObjectRef(m, "coroutine", (PyObject *)&CFunction_Type) < 0 ||
         PyModule_AddObjectRef(m, "CCall", (PyObject *)&CCall_Type) < 0 ||

@@ -11,9 +11,10 @@ Drivers: seq (``def fib``), floor (profile_fib's least generator trampoline,
 calls as tuples), tramp (the bare ``Trampoline``), worker (the ``Trampoline``
 wired as a worker wires a run: counting, a ``cancelled()`` callback, an
 ``Idle``), ccall (the prototype wired the same way: counting, a ``cancelled()``
-callback every 256 calls, the stop flag before each call, the annotations
-contextvar read at each call as ``CoroutineFunction.__call__`` reads it),
-ccall_bare (the prototype without the callback and the contextvar). make_py and
+callback every 256 calls, the stop flag and ``Idle.n`` read before each call,
+the annotations contextvar read at each call as ``CoroutineFunction.__call__``
+reads it and at each yield as the ``Trampoline`` does), ccall_bare (the
+prototype without the callback, the ``Idle`` and the contextvar). make_py and
 make_c: making one call object (``fib(3)`` in a loop less the empty loop).
 """
 
@@ -104,9 +105,9 @@ ROWS = [
     ("pure floor: least generator trampoline, calls as tuples (`_floor_run`)", "floor"),
     ("pure engine: bare `Trampoline`", "tramp"),
     ("pure engine: `Trampoline` as a worker wires it", "worker"),
-    ("C prototype, wired as a worker (counting, `cancelled()`, stop flag, annotations read)",
-     "ccall"),
-    ("C prototype, bare (counting and stop flag only)", "ccall_bare"),
+    ("C prototype, wired as a worker (counting, `cancelled()`, stop flag, `Idle.n`, "
+     "annotations read)", "ccall"),
+    ("C prototype, bare (counting and the stop flag only)", "ccall_bare"),
     ("making one call object, pure (`fib(3)` in a loop less the loop)", "make_py"),
     ("making one call object, C prototype", "make_c"),
 ]

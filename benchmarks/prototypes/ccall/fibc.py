@@ -15,6 +15,10 @@ def fib(i):
 
 def run(n: int, tramp: _ccall.Trampoline | None = None):
     """fib(n) as a worker would wire it: counting per function, a cancelled()
-    callback asked every 256 calls, the stop flag read before each call."""
-    tramp = tramp or _ccall.Trampoline(cancelled=lambda: False)
+    callback asked every 256 calls, the stop flag and an ``Idle``'s ``n`` read
+    before each call (the annotations contextvar only if set_annotations_var
+    was called: bench.py's ccall driver)."""
+    from dask_coro.core.engine import Idle
+
+    tramp = tramp or _ccall.Trampoline(cancelled=lambda: False, idle=Idle(0))
     return tramp.run(fib(n))

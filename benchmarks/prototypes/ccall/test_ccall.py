@@ -313,3 +313,51 @@ def test_bad_arguments():
         _ccall.Trampoline(cancelled=3)
     with pytest.raises(ValueError, match="check_every"):
         _ccall.Trampoline(check_every=0)
+
+
+def test_idle_threads_elsewhere_are_a_clear_error():
+    from dask_coro.core.engine import Idle
+
+    idle = Idle(0)
+    t = _ccall.Trampoline(idle=idle)
+    assert t.run(fibc.fib(8)) == 21
+    idle.n = 1
+    with pytest.raises(NotImplementedError, match="stealing"):
+        t.run(fibc.fib(8))
+
+
+def test_a_yield_under_other_annotations_is_not_inline_the_runs_own_are():
+    import dask
+
+    @_ccall.coroutine
+    def root(i):
+        c = fibc.fib(i)  # made outside, yielded under the annotations
+        with dask.annotate(priority=5):
+            try:
+                yield [c]
+            except TypeError as e:
+                made_outside = str(e)
+            try:
+                yield [fibc.fib(i)]
+            except TypeError as e:
+                return made_outside, str(e)
+
+    @_ccall.coroutine
+    def root2(i):
+        (a,) = yield [fibc.fib(i)]
+        return a
+
+    _ccall.set_annotations_var(annotations_in_effect)
+    try:
+        # a call yielded under other annotations, and a call made under them: tasks
+        made_outside, made_inside = _ccall.Trampoline().run(root(5))
+        assert "a yield under dask.annotate" in made_outside
+        assert "cannot run inline" in made_inside
+        # the run's own annotations (a worker's span): calls stay inline
+        token = annotations_in_effect.set({"span": ("a",)})
+        try:
+            assert _ccall.Trampoline().run(root2(10)) == 55
+        finally:
+            annotations_in_effect.reset(token)
+    finally:
+        _ccall.set_annotations_var(None)
