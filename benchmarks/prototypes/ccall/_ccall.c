@@ -41,12 +41,19 @@ typedef struct {
     PyObject *inline_;   /* func if calls may run inline, else NULL */
     PyObject *dict;      /* __dict__ (__name__, __wrapped__, ...) */
     vectorcallfunc vectorcall;
+    PyTypeObject *call_type;  /* CCall_Type, or DCALL_TYPE (a Delayed subclass) */
 } CFunctionObject;
 
 /* -- CCall --------------------------------------------------------------- */
 
 typedef struct {
     PyObject_HEAD
+    /* The layout of a dask.delayed.Delayed instance (its base's __weakref__,
+     * then its four slots), so that one struct serves both call types: the
+     * plain CCall leaves them NULL, DelayedCCall is a Delayed subclass
+     * (make_delayed_type). Checked against Delayed.__basicsize__. */
+    PyObject *weakref;
+    PyObject *dslots[4];
     CFunctionObject *fn;
     PyObject *args;      /* tuple */
     PyObject *kwargs;    /* dict or NULL */
@@ -58,6 +65,8 @@ typedef struct {
 
 static PyTypeObject CFunction_Type;
 static PyTypeObject CCall_Type;
+static PyTypeObject *DCALL_TYPE;  /* made by make_delayed_type, or NULL */
+#define IS_CALL(o) (Py_TYPE(o) == &CCall_Type || Py_TYPE(o) == DCALL_TYPE)
 
 static inline int
 is_plain(PyObject *a)
@@ -135,7 +144,7 @@ cfunction_vectorcall(PyObject *self_, PyObject *const *args, size_t nargsf,
         }
         Py_XDECREF(ann);
     }
-    CCallObject *call = PyObject_GC_New(CCallObject, &CCall_Type);
+    CCallObject *call = PyObject_GC_New(CCallObject, self->call_type);
     if (call == NULL) {
         Py_DECREF(targs);
         Py_XDECREF(kwargs);
@@ -143,6 +152,8 @@ cfunction_vectorcall(PyObject *self_, PyObject *const *args, size_t nargsf,
         return NULL;
     }
     Py_INCREF(self);
+    call->weakref = NULL;
+    call->dslots[0] = call->dslots[1] = call->dslots[2] = call->dslots[3] = NULL;
     call->fn = self;
     call->args = targs;
     call->kwargs = kwargs;
@@ -158,10 +169,16 @@ static PyObject *
 cfunction_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 {
     PyObject *func;
-    int inline_ = 1;
-    static char *kwlist[] = {"func", "inline", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p:coroutine", kwlist, &func, &inline_))
+    int inline_ = 1, delayed = 0;
+    static char *kwlist[] = {"func", "inline", "delayed", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|pp:coroutine", kwlist, &func, &inline_,
+                                     &delayed))
         return NULL;
+    if (delayed && DCALL_TYPE == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "coroutine(..., delayed=True): call make_delayed_type(Delayed) first");
+        return NULL;
+    }
     if (!PyCallable_Check(func)) {
         PyErr_Format(PyExc_TypeError, "@coroutine expects a function, got %R", func);
         return NULL;
@@ -173,6 +190,7 @@ cfunction_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     self->inline_ = inline_ ? Py_NewRef(func) : NULL;
     self->dict = PyDict_New();
     self->vectorcall = cfunction_vectorcall;
+    self->call_type = delayed ? DCALL_TYPE : &CCall_Type;
     if (self->dict == NULL) {
         Py_DECREF(self);
         return NULL;
@@ -281,6 +299,10 @@ static PyTypeObject CFunction_Type = {
 static int
 ccall_traverse(CCallObject *self, visitproc visit, void *arg)
 {
+    if (Py_TYPE(self) != &CCall_Type)
+        Py_VISIT(Py_TYPE(self)); /* a heap type */
+    for (int i = 0; i < 4; i++)
+        Py_VISIT(self->dslots[i]);
     Py_VISIT(self->fn);
     Py_VISIT(self->args);
     Py_VISIT(self->kwargs);
@@ -294,6 +316,8 @@ ccall_traverse(CCallObject *self, visitproc visit, void *arg)
 static int
 ccall_clear(CCallObject *self)
 {
+    for (int i = 0; i < 4; i++)
+        Py_CLEAR(self->dslots[i]);
     Py_CLEAR(self->fn);
     Py_CLEAR(self->args);
     Py_CLEAR(self->kwargs);
@@ -310,6 +334,18 @@ ccall_dealloc(CCallObject *self)
     PyObject_GC_UnTrack(self);
     ccall_clear(self);
     PyObject_GC_Del(self);
+}
+
+static void
+dcall_dealloc(CCallObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    if (self->weakref != NULL)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    ccall_clear(self);
+    PyObject_GC_Del(self);
+    Py_DECREF(tp);
 }
 
 static PyObject *
@@ -489,7 +525,7 @@ check_yield(PyObject *y)
     Py_ssize_t n = PySequence_Fast_GET_SIZE(y);
     PyObject **items = PySequence_Fast_ITEMS(y);
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (Py_TYPE(items[i]) != &CCall_Type)
+        if (!IS_CALL(items[i]))
             return PyObject_CallFunction(
                 PyExc_TypeError, "s", "the prototype runs a yielded list or tuple of calls only");
         CCallObject *c = (CCallObject *)items[i];
@@ -618,7 +654,7 @@ close_all(Stack *s)
 static PyObject *
 tramp_run(TrampolineObject *self, PyObject *root_)
 {
-    if (Py_TYPE(root_) != &CCall_Type) {
+    if (!IS_CALL(root_)) {
         PyErr_Format(PyExc_TypeError, "run() takes a call of a ccall.coroutine, got %R", root_);
         return NULL;
     }
@@ -953,7 +989,63 @@ set_annotations_var(PyObject *m, PyObject *var)
     Py_RETURN_NONE;
 }
 
+static PyMemberDef dcall_members[] = {
+    {"fn", T_OBJECT, offsetof(CCallObject, fn), READONLY, NULL},
+    {"args", T_OBJECT, offsetof(CCallObject, args), READONLY, NULL},
+    {"kwargs", T_OBJECT, offsetof(CCallObject, kwargs), READONLY, NULL},
+    {"value", T_OBJECT, offsetof(CCallObject, value), READONLY, NULL},
+    {"error", T_OBJECT, offsetof(CCallObject, error), READONLY, NULL},
+    {"key_name", T_OBJECT, offsetof(CCallObject, name), READONLY, NULL},
+    {NULL},
+};
+
+/* make_delayed_type(Delayed): DelayedCCall, the call type as a subclass of
+ * dask.delayed.Delayed, so isinstance(call, Delayed) holds and an unknown
+ * attribute goes to Delayed.__getattr__ (tp_getattro inherited), while the
+ * loop reads the C fields directly. The prototype builds no key or graph:
+ * what the pure CoroutineCall._build does when asked is left out. */
+static PyObject *
+make_delayed_type(PyObject *m, PyObject *base)
+{
+    if (!PyType_Check(base)) {
+        PyErr_Format(PyExc_TypeError, "expected dask.delayed.Delayed, got %R", base);
+        return NULL;
+    }
+    PyTypeObject *b = (PyTypeObject *)base;
+    if (b->tp_basicsize != (Py_ssize_t)offsetof(CCallObject, fn) ||
+        b->tp_weaklistoffset != (Py_ssize_t)offsetof(CCallObject, weakref) ||
+        b->tp_dictoffset != 0) {
+        PyErr_Format(PyExc_TypeError,
+                     "%R's layout is not the one this prototype was written for "
+                     "(basicsize %zd, weaklistoffset %zd)",
+                     base, b->tp_basicsize, b->tp_weaklistoffset);
+        return NULL;
+    }
+    if (DCALL_TYPE != NULL)
+        return Py_NewRef((PyObject *)DCALL_TYPE);
+    PyType_Slot slots[] = {
+        {Py_tp_traverse, ccall_traverse},
+        {Py_tp_clear, ccall_clear},
+        {Py_tp_dealloc, dcall_dealloc},
+        {Py_tp_repr, ccall_repr},
+        {Py_tp_getset, ccall_getset},
+        {Py_tp_members, dcall_members},
+        {0, NULL},
+    };
+    PyType_Spec spec = {
+        "_ccall.DelayedCCall", sizeof(CCallObject), 0,
+        Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, slots,
+    };
+    PyObject *t = PyType_FromSpecWithBases(&spec, base);
+    if (t == NULL)
+        return NULL;
+    DCALL_TYPE = (PyTypeObject *)t;  /* kept for the module's life */
+    return Py_NewRef(t);
+}
+
 static PyMethodDef module_methods[] = {
+    {"make_delayed_type", make_delayed_type, METH_O,
+     "make_delayed_type(Delayed): the call type as a Delayed subclass, for delayed=True"},
     {"set_annotations_var", set_annotations_var, METH_O,
      "set_annotations_var(var): a call made while var holds a non-empty value is not inline"},
     {NULL},

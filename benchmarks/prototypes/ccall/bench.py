@@ -4,7 +4,7 @@ processes; with --callgrind, machine instructions per call under valgrind.
 
 Run (from the repository root, after building the prototype, see README.md):
     python benchmarks/prototypes/ccall/bench.py [--n 20] [--rounds 5] [--json F]
-    python benchmarks/prototypes/ccall/bench.py --callgrind [--n 18] [--drivers worker ccall]
+    python benchmarks/prototypes/ccall/bench.py --callgrind [--n 18] [--hi 3] [--drivers worker ccall]
     python benchmarks/prototypes/ccall/bench.py --driver ccall --times 3 --n 18
 
 Drivers: seq (``def fib``), floor (profile_fib's least generator trampoline,
@@ -14,7 +14,9 @@ wired as a worker wires a run: counting, a ``cancelled()`` callback, an
 callback every 256 calls, the stop flag and ``Idle.n`` read before each call,
 the annotations contextvar read at each call as ``CoroutineFunction.__call__``
 reads it and at each yield as the ``Trampoline`` does), ccall_bare (the
-prototype without the callback, the ``Idle`` and the contextvar). make_py and
+prototype without the callback, the ``Idle`` and the contextvar), ccall_delayed
+(as ccall, each call an instance of a ``dask.delayed.Delayed`` subclass made in
+C). make_py and
 make_c: making one call object (``fib(3)`` in a loop less the empty loop).
 """
 
@@ -54,6 +56,17 @@ def _ccall_bare(n: int) -> int:
     return _ccall.Trampoline().run(fibc.fib(n))
 
 
+def _ccall_delayed(n: int) -> int:
+    from dask_coro.core.engine import Idle
+
+    _ccall.set_annotations_var(annotations_in_effect)
+    try:
+        t = _ccall.Trampoline(cancelled=lambda: False, idle=Idle(0))
+        return t.run(fibc.fibd(n))
+    finally:
+        _ccall.set_annotations_var(None)
+
+
 DRIVERS = {
     "seq": P.DRIVERS["seq"],
     "floor": P.DRIVERS["floor"],
@@ -61,6 +74,7 @@ DRIVERS = {
     "worker": P.DRIVERS["worker"],
     "ccall": _ccall_worker,
     "ccall_bare": _ccall_bare,
+    "ccall_delayed": _ccall_delayed,
 }
 
 
@@ -108,6 +122,7 @@ ROWS = [
     ("C prototype, wired as a worker (counting, `cancelled()`, stop flag, `Idle.n`, "
      "annotations read)", "ccall"),
     ("C prototype, bare (counting and the stop flag only)", "ccall_bare"),
+    ("C prototype wired as a worker, each call a `Delayed` subclass made in C", "ccall_delayed"),
     ("making one call object, pure (`fib(3)` in a loop less the loop)", "make_py"),
     ("making one call object, C prototype", "make_c"),
 ]
@@ -153,14 +168,15 @@ def _instructions(driver: str, n: int, times: int) -> int:
 
 def callgrind(args) -> int:
     calls = P.B.fib_calls(args.n)
-    print(f"instructions per call, fib({args.n}) ({calls} calls): (Ir at --times 3 less "
-          "at --times 1) / (2 x calls), PYTHONHASHSEED=0")
+    hi = args.hi
+    print(f"instructions per call, fib({args.n}) ({calls} calls): (Ir at --times {hi} less "
+          f"at --times 1) / ({hi - 1} x calls), PYTHONHASHSEED=0")
     print()
     print("| driver | instructions per call |")
     print("|---|---|")
     for d in args.drivers:
-        one, three = _instructions(d, args.n, 1), _instructions(d, args.n, 3)
-        print(f"| {d} | {(three - one) / (2 * calls):,.0f} |", flush=True)
+        one, more = _instructions(d, args.n, 1), _instructions(d, args.n, hi)
+        print(f"| {d} | {(more - one) / ((hi - 1) * calls):,.0f} |", flush=True)
     return 0
 
 
@@ -174,6 +190,9 @@ def main() -> int:
     p.add_argument("--driver", choices=sorted(DRIVERS))
     p.add_argument("--times", type=int, default=1)
     p.add_argument("--callgrind", action="store_true")
+    p.add_argument("--hi", type=int, default=3,
+                   help="with --callgrind: runs of the longer count (more: less noise from "
+                   "the start, slower under valgrind)")
     p.add_argument("--drivers", nargs="+", default=["worker", "ccall", "ccall_bare"])
     args = p.parse_args()
     if args.child:

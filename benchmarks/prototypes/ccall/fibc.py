@@ -13,6 +13,24 @@ def fib(i):
     return a + b
 
 
+def _fib_body(i):
+    if i < 2:
+        return i
+    a, b = yield [fibd(i - 1), fibd(i - 2)]
+    return a + b
+
+
+def _delayed_type():
+    from dask.delayed import Delayed
+
+    return _ccall.make_delayed_type(Delayed)
+
+
+_delayed_type()
+#: The same, its calls instances of a ``dask.delayed.Delayed`` subclass made in C.
+fibd = _ccall.coroutine(_fib_body, delayed=True)
+
+
 def run(n: int, tramp: _ccall.Trampoline | None = None):
     """fib(n) as a worker would wire it: counting per function, a cancelled()
     callback asked every 256 calls, the stop flag and an ``Idle``'s ``n`` read

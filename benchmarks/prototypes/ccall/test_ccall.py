@@ -361,3 +361,39 @@ def test_a_yield_under_other_annotations_is_not_inline_the_runs_own_are():
             annotations_in_effect.reset(token)
     finally:
         _ccall.set_annotations_var(None)
+
+
+def test_delayed_subclass_calls():
+    from dask.delayed import Delayed
+
+    c = fibc.fibd(3)
+    assert isinstance(c, Delayed) and not isinstance(fibc.fib(3), Delayed)
+    assert _ccall.Trampoline().run(fibc.fibd(15)) == seq_fib(15)
+    with pytest.raises(AttributeError):
+        c._key  # no key or graph in the prototype: Delayed.__getattr__ answers
+
+
+@pytest.mark.parametrize("delayed", [False, True])
+def test_a_cycle_through_a_call_is_collected(delayed):
+    import gc
+    import weakref
+
+    class Holder:
+        pass
+
+    @_ccall.coroutine
+    def make(i):
+        return Holder()
+
+    @_ccall.coroutine
+    def root(i):
+        c = make(i)
+        (h,) = yield [c]
+        h.call = c  # value -> call -> value
+        return weakref.ref(h)
+
+    root = _ccall.coroutine(root.func, delayed=delayed)
+    make = _ccall.coroutine(make.func, delayed=delayed)
+    ref = _ccall.Trampoline().run(root(1))
+    gc.collect()
+    assert ref() is None
