@@ -405,8 +405,8 @@ typedef struct {
     PyObject *leaves;       /* its yield: a list or tuple of CCall */
     PyObject *results;      /* list, filled as the leaves end */
     Py_ssize_t next, n;     /* the next leaf to run, how many */
-    Py_ssize_t at;          /* its call's position in the parent's leaves */
-    CFunctionObject *fn;    /* its call's function (counting failures) */
+    Py_ssize_t at;          /* its call's position in the parent's yield */
+    CCallObject *call;      /* its call (NULL for the root): value or error kept there */
 } Frame;
 
 typedef struct {
@@ -606,7 +606,7 @@ typedef struct {
 } Stack;
 
 static int
-push(Stack *s, PyObject *gen, Py_ssize_t at, CFunctionObject *fn)
+push(Stack *s, PyObject *gen, Py_ssize_t at, CCallObject *call)
 {
     if (s->depth == s->cap) {
         Py_ssize_t cap = s->cap ? 2 * s->cap : 64;
@@ -623,8 +623,8 @@ push(Stack *s, PyObject *gen, Py_ssize_t at, CFunctionObject *fn)
     f->leaves = f->results = NULL;
     f->n = f->next = 0;
     f->at = at;
-    Py_XINCREF(fn);
-    f->fn = fn;
+    Py_XINCREF(call);
+    f->call = call;
     return 0;
 }
 
@@ -635,7 +635,7 @@ pop(Stack *s)
     Py_CLEAR(f->gen);
     Py_CLEAR(f->leaves);
     Py_CLEAR(f->results);
-    Py_CLEAR(f->fn);
+    Py_CLEAR(f->call);
 }
 
 /* Cancelled: close every open body, innermost first (Trampoline.close). */
@@ -688,6 +688,7 @@ tramp_run(TrampolineObject *self, PyObject *root_)
     PyObject *y = NULL;
     PyObject *pending = NULL;  /* an error to throw into the top body */
     CFunctionObject *run_fn = NULL;  /* counting in runs of one function */
+    CCallObject *held = NULL;  /* the call about to run, or running */
     Py_ssize_t run_n = 0;
     int countdown = self->check_every;
     PySendResult rc = PyIter_Send(body, Py_None, &y);
@@ -719,6 +720,16 @@ tramp_run(TrampolineObject *self, PyObject *root_)
         }
         if (top->next < top->n) {
             Py_ssize_t pos = top->next++;
+            if (pos >= PySequence_Fast_GET_SIZE(top->leaves) ||
+                !IS_CALL(PySequence_Fast_GET_ITEM(top->leaves, pos))) {
+                /* a body changed a yielded list while its calls ran */
+                pending = PyObject_CallFunction(
+                    PyExc_RuntimeError, "s", "a yielded list changed while its calls ran");
+                if (pending == NULL)
+                    goto error;
+                abandon(top);
+                continue;
+            }
             CCallObject *leaf = (CCallObject *)PySequence_Fast_GET_ITEM(top->leaves, pos);
             if (leaf->inline_ == NULL) {
                 if (leaf->error != NULL) { /* it raised before: raised again here */
@@ -730,6 +741,9 @@ tramp_run(TrampolineObject *self, PyObject *root_)
                 PyList_SET_ITEM(top->results, pos, Py_NewRef(leaf->value));
                 continue;
             }
+            /* held from here on: Python code that runs (a callback, its body)
+             * may drop it from the list */
+            held = (CCallObject *)Py_NewRef(leaf);
             if (self->idle != NULL) {
                 /* as the pure loop reads Idle.n before each call */
                 PyObject *nobj = PyObject_GetAttr(self->idle, STR_N);
@@ -784,13 +798,16 @@ tramp_run(TrampolineObject *self, PyObject *root_)
             if (out == NULL) {
                 pending = fetch_error();
                 fail(leaf, pending);
-                if (count(self, fn, 1, 1) < 0)
+                int c = count(self, fn, 1, 1);
+                Py_CLEAR(held);
+                if (c < 0)
                     goto error;
                 abandon(top);
                 continue;
             }
             if (!PyGen_CheckExact(out)) {
                 deliver(leaf, out);
+                Py_CLEAR(held);
                 PyList_SET_ITEM(top->results, pos, out);
                 continue;
             }
@@ -799,6 +816,7 @@ tramp_run(TrampolineObject *self, PyObject *root_)
             if (rc == PYGEN_RETURN) {
                 Py_DECREF(out);
                 deliver(leaf, y);
+                Py_CLEAR(held);
                 PyList_SET_ITEM(top->results, pos, y);
                 continue;
             }
@@ -806,12 +824,16 @@ tramp_run(TrampolineObject *self, PyObject *root_)
                 Py_DECREF(out);
                 pending = fetch_error();
                 fail(leaf, pending);
-                if (count(self, fn, 1, 1) < 0)
+                int c = count(self, fn, 1, 1);
+                Py_CLEAR(held);
+                if (c < 0)
                     goto error;
                 abandon(top);
                 continue;
             }
-            if (push(&s, out, pos, fn) < 0) {
+            int pushed = push(&s, out, pos, leaf);
+            Py_CLEAR(held);
+            if (pushed < 0) {
                 Py_DECREF(out);
                 Py_DECREF(y);
                 goto error;
@@ -838,37 +860,33 @@ tramp_run(TrampolineObject *self, PyObject *root_)
             goto yielded;
         if (rc == PYGEN_RETURN) {
             Py_ssize_t at = top->at;
+            if (s.depth > 1)
+                deliver(top->call, y);
             pop(&s);
             if (!s.depth) {
                 result = y;
                 goto done;
             }
             top = &s.f[s.depth - 1];
-            CCallObject *leaf = (CCallObject *)PySequence_Fast_GET_ITEM(top->leaves, at);
-            deliver(leaf, y);
             PyList_SET_ITEM(top->results, at, y);
             continue;
         }
         /* the body raised */
         {
-            Py_ssize_t at = top->at;
-            CFunctionObject *fn = top->fn;
-            Py_XINCREF(fn);
             pending = fetch_error();
-            pop(&s);
-            if (!s.depth) {
-                Py_XDECREF(fn);
+            if (s.depth == 1) {
+                pop(&s);
                 PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(pending)), pending,
                               PyException_GetTraceback(pending));
                 pending = NULL;
                 goto done;
             }
-            top = &s.f[s.depth - 1];
-            fail((CCallObject *)PySequence_Fast_GET_ITEM(top->leaves, at), pending);
-            int c = count(self, fn, 1, 1);
-            Py_XDECREF(fn);
+            fail(top->call, pending);
+            int c = count(self, top->call->fn, 1, 1);
+            pop(&s);
             if (c < 0)
                 goto error;
+            top = &s.f[s.depth - 1];
             abandon(top);
             continue;
         }
@@ -920,10 +938,12 @@ tramp_run(TrampolineObject *self, PyObject *root_)
     }
 
 stopped:
+    Py_CLEAR(held);
     close_all(&s);
     result = Py_NewRef(STOPPED);
     goto done;
 error:
+    Py_CLEAR(held);
     Py_CLEAR(pending);
     {
         PyObject *t, *v, *tb;

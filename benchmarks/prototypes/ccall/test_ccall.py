@@ -397,3 +397,22 @@ def test_a_cycle_through_a_call_is_collected(delayed):
     ref = _ccall.Trampoline().run(root(1))
     gc.collect()
     assert ref() is None
+
+
+def test_a_yielded_list_changed_while_its_calls_run_is_a_clear_error():
+    shared = []
+
+    @_ccall.coroutine
+    def clears(i):
+        shared.clear()
+        return i
+
+    @_ccall.coroutine
+    def root(i):
+        shared[:] = [clears(1), clears(2)]
+        try:
+            yield shared
+        except RuntimeError as e:
+            return str(e)
+
+    assert "changed while its calls ran" in _ccall.Trampoline().run(root(0))
