@@ -654,6 +654,10 @@ close_all(Stack *s)
 static PyObject *
 tramp_run(TrampolineObject *self, PyObject *root_)
 {
+    if (self->calls == NULL || self->check_every < 1) {
+        PyErr_SetString(PyExc_TypeError, "Trampoline.__init__ was not called");
+        return NULL;
+    }
     if (!IS_CALL(root_)) {
         PyErr_Format(PyExc_TypeError, "run() takes a call of a ccall.coroutine, got %R", root_);
         return NULL;

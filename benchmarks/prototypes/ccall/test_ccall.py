@@ -313,6 +313,8 @@ def test_bad_arguments():
         _ccall.Trampoline(cancelled=3)
     with pytest.raises(ValueError, match="check_every"):
         _ccall.Trampoline(check_every=0)
+    with pytest.raises(TypeError, match="__init__"):
+        _ccall.Trampoline.__new__(_ccall.Trampoline).run(fibc.fib(3))
 
 
 def test_idle_threads_elsewhere_are_a_clear_error():
