@@ -90,7 +90,7 @@ SCENARIOS = [
              "bench_suspended.py", ["--n", "10000", "--wc-n", "1000", "--repeat", "3",
                                     "--timeout", "90", "--alt", "coro", "wc"], 330,
              quick=["--alt", "coro", "wc"],
-             notes="Inline off only, as the issue's measurement of suspended coroutines: "
+             notes="Inline off only, as the target measures suspended coroutines: "
                    "with inline on (the default) a waiter whose child were a `@coroutine` "
                    "call with plain arguments would run it inline and never suspend; this "
                    "waiter's child is a `Future`, which is never run inline, so inline on it "
@@ -321,7 +321,7 @@ def _data(by: dict[str, Scenario], key: str) -> dict | None:
 
 
 def targets(by: dict[str, Scenario]) -> str:
-    """The issue's targets, each with its number from this run; then the
+    """The targets, each with its number from this run; then the
     comparisons that have no target."""
     rows = []
 
@@ -545,7 +545,7 @@ def targets(by: dict[str, Scenario]) -> str:
 
 
 def profile_summary(by: dict[str, Scenario]) -> str:
-    """Per child task (inline off) and per inline call, in the issue's terms."""
+    """Per child task (inline off) and per inline call, in the targets' terms."""
     d = _data(by, "profile")
     if not d:
         return "No profile in this run (the scenario did not run)."

@@ -1,6 +1,6 @@
 """What a coroutine call promises as a dask ``Delayed``, each beside the same
 program written with ``dask.delayed``: the contract any lighter call object
-must keep (issue 28). Client side under dask's synchronous scheduler, from
+must keep. Client side under dask's synchronous scheduler, from
 the client of a cluster, and built inside a coroutine running on a worker."""
 
 from __future__ import annotations

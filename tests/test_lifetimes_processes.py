@@ -116,7 +116,7 @@ def test_scheduler_never_unpickles_a_release(tmp_path):
 
 
 def test_scheduler_pickle_false_cannot_be_set_in_this_distributed():
-    # The issue asks that lifetimes work with distributed.scheduler.pickle:
+    # Lifetimes must work with distributed.scheduler.pickle:
     # false. distributed 2026.8 refuses to start such a scheduler at all, so
     # test_scheduler_never_unpickles_a_release checks what the setting meant.
     # If this starts failing, distributed allows it again: test under it.

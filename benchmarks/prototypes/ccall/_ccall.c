@@ -1,6 +1,6 @@
 /* A prototype, not part of dask_coro: the call object and the inline stepping
  * loop of dask_coro.core.engine.Trampoline in C, for the hot path of
- * fine-grained recursion only (issue 28, item 4). See README.md and
+ * fine-grained recursion only. See README.md and
  * benchmarks/RESULTS.md for what it keeps, what it leaves out, and what it
  * measures.
  *
