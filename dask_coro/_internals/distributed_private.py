@@ -16,6 +16,7 @@ import math
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from time import time
 from typing import Any
 
@@ -25,7 +26,7 @@ from distributed.comm import CommClosedError
 from distributed.core import PooledRPCCall, Status, error_message
 from distributed.threadpoolexecutor import thread_state as pool_thread_state
 from distributed.worker import _worker_cvar, thread_state
-from distributed.worker_state_machine import SecedeEvent
+from distributed.worker_state_machine import SecedeEvent, StateMachineEvent, WorkerState
 
 from .dask_private import Alias
 
@@ -220,6 +221,114 @@ def secede_from_loop(worker: Any, key: Key, compute_duration: float) -> None:
             stimulus_id=f"dask-coro-secede-{time()}",
         )
     )
+
+
+# A waiting coroutine's resources (resources/worker.py). distributed counts a
+# running task's resources as ``WorkerState.available_resources`` less the
+# ``resource_restrictions`` of every task in ``executing | long_running``
+# (``WorkerState._validate_resources``): ``_ensure_computing`` subtracts them
+# when a task starts, ``_execute_done_common`` adds back whatever
+# ``ts.resource_restrictions`` says when it ends. Lending moves a long-running
+# task's restrictions into ``available_resources`` and empties them, so the
+# sum holds at every step and a task that ends while they are lent gives back
+# nothing; taking moves them back. Both are events of the worker's state
+# machine, so the transitions they allow (a constrained task that may now
+# start) are carried out at once, as for any stimulus.
+
+
+@dataclass
+class CoroResourcesLentEvent(StateMachineEvent):
+    """A waiting coroutine gives back its task's resources."""
+
+    __slots__ = ("key",)
+    key: Key
+
+
+@dataclass
+class CoroResourcesTakenEvent(StateMachineEvent):
+    """A coroutine takes back the resources it lent, before its body goes on."""
+
+    __slots__ = ("key", "resources")
+    key: Key
+    resources: dict[str, float]
+
+
+def _handle_resources_lent(state: Any, ev: CoroResourcesLentEvent) -> Any:
+    ts = state.tasks.get(ev.key)
+    if ts is None or ts.state != "long-running" or not ts.resource_restrictions:
+        return {}, []
+    for resource, needed in ts.resource_restrictions.items():
+        state.available_resources[resource] += needed
+    ts.resource_restrictions = {}
+    return state._ensure_computing()  # a constrained task may start now
+
+
+def _handle_resources_taken(state: Any, ev: CoroResourcesTakenEvent) -> Any:
+    ts = state.tasks.get(ev.key)
+    if ts is None or ts not in state.long_running or ts.resource_restrictions:
+        return {}, []  # ended, or cancelled meanwhile: nothing to take
+    for resource, needed in ev.resources.items():
+        state.available_resources[resource] -= needed
+    ts.resource_restrictions = dict(ev.resources)
+    return {}, []
+
+
+# ``WorkerState._handle_event`` is a ``functools.singledispatchmethod`` over
+# the event's class, as ``WorkerState.handle_stimulus`` calls it.
+_dispatch: Any = WorkerState._handle_event
+_dispatch.register(CoroResourcesLentEvent, _handle_resources_lent)
+_dispatch.register(CoroResourcesTakenEvent, _handle_resources_taken)
+
+
+def task_resources(worker: Any, key: Key) -> dict[str, float]:
+    """What the long-running task ``key`` holds of the worker's resources
+    (``TaskState.resource_restrictions``); empty if none, or not long-running."""
+    ts = worker.state.tasks.get(key)
+    if ts is None or ts.state != "long-running":
+        return {}
+    return dict(ts.resource_restrictions or {})
+
+
+def task_run_id_priority(worker: Any, key: Key) -> tuple[int, tuple[Any, ...]]:
+    """The run id of task ``key`` on this worker (``TaskState.run_id``, which
+    the scheduler checks on each message about it) and its priority
+    (``TaskState.priority``: lower runs first)."""
+    ts = worker.state.tasks[key]
+    return ts.run_id, tuple(ts.priority or ())
+
+
+def available_resources(worker: Any) -> dict[str, float]:
+    """The worker's resources no running task holds (``WorkerState.available_resources``)."""
+    return dict(worker.state.available_resources)
+
+
+def total_resources(worker: Any) -> dict[str, float]:
+    """The resources the worker was started with (``WorkerState.total_resources``)."""
+    return dict(worker.state.total_resources)
+
+
+def lend_resources(worker: Any, key: Key) -> dict[str, float]:
+    """Give back what the long-running task ``key`` holds of the worker's
+    resources (``CoroResourcesLentEvent``); what it gave back, or empty."""
+    lent = task_resources(worker, key)
+    if lent:
+        worker.handle_stimulus(CoroResourcesLentEvent(key=key, stimulus_id=f"dask-coro-lend-{time()}"))
+    return lent
+
+
+def take_resources(worker: Any, key: Key, resources: dict[str, float]) -> bool:
+    """Take ``resources`` back for the long-running task ``key`` if the worker
+    has them free (``CoroResourcesTakenEvent``); whether it did."""
+    state = worker.state
+    ts = state.tasks.get(key)
+    if ts is None or ts.state != "long-running" or ts.resource_restrictions:
+        return False
+    if any(state.available_resources.get(r, 0) < n for r, n in resources.items()):
+        return False
+    worker.handle_stimulus(
+        CoroResourcesTakenEvent(key=key, resources=dict(resources), stimulus_id=f"dask-coro-take-{time()}")
+    )
+    return True
 
 
 def worker_plugin(worker: Any, name: str) -> Any:
@@ -514,6 +623,38 @@ def send_to_worker(scheduler: Any, worker: str, msg: dict[str, Any], now: bool =
     if now:
         flush_stream(stream)
     return True
+
+
+def processing_task(scheduler: Any, key: Key, worker: str, run_id: int) -> tuple[Any, Any] | None:
+    """The ``TaskState`` of ``key`` and the ``WorkerState`` it is processing
+    on, if that is ``worker`` and its run is ``run_id`` (a message of an
+    older run is stale, as ``Scheduler.handle_long_running`` checks)."""
+    ts = scheduler.tasks.get(key)
+    if ts is None or ts.processing_on is None:
+        return None
+    ws = ts.processing_on
+    if ws.address != worker or ts.run_id != run_id:
+        return None
+    return ts, ws
+
+
+def count_resources(scheduler: Any, ws: Any, resources: dict[str, float], used: bool) -> None:
+    """Count ``resources`` as used on ``ws`` (or, with ``used`` false, as
+    given back): ``WorkerState.used_resources``, which
+    ``Scheduler.acquire_resources`` adds to when a task starts processing
+    there and ``release_resources`` subtracts from when it leaves (read by
+    the dashboard only: placement reads the totals, ``ws.resources``). Only
+    while ``ws`` is still the scheduler's worker of its address."""
+    if scheduler.workers.get(ws.address) is not ws:
+        return
+    sign = 1 if used else -1
+    for resource, needed in resources.items():
+        ws.used_resources[resource] = ws.used_resources.get(resource, 0) + sign * needed
+
+
+def used_resources(scheduler: Any, worker: str) -> dict[str, float]:
+    """``WorkerState.used_resources`` of ``worker``."""
+    return dict(scheduler.workers[worker].used_resources)
 
 
 def idle_threads(scheduler: Any) -> int:
