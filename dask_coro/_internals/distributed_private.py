@@ -10,6 +10,7 @@ importing it imports distributed.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import heapq
 import math
@@ -17,11 +18,12 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from time import time
+from time import monotonic, time
 from typing import Any
 
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.typing import Key
+from dask.utils import parse_timedelta
 from distributed.comm import CommClosedError
 from distributed.core import PooledRPCCall, Status, error_message
 from distributed.threadpoolexecutor import thread_state as pool_thread_state
@@ -151,14 +153,18 @@ def in_coroutine_step() -> bool:
     return type(getattr(pool_thread_state, "executor", None)) is PoolSeat
 
 
-def seceding_waits(worker: Any) -> None:
+def seceding_waits(worker: Any, secede_after: Callable[[], float | None]) -> None:
     """Blocking calls of the worker's client made in a coroutine's step
-    (``Client.sync``: ``client.gather``, ``Future.result``, ``scatter``, ...)
-    secede first and rejoin after, as inside ``worker_client``: a body
-    waiting on them holds no seat of the worker's pool, so it cannot deadlock
-    a worker of one thread. Once per worker: ``Worker._get_client`` (which
-    ``get_client()`` calls, and makes the client on first use) is wrapped on
-    the instance, and each client it gives has its ``sync`` wrapped."""
+    (``Client.sync``: ``client.gather``, ``Future.result``, ``scatter``,
+    ``Event.wait``, ``Lock.acquire``, ...) secede once they have waited
+    ``secede_after()`` seconds without an answer, and rejoin after, as inside
+    ``worker_client``: a body waiting on them then holds no seat of the
+    worker's pool, so it cannot deadlock a worker of one thread. A call
+    answered sooner (``Event.set``, a free ``Lock``) keeps the seat, as in a
+    plain task; 0 secedes before every call, None never. Once per worker:
+    ``Worker._get_client`` (which ``get_client()`` calls, and makes the
+    client on first use) is wrapped on the instance, and each client it
+    gives has its ``sync`` wrapped."""
     if getattr(worker, "_dask_coro_seceding", False):
         return
     get = worker._get_client
@@ -166,7 +172,7 @@ def seceding_waits(worker: Any) -> None:
     def _get_client(*args: Any, **kwargs: Any) -> Any:
         client = get(*args, **kwargs)
         if not getattr(client, "_dask_coro_seceding", False):
-            client.sync = _seceding(client, client.sync)
+            client.sync = _seceding(client, client.sync, secede_after)
             client._dask_coro_seceding = True
         return client
 
@@ -174,22 +180,68 @@ def seceding_waits(worker: Any) -> None:
     worker._dask_coro_seceding = True
 
 
-def _seceding(client: Any, sync: Callable[..., Any]) -> Callable[..., Any]:
+def _seceding(
+    client: Any, sync: Callable[..., Any], secede_after: Callable[[], float | None]
+) -> Callable[..., Any]:
     from distributed import rejoin, secede
 
     def sync_seceding(func: Any, *args: Any, asynchronous: Any = None, **kwargs: Any) -> Any:
         if client.asynchronous or asynchronous or not in_coroutine_step():
             return sync(func, *args, asynchronous=asynchronous, **kwargs)
+        grace = secede_after()
+        if grace is None:
+            return sync(func, *args, asynchronous=asynchronous, **kwargs)
+        if grace <= 0:
+            return _seceded(lambda: sync(func, *args, asynchronous=asynchronous, **kwargs))
+        # What Client.sync does (distributed.utils.sync: the call runs on
+        # the client's loop while this thread waits for it, up to
+        # callback_timeout), with a first wait that ends after the grace:
+        # a call still waiting then secedes.
+        timeout = parse_timedelta(kwargs.pop("callback_timeout", None))
+        answer = asyncio.run_coroutine_threadsafe(_called(func, args, kwargs, timeout), client.loop.asyncio_loop)
+        deadline = None if timeout is None else monotonic() + timeout
+
+        def answered(wait: float | None) -> Any:
+            concurrent.futures.wait([answer], timeout=wait)
+            if answer.done():
+                return answer.result()
+            if deadline is not None and monotonic() >= deadline:
+                client.loop.add_callback(answer.cancel)
+                raise TimeoutError(f"timed out after {timeout} s.")  # as distributed.utils.sync says it
+            raise _StillWaiting
+
+        try:
+            return answered(grace if deadline is None else min(grace, timeout))
+        except _StillWaiting:
+            pass
+        return _seceded(lambda: answered(None if deadline is None else max(0.0, deadline - monotonic())))
+
+    def _seceded(wait: Callable[[], Any]) -> Any:
         try:
             secede()
         except KeyError:  # seceded already (worker_client, a blocking compute)
-            return sync(func, *args, asynchronous=asynchronous, **kwargs)
+            return wait()
         try:
-            return sync(func, *args, asynchronous=asynchronous, **kwargs)
+            return wait()
         finally:
             rejoin()
 
     return sync_seceding
+
+
+class _StillWaiting(Exception):
+    pass
+
+
+async def _called(
+    func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None
+) -> Any:
+    """``func(*args, **kwargs)`` awaited, within ``timeout`` as
+    ``distributed.utils.sync`` awaits it."""
+    awaitable = func(*args, **kwargs)
+    if timeout is not None:
+        return await asyncio.wait_for(awaitable, timeout)
+    return await awaitable
 
 
 def set_task_thread(key: Key | None, start_time: float = 0.0, seat: PoolSeat | None = None) -> None:

@@ -339,8 +339,14 @@ class _KeyWatcher(WorkerPlugin):
 def _watcher(worker: Worker) -> _KeyWatcher:
     # Added synchronously: replacing it would drop the runs it watches.
     w: _KeyWatcher = private.add_worker_plugin_now(worker, _KeyWatcher.name, _KeyWatcher)
-    private.seceding_waits(worker)  # once per worker; a dict lookup after
+    private.seceding_waits(worker, _secede_after)  # once per worker; a dict lookup after
     return w
+
+
+def _secede_after() -> float | None:
+    """``coro.secede-after``, read at each blocking call of the worker's
+    client in a body (``_internals.seceding_waits``)."""
+    return _config.get_timedelta("coro.secede-after", allow_none=True)
 
 
 class _Run:
