@@ -336,3 +336,31 @@ async def test_nested_gpu_coroutines_each_lend_in_turn(c, s, a, b):
     await async_poll_for(lambda: s.workers[a.address].used_resources == {"GPU": 0}, BOUND)
     assert a.state.available_resources == GPU
     assert not _lender(a).book.lent
+
+
+_OPEN = __import__("threading").Event()  # in-process workers: the test opens it
+
+
+@coroutine
+async def polls_with_asyncio():
+    """An async body awaiting asyncio (no cluster wait): it lends its GPU at
+    each await, as at a yield."""
+    n = 0
+    while not _OPEN.is_set():
+        await asyncio.sleep(0.01)
+        n += 1
+    return n > 0
+
+
+@cluster(nthreads=ONE_GPU, timeout=90)
+async def test_an_async_body_lends_its_gpu_while_it_awaits_asyncio(c, s, a, b):
+    _OPEN.clear()
+    f = c.compute(polls_with_asyncio(), resources=GPU)
+    await async_poll_for(lambda: f.key in a.state.tasks and a.state.tasks[f.key].state == "long-running", BOUND)
+    # Another GPU task runs and ends while the body still awaits.
+    assert await c.submit(on_gpu, 9, resources=GPU, key="between") == (9, a.address)
+    assert not f.done()
+    _OPEN.set()
+    assert await f is True
+    await async_poll_for(lambda: a.state.available_resources == GPU, BOUND)
+    assert s.workers[a.address].used_resources == {"GPU": 0}
