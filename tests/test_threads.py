@@ -470,3 +470,39 @@ def test_secede_opens_slot_as_in_distributed(secede_after):
         assert await c.gather(fs) == [1] * 5
 
     run()
+
+
+def _blocked(name):
+    distributed.Event(name).wait(30)
+    return "late"
+
+
+@coroutine
+def result_with_timeout(name):
+    fut = get_client().submit(_blocked, name, pure=False)
+    try:
+        fut.result(timeout=0.2)  # waits: secedes after coro.secede-after, then times out
+    except TimeoutError as e:
+        return type(e).__name__
+    return "no timeout"
+    yield
+
+
+def result_with_timeout_as_a_task(name):
+    with worker_client() as client:
+        fut = client.submit(_blocked, name, pure=False)
+        try:
+            fut.result(timeout=0.2)
+        except TimeoutError as e:
+            return type(e).__name__
+        return "no timeout"
+
+
+# Three threads: the blocked children keep theirs after the timeout (a
+# running task is not stopped), and each parent rejoins the pool after.
+@cluster(nthreads=[("127.0.0.1", 3)], timeout=60)
+async def test_a_blocking_call_with_a_timeout_times_out_as_in_a_task(c, s, a):
+    assert await c.compute(result_with_timeout("never1")) == "TimeoutError"
+    assert await c.submit(result_with_timeout_as_a_task, "never2") == "TimeoutError"
+    for name in ("never1", "never2"):
+        await distributed.Event(name, client=c).set()

@@ -341,11 +341,13 @@ def task_resources(worker: Any, key: Key) -> dict[str, float]:
     return dict(ts.resource_restrictions or {})
 
 
-def task_run_id_priority(worker: Any, key: Key) -> tuple[int, tuple[Any, ...]]:
+def task_run_id_priority(worker: Any, key: Key) -> tuple[int, tuple[Any, ...]] | None:
     """The run id of task ``key`` on this worker (``TaskState.run_id``, which
     the scheduler checks on each message about it) and its priority
-    (``TaskState.priority``: lower runs first)."""
-    ts = worker.state.tasks[key]
+    (``TaskState.priority``: lower runs first); None if the worker forgot it."""
+    ts = worker.state.tasks.get(key)
+    if ts is None:
+        return None
     return ts.run_id, tuple(ts.priority or ())
 
 

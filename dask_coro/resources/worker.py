@@ -56,7 +56,12 @@ async def lent(
     if not private.task_resources(worker, key):
         return await waiting
     lender = _lender(worker)
-    await lender.install()
+    try:
+        await lender.install()
+    except BaseException:  # the worker is closing
+        if asyncio.iscoroutine(waiting):
+            waiting.close()  # never started: no "never awaited" warning
+        raise
     lender.lend(key)
     try:
         try:
@@ -126,7 +131,10 @@ class ResourceLender(WorkerPlugin):
             return
         if not private.scheduler_stream_open(self.worker):
             return
-        run_id, _ = private.task_run_id_priority(self.worker, key)
+        found = private.task_run_id_priority(self.worker, key)
+        if found is None:
+            return  # forgotten here: the scheduler let go of it too
+        run_id, _ = found
         private.send_on_worker_stream(
             self.worker,
             {"op": OP, "key": key, "run_id": run_id, "lent": lent, "resources": resources},
@@ -145,8 +153,10 @@ class ResourceLender(WorkerPlugin):
         """Take back what ``key`` lent, waiting until the worker has it free."""
         if key not in self.book.lent:
             return
-        _, priority = private.task_run_id_priority(self.worker, key)
-        self.book.wait(key, priority)
+        found = private.task_run_id_priority(self.worker, key)
+        # A task forgotten meanwhile is passed over by the grants (it is not
+        # long-running); ``until`` raises Released for it at once.
+        self.book.wait(key, () if found is None else found[1])
         woken = self.wakers[key] = asyncio.get_running_loop().create_future()
         self._look()
         try:
