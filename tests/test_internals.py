@@ -609,6 +609,14 @@ def test_blocking_client_calls_go_through_client_sync_and_the_worker_makes_its_c
 
     assert callable(Worker._get_client)
     assert "asynchronous" in inspect.signature(Client.sync).parameters
+    # What the grace of coro.secede-after does in Client.sync's place:
+    # distributed.utils.sync runs func on the client's loop, within
+    # callback_timeout, and says "timed out after ..." when it is over.
+    from distributed.utils import sync
+
+    assert "callback_timeout" in inspect.signature(Client.sync).parameters
+    assert "wait_for(awaitable, timeout)" in inspect.getsource(sync)
+    assert 'timed out after {timeout} s.' in inspect.getsource(sync)
     for method in (Client.gather, Client.scatter, Future.result):
         assert "self.sync(" in inspect.getsource(method) or "self.client.sync(" in inspect.getsource(method)
 
@@ -739,3 +747,12 @@ async def test_used_resources_count_processing_tasks_and_count_resources_adjusts
     await Event("hold4").set()
     assert await p == "held"
     assert pv.used_resources(s, a.address) == {"GPU": 0}
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_a_clients_loop_is_an_asyncio_loop_that_runs_its_calls(c, s, a):
+    """seceding_waits runs a blocking call's coroutine on the worker client's
+    loop (``Client.loop.asyncio_loop``), where Client.sync would."""
+    client = a._get_client()
+    await client
+    assert client.loop.asyncio_loop is asyncio.get_running_loop()
