@@ -20,6 +20,7 @@ from dask_coro._config import get_timedelta
 
 EXPECTED = {
     "coro.client-batch-interval": "2ms",
+    "coro.secede-after": "50ms",
     "coro.inline.enabled": True,
     "coro.inline.stealing": "push",
     "coro.inline.interval": "20ms",

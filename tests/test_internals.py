@@ -609,6 +609,14 @@ def test_blocking_client_calls_go_through_client_sync_and_the_worker_makes_its_c
 
     assert callable(Worker._get_client)
     assert "asynchronous" in inspect.signature(Client.sync).parameters
+    # What the grace of coro.secede-after does in Client.sync's place:
+    # distributed.utils.sync runs func on the client's loop, within
+    # callback_timeout, and says "timed out after ..." when it is over.
+    from distributed.utils import sync
+
+    assert "callback_timeout" in inspect.signature(Client.sync).parameters
+    assert "wait_for(awaitable, timeout)" in inspect.getsource(sync)
+    assert 'timed out after {timeout} s.' in inspect.getsource(sync)
     for method in (Client.gather, Client.scatter, Future.result):
         assert "self.sync(" in inspect.getsource(method) or "self.client.sync(" in inspect.getsource(method)
 
@@ -634,3 +642,117 @@ async def test_workers_of_a_process_share_the_client_of_the_first_over_its_pool(
     assert own_scheduler_rpc(client, b)
     assert client.scheduler.pool is client.rpc and not own_scheduler_rpc(client, b)
     assert (await client.scheduler.identity())["type"] == "Scheduler"
+
+
+# -- resources lent by a waiting coroutine ------------------------------------------
+
+_GPU = {"GPU": 1}
+_VALIDATE = {"distributed.scheduler.validate": True, "distributed.worker.validate": True}
+
+
+def _seceded_holding(hold):
+    """A plain task that secedes (long-running, as a waiting coroutine is)
+    and waits: its resources stay its own (dask/distributed #6565)."""
+    from distributed import secede
+
+    secede()
+    Event(hold).wait(30)
+    return "held"
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1, {"resources": _GPU})], config=_VALIDATE)
+async def test_lend_and_take_move_a_long_running_tasks_resources_through_the_state_machine(c, s, a):
+    # Worker and scheduler validate their state after every step: the sum of
+    # available resources and those of executing | long_running tasks stays
+    # the total (WorkerState._validate_resources), whatever we lend or take.
+    p = c.submit(_seceded_holding, "hold", resources=_GPU, key="p")
+    while a.state.tasks.get("p") is None or a.state.tasks["p"].state != "long-running":
+        await asyncio.sleep(0.01)
+    assert a.state.available_resources == {"GPU": 0}  # seceding kept them
+    assert pv.task_resources(a, "p") == _GPU
+    run_id, priority = pv.task_run_id_priority(a, "p")
+    assert run_id == s.tasks["p"].run_id and isinstance(priority, tuple)
+    # A constrained task waits for the GPU; lending it lets it start at once
+    # (the event's handler runs _ensure_computing).
+    q = c.submit(_seceded_holding, "q-hold", resources=_GPU, key="q")
+    while a.state.tasks.get("q") is None or a.state.tasks["q"].state != "constrained":
+        await asyncio.sleep(0.01)
+    assert pv.lend_resources(a, "p") == _GPU
+    assert a.state.tasks["p"].resource_restrictions == {}
+    while a.state.tasks["q"].state not in ("executing", "long-running"):
+        await asyncio.sleep(0.01)
+    assert pv.lend_resources(a, "p") == {}  # nothing held: nothing lent twice
+    # Not free while q has it; free once q ended (_execute_done_common gives
+    # back q's resource_restrictions).
+    assert not pv.take_resources(a, "p", _GPU)
+    await Event("q-hold").set()
+    assert await q == "held"
+    assert pv.available_resources(a) == _GPU and pv.total_resources(a) == _GPU
+    assert pv.take_resources(a, "p", _GPU)
+    assert a.state.tasks["p"].resource_restrictions == _GPU and a.state.available_resources == {"GPU": 0}
+    assert not pv.take_resources(a, "p", _GPU)  # holds them already
+    await Event("hold").set()
+    assert await p == "held"
+    assert a.state.available_resources == _GPU  # given back once, as it ended
+
+    # A task that ends while they are lent gives back nothing more.
+    p2 = c.submit(_seceded_holding, "hold2", resources=_GPU, key="p2")
+    while a.state.tasks.get("p2") is None or a.state.tasks["p2"].state != "long-running":
+        await asyncio.sleep(0.01)
+    assert pv.lend_resources(a, "p2") == _GPU
+    await Event("hold2").set()
+    assert await p2 == "held"
+    assert a.state.available_resources == _GPU
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1, {"resources": _GPU})], config=_VALIDATE)
+async def test_a_cancelled_running_task_keeps_its_resource_restrictions_when_asked_for_again(c, s, a):
+    # WorkerState._handle_compute_task: a task cancelled while it runs keeps
+    # the resource_restrictions it had (so one lent stays lent, {}) when the
+    # scheduler asks for it again.
+    p = c.submit(_seceded_holding, "hold3", resources=_GPU, key="p3")
+    while a.state.tasks.get("p3") is None or a.state.tasks["p3"].state != "long-running":
+        await asyncio.sleep(0.01)
+    pv.lend_resources(a, "p3")
+    await p.cancel()
+    while a.state.tasks["p3"].state != "cancelled":
+        await asyncio.sleep(0.01)
+    p = c.submit(_seceded_holding, "hold3", resources=_GPU, key="p3")
+    while a.state.tasks["p3"].state != "long-running":
+        await asyncio.sleep(0.01)
+    assert a.state.tasks["p3"].resource_restrictions == {}
+    assert pv.take_resources(a, "p3", _GPU)
+    await Event("hold3").set()
+    assert await p == "held"
+    assert a.state.available_resources == _GPU
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1, {"resources": _GPU})], config=_VALIDATE)
+async def test_used_resources_count_processing_tasks_and_count_resources_adjusts_them(c, s, a):
+    p = c.submit(_seceded_holding, "hold4", resources=_GPU, key="p4")
+    while s.tasks.get("p4") is None or s.tasks["p4"] not in s.workers[a.address].long_running:
+        await asyncio.sleep(0.01)
+    # Scheduler.handle_long_running leaves used_resources alone.
+    assert pv.used_resources(s, a.address) == _GPU
+    ts = s.tasks["p4"]
+    assert pv.processing_task(s, "p4", a.address, ts.run_id) == (ts, s.workers[a.address])
+    assert pv.processing_task(s, "p4", a.address, ts.run_id + 1) is None  # a stale run
+    assert pv.processing_task(s, "p4", "tcp://elsewhere:1", ts.run_id) is None
+    pv.count_resources(s, ts.processing_on, _GPU, used=False)
+    assert pv.used_resources(s, a.address) == {"GPU": 0}
+    pv.count_resources(s, ts.processing_on, _GPU, used=True)
+    assert pv.used_resources(s, a.address) == _GPU
+    # Scheduler._exit_processing_common subtracts the task's restrictions as
+    # it leaves processing.
+    await Event("hold4").set()
+    assert await p == "held"
+    assert pv.used_resources(s, a.address) == {"GPU": 0}
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_a_clients_loop_is_an_asyncio_loop_that_runs_its_calls(c, s, a):
+    """seceding_waits runs a blocking call's coroutine on the worker client's
+    loop (``Client.loop.asyncio_loop``), where Client.sync would."""
+    client = a._get_client()
+    await client
+    assert client.loop.asyncio_loop is asyncio.get_running_loop()

@@ -245,7 +245,7 @@ def test_core_imports_no_distributed_and_nothing_outside_core_but_the_seams():
 
 def test_pure_modules_import_neither_dask_nor_distributed():
     # Pure of dask as well: structure, cache, scope, the ledger, the tree book.
-    for name in ("core/structure.py", "core/cache.py", "core/keys.py", "core/scope.py", "_exceptions.py", "lifetimes/ledger.py", "diagnostics/book.py", "durability/book.py", "durability/budget.py", "release/book.py"):
+    for name in ("core/structure.py", "core/cache.py", "core/keys.py", "core/scope.py", "_exceptions.py", "lifetimes/ledger.py", "diagnostics/book.py", "durability/book.py", "durability/budget.py", "release/book.py", "resources/book.py"):
         mods = _imported_modules(PKG / name)
         assert not _top(mods) & {"dask", "distributed"}, name
         relative = {m for m in mods if m.startswith(".")}
@@ -268,6 +268,8 @@ def test_no_module_level_distributed_import_anywhere():
         "durability/scheduler.py",
         "release/scheduler.py",
         "release/worker.py",
+        "resources/scheduler.py",
+        "resources/worker.py",
         "runtime/scheduler.py",
         "_internals/distributed_private.py",
         "__main__.py",

@@ -21,7 +21,7 @@ import dask
 import distributed
 import pytest
 from distributed import Worker, get_client, get_worker, rejoin, secede, worker_client
-from distributed.utils_test import async_poll_for
+from distributed.utils_test import async_poll_for, gen_cluster
 from helpers import Busy, cluster
 
 import dask_coro
@@ -359,3 +359,150 @@ async def test_get_worker_in_a_body(c, s, a):
     assert before == after
     assert address == a.address
 
+
+
+# -- client calls that do not wait keep the slot (coro.secede-after) ------------
+
+# Far above any answer's time on a loaded machine: the tests below are about
+# which calls wait, not about how fast an answer comes.
+_PATIENT = {"coro.secede-after": "30s"}
+_GATE = threading.Event()  # the body blocks here without a call of the client
+
+
+@coroutine
+def calls_that_answer_at_once(names):
+    """Event.set, a free Lock's acquire and Variable.set before the first
+    yield: each is answered at once, none waits for another task."""
+    entered, lock, var = names
+    distributed.Event(entered).set()
+    held = distributed.Lock(lock)
+    assert held.acquire()
+    distributed.Variable(var).set(1)
+    _GATE.wait(30)
+    held.release()
+    x = yield cinc(1)
+    return x
+
+
+@cluster(nthreads=[("127.0.0.1", 1)], timeout=60, config=_PATIENT)
+async def test_client_calls_answered_at_once_keep_the_slot(c, s, a):
+    """A plain task calling them keeps its slot; so does the body: it is not
+    long-running before its first yield (it was, when every call seceded)."""
+    _GATE.clear()
+    f = c.compute(calls_that_answer_at_once(("entered", "lock", "var")))
+    await distributed.Event("entered", client=c).wait()
+    var = distributed.Variable("var", client=c)
+    await async_poll_for(lambda: "var" in s.extensions["variables"].variables, 30)
+    assert await var.get() == 1
+    key = f.key
+    assert a.state.tasks[key].state == "executing"
+    assert s.tasks[key] not in s.workers[a.address].long_running
+    assert s.workers[a.address].occupancy > 0  # counted, as a plain task's
+    _GATE.set()
+    assert await f == 2
+
+
+def long_running(lock, entered):
+    """distributed's test_long_running_not_in_occupancy, as a plain task."""
+    entered.set()
+    secede()
+    lock.acquire()
+    return "done"
+
+
+@coroutine
+def long_running_body(lock, entered):
+    """The same, as a coroutine body."""
+    entered.set()
+    secede()
+    lock.acquire()
+    return "done"
+    yield
+
+
+@pytest.mark.parametrize("kind", ["task", "coroutine"])
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], timeout=60, config=_PATIENT)
+async def test_long_running_not_in_occupancy_as_in_distributed(c, s, a, kind):
+    lock, entered = distributed.Lock(), distributed.Event()
+    await lock.acquire()
+    if kind == "task":
+        f = c.submit(long_running, lock, entered)
+    else:
+        f = c.compute(long_running_body(lock, entered))
+    await entered.wait()
+    ws = s.workers[a.address]
+    # Executing until it secedes itself: entered.set() did not.
+    assert s.tasks[f.key] in ws.processing
+    await async_poll_for(lambda: ws.occupancy == 0, 30)
+    await lock.release()
+    assert await f == "done"
+    assert s.total_occupancy == 0
+
+
+@coroutine
+def waits_then_secedes(first, second):
+    first.wait()
+    secede()
+    second.wait()
+    return 1
+    yield
+
+
+@pytest.mark.parametrize("secede_after", [None, "50ms"], ids=["never", "default"])
+def test_secede_opens_slot_as_in_distributed(secede_after):
+    """distributed's test_secede_opens_slot, as coroutines. With
+    ``coro.secede-after: null`` as there: first.wait() holds the only slot,
+    the others queue behind it. With the default, a call that waits
+    secedes, so all five wait as long-running tasks, none holding the slot."""
+
+    @cluster(nthreads=[("127.0.0.1", 1)], timeout=60, config={"coro.secede-after": secede_after})
+    async def run(c, s, a):
+        first, second = distributed.Event(client=c), distributed.Event(client=c)
+        fs = c.compute([waits_then_secedes(first, second) for _ in range(5)])
+        await async_poll_for(lambda: a.state.executing or a.state.long_running, 30)
+        if secede_after is None:
+            assert len(a.state.executing) == 1 and not a.state.long_running
+        else:
+            await async_poll_for(lambda: len(a.state.long_running) == 5, 30)
+        await first.set()
+        await async_poll_for(lambda: len(a.state.long_running) == 5, 30)
+        await second.set()
+        assert await c.gather(fs) == [1] * 5
+
+    run()
+
+
+def _blocked(name):
+    distributed.Event(name).wait(30)
+    return "late"
+
+
+@coroutine
+def result_with_timeout(name):
+    fut = get_client().submit(_blocked, name, pure=False)
+    try:
+        fut.result(timeout=0.2)  # waits: secedes after coro.secede-after, then times out
+    except TimeoutError as e:
+        return type(e).__name__
+    return "no timeout"
+    yield
+
+
+def result_with_timeout_as_a_task(name):
+    with worker_client() as client:
+        fut = client.submit(_blocked, name, pure=False)
+        try:
+            fut.result(timeout=0.2)
+        except TimeoutError as e:
+            return type(e).__name__
+        return "no timeout"
+
+
+# Three threads: the blocked children keep theirs after the timeout (a
+# running task is not stopped), and each parent rejoins the pool after.
+@cluster(nthreads=[("127.0.0.1", 3)], timeout=60)
+async def test_a_blocking_call_with_a_timeout_times_out_as_in_a_task(c, s, a):
+    assert await c.compute(result_with_timeout("never1")) == "TimeoutError"
+    assert await c.submit(result_with_timeout_as_a_task, "never2") == "TimeoutError"
+    for name in ("never1", "never2"):
+        await distributed.Event(name, client=c).set()

@@ -10,22 +10,25 @@ importing it imports distributed.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import heapq
 import math
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from time import time
+from dataclasses import dataclass
+from time import monotonic, time
 from typing import Any
 
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.typing import Key
+from dask.utils import parse_timedelta
 from distributed.comm import CommClosedError
 from distributed.core import PooledRPCCall, Status, error_message
 from distributed.threadpoolexecutor import thread_state as pool_thread_state
 from distributed.worker import _worker_cvar, thread_state
-from distributed.worker_state_machine import SecedeEvent
+from distributed.worker_state_machine import SecedeEvent, StateMachineEvent, WorkerState
 
 from .dask_private import Alias
 
@@ -150,14 +153,18 @@ def in_coroutine_step() -> bool:
     return type(getattr(pool_thread_state, "executor", None)) is PoolSeat
 
 
-def seceding_waits(worker: Any) -> None:
+def seceding_waits(worker: Any, secede_after: Callable[[], float | None]) -> None:
     """Blocking calls of the worker's client made in a coroutine's step
-    (``Client.sync``: ``client.gather``, ``Future.result``, ``scatter``, ...)
-    secede first and rejoin after, as inside ``worker_client``: a body
-    waiting on them holds no seat of the worker's pool, so it cannot deadlock
-    a worker of one thread. Once per worker: ``Worker._get_client`` (which
-    ``get_client()`` calls, and makes the client on first use) is wrapped on
-    the instance, and each client it gives has its ``sync`` wrapped."""
+    (``Client.sync``: ``client.gather``, ``Future.result``, ``scatter``,
+    ``Event.wait``, ``Lock.acquire``, ...) secede once they have waited
+    ``secede_after()`` seconds without an answer, and rejoin after, as inside
+    ``worker_client``: a body waiting on them then holds no seat of the
+    worker's pool, so it cannot deadlock a worker of one thread. A call
+    answered sooner (``Event.set``, a free ``Lock``) keeps the seat, as in a
+    plain task; 0 secedes before every call, None never. Once per worker:
+    ``Worker._get_client`` (which ``get_client()`` calls, and makes the
+    client on first use) is wrapped on the instance, and each client it
+    gives has its ``sync`` wrapped."""
     if getattr(worker, "_dask_coro_seceding", False):
         return
     get = worker._get_client
@@ -165,7 +172,7 @@ def seceding_waits(worker: Any) -> None:
     def _get_client(*args: Any, **kwargs: Any) -> Any:
         client = get(*args, **kwargs)
         if not getattr(client, "_dask_coro_seceding", False):
-            client.sync = _seceding(client, client.sync)
+            client.sync = _seceding(client, client.sync, secede_after)
             client._dask_coro_seceding = True
         return client
 
@@ -173,22 +180,68 @@ def seceding_waits(worker: Any) -> None:
     worker._dask_coro_seceding = True
 
 
-def _seceding(client: Any, sync: Callable[..., Any]) -> Callable[..., Any]:
+def _seceding(
+    client: Any, sync: Callable[..., Any], secede_after: Callable[[], float | None]
+) -> Callable[..., Any]:
     from distributed import rejoin, secede
 
     def sync_seceding(func: Any, *args: Any, asynchronous: Any = None, **kwargs: Any) -> Any:
         if client.asynchronous or asynchronous or not in_coroutine_step():
             return sync(func, *args, asynchronous=asynchronous, **kwargs)
+        grace = secede_after()
+        if grace is None:
+            return sync(func, *args, asynchronous=asynchronous, **kwargs)
+        if grace <= 0:
+            return _seceded(lambda: sync(func, *args, asynchronous=asynchronous, **kwargs))
+        # What Client.sync does (distributed.utils.sync: the call runs on
+        # the client's loop while this thread waits for it, up to
+        # callback_timeout), with a first wait that ends after the grace:
+        # a call still waiting then secedes.
+        timeout = parse_timedelta(kwargs.pop("callback_timeout", None))
+        answer = asyncio.run_coroutine_threadsafe(_called(func, args, kwargs, timeout), client.loop.asyncio_loop)
+        deadline = None if timeout is None else monotonic() + timeout
+
+        def answered(wait: float | None) -> Any:
+            concurrent.futures.wait([answer], timeout=wait)
+            if answer.done():
+                return answer.result()
+            if deadline is not None and monotonic() >= deadline:
+                client.loop.add_callback(answer.cancel)
+                raise TimeoutError(f"timed out after {timeout} s.")  # as distributed.utils.sync says it
+            raise _StillWaiting
+
+        try:
+            return answered(grace if deadline is None else min(grace, timeout))
+        except _StillWaiting:
+            pass
+        return _seceded(lambda: answered(None if deadline is None else max(0.0, deadline - monotonic())))
+
+    def _seceded(wait: Callable[[], Any]) -> Any:
         try:
             secede()
         except KeyError:  # seceded already (worker_client, a blocking compute)
-            return sync(func, *args, asynchronous=asynchronous, **kwargs)
+            return wait()
         try:
-            return sync(func, *args, asynchronous=asynchronous, **kwargs)
+            return wait()
         finally:
             rejoin()
 
     return sync_seceding
+
+
+class _StillWaiting(Exception):
+    pass
+
+
+async def _called(
+    func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None
+) -> Any:
+    """``func(*args, **kwargs)`` awaited, within ``timeout`` as
+    ``distributed.utils.sync`` awaits it."""
+    awaitable = func(*args, **kwargs)
+    if timeout is not None:
+        return await asyncio.wait_for(awaitable, timeout)
+    return await awaitable
 
 
 def set_task_thread(key: Key | None, start_time: float = 0.0, seat: PoolSeat | None = None) -> None:
@@ -220,6 +273,116 @@ def secede_from_loop(worker: Any, key: Key, compute_duration: float) -> None:
             stimulus_id=f"dask-coro-secede-{time()}",
         )
     )
+
+
+# A waiting coroutine's resources (resources/worker.py). distributed counts a
+# running task's resources as ``WorkerState.available_resources`` less the
+# ``resource_restrictions`` of every task in ``executing | long_running``
+# (``WorkerState._validate_resources``): ``_ensure_computing`` subtracts them
+# when a task starts, ``_execute_done_common`` adds back whatever
+# ``ts.resource_restrictions`` says when it ends. Lending moves a long-running
+# task's restrictions into ``available_resources`` and empties them, so the
+# sum holds at every step and a task that ends while they are lent gives back
+# nothing; taking moves them back. Both are events of the worker's state
+# machine, so the transitions they allow (a constrained task that may now
+# start) are carried out at once, as for any stimulus.
+
+
+@dataclass
+class CoroResourcesLentEvent(StateMachineEvent):
+    """A waiting coroutine gives back its task's resources."""
+
+    __slots__ = ("key",)
+    key: Key
+
+
+@dataclass
+class CoroResourcesTakenEvent(StateMachineEvent):
+    """A coroutine takes back the resources it lent, before its body goes on."""
+
+    __slots__ = ("key", "resources")
+    key: Key
+    resources: dict[str, float]
+
+
+def _handle_resources_lent(state: Any, ev: CoroResourcesLentEvent) -> Any:
+    ts = state.tasks.get(ev.key)
+    if ts is None or ts.state != "long-running" or not ts.resource_restrictions:
+        return {}, []
+    for resource, needed in ts.resource_restrictions.items():
+        state.available_resources[resource] += needed
+    ts.resource_restrictions = {}
+    return state._ensure_computing()  # a constrained task may start now
+
+
+def _handle_resources_taken(state: Any, ev: CoroResourcesTakenEvent) -> Any:
+    ts = state.tasks.get(ev.key)
+    if ts is None or ts not in state.long_running or ts.resource_restrictions:
+        return {}, []  # ended, or cancelled meanwhile: nothing to take
+    for resource, needed in ev.resources.items():
+        state.available_resources[resource] -= needed
+    ts.resource_restrictions = dict(ev.resources)
+    return {}, []
+
+
+# ``WorkerState._handle_event`` is a ``functools.singledispatchmethod`` over
+# the event's class, as ``WorkerState.handle_stimulus`` calls it.
+_dispatch: Any = WorkerState._handle_event
+_dispatch.register(CoroResourcesLentEvent, _handle_resources_lent)
+_dispatch.register(CoroResourcesTakenEvent, _handle_resources_taken)
+
+
+def task_resources(worker: Any, key: Key) -> dict[str, float]:
+    """What the long-running task ``key`` holds of the worker's resources
+    (``TaskState.resource_restrictions``); empty if none, or not long-running."""
+    ts = worker.state.tasks.get(key)
+    if ts is None or ts.state != "long-running":
+        return {}
+    return dict(ts.resource_restrictions or {})
+
+
+def task_run_id_priority(worker: Any, key: Key) -> tuple[int, tuple[Any, ...]] | None:
+    """The run id of task ``key`` on this worker (``TaskState.run_id``, which
+    the scheduler checks on each message about it) and its priority
+    (``TaskState.priority``: lower runs first); None if the worker forgot it."""
+    ts = worker.state.tasks.get(key)
+    if ts is None:
+        return None
+    return ts.run_id, tuple(ts.priority or ())
+
+
+def available_resources(worker: Any) -> dict[str, float]:
+    """The worker's resources no running task holds (``WorkerState.available_resources``)."""
+    return dict(worker.state.available_resources)
+
+
+def total_resources(worker: Any) -> dict[str, float]:
+    """The resources the worker was started with (``WorkerState.total_resources``)."""
+    return dict(worker.state.total_resources)
+
+
+def lend_resources(worker: Any, key: Key) -> dict[str, float]:
+    """Give back what the long-running task ``key`` holds of the worker's
+    resources (``CoroResourcesLentEvent``); what it gave back, or empty."""
+    lent = task_resources(worker, key)
+    if lent:
+        worker.handle_stimulus(CoroResourcesLentEvent(key=key, stimulus_id=f"dask-coro-lend-{time()}"))
+    return lent
+
+
+def take_resources(worker: Any, key: Key, resources: dict[str, float]) -> bool:
+    """Take ``resources`` back for the long-running task ``key`` if the worker
+    has them free (``CoroResourcesTakenEvent``); whether it did."""
+    state = worker.state
+    ts = state.tasks.get(key)
+    if ts is None or ts.state != "long-running" or ts.resource_restrictions:
+        return False
+    if any(state.available_resources.get(r, 0) < n for r, n in resources.items()):
+        return False
+    worker.handle_stimulus(
+        CoroResourcesTakenEvent(key=key, resources=dict(resources), stimulus_id=f"dask-coro-take-{time()}")
+    )
+    return True
 
 
 def worker_plugin(worker: Any, name: str) -> Any:
@@ -514,6 +677,38 @@ def send_to_worker(scheduler: Any, worker: str, msg: dict[str, Any], now: bool =
     if now:
         flush_stream(stream)
     return True
+
+
+def processing_task(scheduler: Any, key: Key, worker: str, run_id: int) -> tuple[Any, Any] | None:
+    """The ``TaskState`` of ``key`` and the ``WorkerState`` it is processing
+    on, if that is ``worker`` and its run is ``run_id`` (a message of an
+    older run is stale, as ``Scheduler.handle_long_running`` checks)."""
+    ts = scheduler.tasks.get(key)
+    if ts is None or ts.processing_on is None:
+        return None
+    ws = ts.processing_on
+    if ws.address != worker or ts.run_id != run_id:
+        return None
+    return ts, ws
+
+
+def count_resources(scheduler: Any, ws: Any, resources: dict[str, float], used: bool) -> None:
+    """Count ``resources`` as used on ``ws`` (or, with ``used`` false, as
+    given back): ``WorkerState.used_resources``, which
+    ``Scheduler.acquire_resources`` adds to when a task starts processing
+    there and ``release_resources`` subtracts from when it leaves (read by
+    the dashboard only: placement reads the totals, ``ws.resources``). Only
+    while ``ws`` is still the scheduler's worker of its address."""
+    if scheduler.workers.get(ws.address) is not ws:
+        return
+    sign = 1 if used else -1
+    for resource, needed in resources.items():
+        ws.used_resources[resource] = ws.used_resources.get(resource, 0) + sign * needed
+
+
+def used_resources(scheduler: Any, worker: str) -> dict[str, float]:
+    """``WorkerState.used_resources`` of ``worker``."""
+    return dict(scheduler.workers[worker].used_resources)
 
 
 def idle_threads(scheduler: Any) -> int:

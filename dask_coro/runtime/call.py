@@ -181,7 +181,7 @@ def _graph(fn: CoroutineFunction, key: Any, args: tuple[Any, ...], kwargs: dict[
     if kwargs:
         kwargs2, collections = unpack_collections(kwargs)
         deps.extend(collections)
-    task = Task(key, CoroutineTask(fn.run, key), *args2, **kwargs2)
+    task = Task(key, CoroutineTask(fn.run, key, fn.keep_resources), *args2, **kwargs2)
     return HighLevelGraph.from_collections(key, {key: task}, dependencies=deps)
 
 
@@ -204,7 +204,9 @@ class CoroutineTask:
     objects.
 
     It carries its key because a task running on the event loop cannot learn
-    it from distributed.
+    it from distributed, and whether its function keeps its worker resources
+    while it waits (``@coroutine(keep_resources=True)``), which a worker that
+    unpickled the function by value cannot look up.
 
     ``runners`` is injected by ``dask_coro.runtime`` (the runners import this
     module, never the other way round): ``on_worker`` answers the coroutine
@@ -212,16 +214,17 @@ class CoroutineTask:
     not called on a worker's event loop; ``local`` runs it to the end here.
     """
 
-    __slots__ = ("func", "key")
+    __slots__ = ("func", "key", "keep_resources")
     __tornado_coroutine__ = True
     runners: ClassVar[tuple[Runner, Runner]]
 
-    def __init__(self, func: Callable[..., Any], key: Key):
+    def __init__(self, func: Callable[..., Any], key: Key, keep_resources: bool = False):
         self.func = func
         self.key = key
+        self.keep_resources = keep_resources
 
     def with_key(self, key: Key) -> CoroutineTask:
-        return CoroutineTask(self.func, key)
+        return CoroutineTask(self.func, key, self.keep_resources)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # Every coro.* setting here, before anything runs: a bad one fails
@@ -246,7 +249,7 @@ class CoroutineTask:
                 wrapper = getattr(wrapper, part, None)
             if isinstance(wrapper, CoroutineFunction) and wrapper.run is self.func:
                 return _task_by_name, (module, qualname, self.key, _version())
-        return _task_by_value, (self.func, self.key, _version())
+        return _task_by_value, (self.func, self.key, _version(), self.keep_resources)
 
     def __dask_tokenize__(self) -> tuple[str, str]:
         # What it computes, not its key: a child's key holds a token of its
@@ -306,11 +309,13 @@ def _this_process() -> str:
     return f"process {os.getpid()}"
 
 
-def _task_by_value(func: Callable[..., Any], key: Key, made_by: str | None = None) -> CoroutineTask:
+def _task_by_value(
+    func: Callable[..., Any], key: Key, made_by: str | None = None, keep_resources: bool = False
+) -> CoroutineTask:
     mismatch = _mismatch(made_by)
     if mismatch is not None:
         return _refusing(mismatch, key)
-    return CoroutineTask(func, key)
+    return CoroutineTask(func, key, keep_resources)
 
 
 def _task_by_name(module: str, qualname: str, key: Key, made_by: str | None = None) -> CoroutineTask:
@@ -320,7 +325,7 @@ def _task_by_name(module: str, qualname: str, key: Key, made_by: str | None = No
     wrapper: Any = importlib.import_module(module)
     for part in qualname.split("."):
         wrapper = getattr(wrapper, part)
-    return CoroutineTask(wrapper.run, key)
+    return CoroutineTask(wrapper.run, key, wrapper.keep_resources)
 
 
 _SPAN_ONLY = {"span": None}.keys()  # computed in place under these (runtime.inplace)
@@ -463,6 +468,7 @@ class CoroutineFunction:
         nout: int | None = None,
         name: str | None = None,
         inline: bool = True,
+        keep_resources: bool = False,
     ):
         if not callable(func):
             raise TypeError(f"@coroutine expects a function, got {func!r}")
@@ -494,6 +500,9 @@ class CoroutineFunction:
         if not isinstance(inline, bool):
             raise TypeError(f"@coroutine(inline=...) expects True or False, got {inline!r}")
         self.inline = inline
+        if not isinstance(keep_resources, bool):
+            raise TypeError(f"@coroutine(keep_resources=...) expects True or False, got {keep_resources!r}")
+        self.keep_resources = keep_resources
 
     @property
     def inline(self) -> bool:
@@ -568,6 +577,7 @@ def coroutine(
     nout: int | None = None,
     name: str | None = None,
     inline: bool = True,
+    keep_resources: bool = False,
 ) -> Any:
     """Make a function a coroutine task.
 
@@ -635,10 +645,21 @@ def coroutine(
         its own (to see each call in the dashboard and in ``tree``, or to give
         it ``dask.annotate`` resources). Default True: inline where
         ``coro.inline.enabled`` allows.
+    keep_resources
+        True: a task of this function keeps the worker resources it was
+        given (``resources={"GPU": 1}``) while it waits, for a body that
+        keeps state on the device between yields. Default False: while it
+        waits it gives them back, so its children (or any task) may use
+        them, and it takes them again before its body goes on, waiting for
+        them as a task waits for its resources (see docs/dask-features.md).
     """
     if func is None:
-        return functools.partial(coroutine, pure=pure, nout=nout, name=name, inline=inline)
-    return CoroutineFunction(func, pure=pure, nout=nout, name=name, inline=inline)
+        return functools.partial(
+            coroutine, pure=pure, nout=nout, name=name, inline=inline, keep_resources=keep_resources
+        )
+    return CoroutineFunction(
+        func, pure=pure, nout=nout, name=name, inline=inline, keep_resources=keep_resources
+    )
 
 
 @is_lazy.register(CoroutineFunction)

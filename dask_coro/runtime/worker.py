@@ -75,6 +75,7 @@ from ..durability.scheduler import RUN_LEFT, DurablePlugin
 from ..lifetimes.tie import hold_segments
 from ..release.scheduler import ReleasePlugin
 from ..release.worker import ReleaseWorkerPlugin
+from ..resources.worker import lent
 from .aio import check
 from .call import trampoline
 from .inplace import localizer
@@ -338,8 +339,14 @@ class _KeyWatcher(WorkerPlugin):
 def _watcher(worker: Worker) -> _KeyWatcher:
     # Added synchronously: replacing it would drop the runs it watches.
     w: _KeyWatcher = private.add_worker_plugin_now(worker, _KeyWatcher.name, _KeyWatcher)
-    private.seceding_waits(worker)  # once per worker; a dict lookup after
+    private.seceding_waits(worker, _secede_after)  # once per worker; a dict lookup after
     return w
+
+
+def _secede_after() -> float | None:
+    """``coro.secede-after``, read at each blocking call of the worker's
+    client in a body (``_internals.seceding_waits``)."""
+    return _config.get_timedelta("coro.secede-after", allow_none=True)
 
 
 class _Run:
@@ -347,6 +354,7 @@ class _Run:
         self.worker = worker
         self.key = task.key
         self.func = task.func
+        self.keep_resources = task.keep_resources
         self.name = funcname(task.func)
         self.loop = asyncio.get_running_loop()
         self.lane: Lane | None = None  # the lane of all our steps (lanes.py)
@@ -523,7 +531,7 @@ class _Run:
                         await self._submit(out.batches, tramp.own_annotations)
                     if not self.seceded:
                         self._secede()
-                    error = await self._until(asyncio.wrap_future(out.obj))
+                    error = await self._lent(self._until(asyncio.wrap_future(out.obj)))
                     out = await self._step(tramp, tramp.proceed, error)
                     continue
                 assert type(out) is Submit
@@ -770,7 +778,7 @@ class _Run:
             if scope.error is not None:
                 raise scope.error
             client = await self._client()
-            results = await self._wait(client, scope.handles(frame.remote))
+            results = await self._lent(self._wait(client, scope.handles(frame.remote)))
             # Before the children go: segments in their results are ours now.
             await hold_segments(self.worker, self.key, results)
         except Released:
@@ -830,6 +838,14 @@ class _Run:
                 # then log "Task exception was never retrieved"; it ends on its
                 # own once our futures are released, so only retrieve its end.
                 gathering.add_done_callback(_retrieve)
+
+    async def _lent(self, waiting: Any) -> Any:
+        """Await ``waiting`` with our task's worker resources given back, and
+        taken again before the body goes on (``resources/worker.py``), unless
+        our function keeps them (``@coroutine(keep_resources=True)``)."""
+        if self.keep_resources:
+            return await waiting
+        return await lent(self.worker, self.key, waiting, self._until)
 
     async def _until(self, waiting: asyncio.Future[Any]) -> Any:
         """Await ``waiting``; ``Released`` if our task stops running here
