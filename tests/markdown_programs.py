@@ -123,7 +123,8 @@ def selected(request, test: str) -> list[str]:
     """The ``name`` parameters of this module's test function ``test`` that
     the session runs (after -k, -m, deselection), in the session's order."""
     return [item.callspec.params["name"] for item in request.session.items
-            if item.module is request.module and item.originalname == test]
+            if getattr(item, "module", None) is request.module
+            and getattr(item, "originalname", None) == test]
 
 
 def run_program(name: str, source: str, folder: pathlib.Path, timeout: float = 90) -> None:
