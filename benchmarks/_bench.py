@@ -5,8 +5,17 @@ embedded cluster, timed runs with their medians, process samplers, the
 alternatives compared side by side with their ratio rows, Markdown tables, the
 JSON summary run_all.py reads, and a section of RESULTS.md.
 
-Only client-side code lives here: functions that run on workers are defined in
-the scripts themselves (pickled by value from ``__main__``) or in dask_coro.
+Besides, what several scenarios run on the cluster: settings made here and for
+the worker processes (``settings``), waiting on a condition (``wait_for``),
+worker release installed (``release_plugin``), and a gate that holds a child
+back until every waiter is suspended (``Gate``). Worker processes import this
+module by name (a spawned process starts with its parent's ``sys.path``, so
+this folder is on it), as they import the scripts' own functions.
+
+A scenario is a script that declares its sections of RESULTS.md
+(``SCENARIOS``, a list of ``Scenario``) and, where it has targets, a
+``targets(data)`` giving their rows; run_all.py runs every script it lists and
+writes their sections and the targets table.
 """
 
 from __future__ import annotations
@@ -15,12 +24,14 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import statistics
 import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psutil
@@ -33,29 +44,40 @@ N_WORKERS = 2
 THREADS_PER_WORKER = 1
 
 
-INLINE_ENV = "DASK_CORO__INLINE__ENABLED"
+def env_name(key: str) -> str:
+    """The environment variable dask reads for a configuration key
+    (``dask.config.collect_env``: ``DASK_``, ``__`` for a dot)."""
+    return "DASK_" + key.upper().replace(".", "__").replace("-", "_")
 
 
 @contextlib.contextmanager
-def inline_setting(inline: bool | None) -> Iterator[None]:
-    """``coro.inline.enabled`` set to ``inline`` (None: leave the default) in
-    this process and in the environment, for worker processes started meanwhile
-    (the Nanny passes dask.config on; the variable covers anything else)."""
-    if inline is None:
-        yield
-        return
+def settings(values: Mapping[str, Any]) -> Iterator[None]:
+    """dask.config ``values`` set in this process and in the environment, for
+    worker processes started meanwhile (the Nanny passes dask.config on; the
+    variables cover anything else; dask reads each with ``ast.literal_eval``,
+    so a value is written as its ``repr``). Both are restored after."""
     import dask
 
-    old = os.environ.get(INLINE_ENV)
-    os.environ[INLINE_ENV] = str(bool(inline))
+    old = {}
+    for key, value in values.items():
+        name = env_name(key)
+        old[name] = os.environ.get(name)
+        os.environ[name] = value if isinstance(value, str) else repr(value)
     try:
-        with dask.config.set({"coro.inline.enabled": bool(inline)}):
+        with dask.config.set(dict(values)):
             yield
     finally:
-        if old is None:
-            os.environ.pop(INLINE_ENV, None)
-        else:
-            os.environ[INLINE_ENV] = old
+        for name, value in old.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def inline_setting(inline: bool | None) -> contextlib.AbstractContextManager[None]:
+    """``coro.inline.enabled`` set to ``inline`` (None: leave the default), here
+    and for worker processes started meanwhile."""
+    return settings({} if inline is None else {"coro.inline.enabled": bool(inline)})
 
 
 def _inline_enabled() -> bool:
@@ -68,13 +90,14 @@ def _inline_enabled() -> bool:
 
 @contextlib.contextmanager
 def cluster(inline: bool | None = None, n_workers: int = N_WORKERS,
-            **kwargs: Any) -> Iterator[Client]:
+            config: Mapping[str, Any] | None = None, **kwargs: Any) -> Iterator[Client]:
     """The embedded cluster every benchmark uses: 2 worker processes x 1 thread.
 
     ``inline``: dask_coro's ``coro.inline.enabled`` on the workers (True: coroutine
     calls with plain arguments run inline, the default; False: every call is a
-    task; None: whatever the environment says). Checked on every worker."""
-    with inline_setting(inline), \
+    task; None: whatever the environment says). Checked on every worker.
+    ``config``: more dask settings, made before the cluster starts (``settings``)."""
+    with inline_setting(inline), settings(config or {}), \
             LocalCluster(n_workers=n_workers, threads_per_worker=THREADS_PER_WORKER,
                          processes=True, dashboard_address=":0", **kwargs) as lc, \
             Client(lc) as client:
@@ -216,18 +239,111 @@ def _has_counter(dask_scheduler: Any) -> bool:
     return "bench-count-done" in dask_scheduler.plugins
 
 
+def wait_for(ready: Callable[[], Any], timeout: float, what: str,
+             interval: float = 0.05) -> float:
+    """Calls ``ready`` every ``interval`` s until it returns something true:
+    the seconds that took; TimeoutError naming ``what`` after ``timeout``."""
+    start = time.monotonic()
+    while not ready():
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"{what}: not after {timeout:g} s")
+        time.sleep(interval)
+    return time.monotonic() - start
+
+
+def _release_ready(dask_scheduler: Any) -> int:
+    from dask_coro.release.scheduler import NAME
+
+    return len(dask_scheduler.plugins[NAME].ready)
+
+
+def release_plugin(client: Client, workers: int, timeout: float = 30) -> None:
+    """Worker release installed (``ReleasePlugin``) and its worker plugin
+    ready on ``workers`` workers."""
+    from dask_coro.release.scheduler import ReleasePlugin
+
+    client.register_plugin(ReleasePlugin())
+    wait_for(lambda: client.run_on_scheduler(_release_ready) >= workers, timeout,
+             "worker release's worker plugins")
+
+
+# -- a gate: waiters held back until all are suspended ------------------------
+
+
+def gate_value() -> int:
+    return 1000
+
+
+async def _open_gate(name: str, dask_worker: Any = None) -> None:
+    await dask_worker.set_resources(**{name: 1})
+
+
+def _schedule_unrunnable(dask_scheduler: Any, worker: str) -> int:
+    """What the scheduler does for no-worker tasks when a worker joins (it does
+    not when a worker's resources change)."""
+    ws = dask_scheduler.workers[worker]
+    recs = dask_scheduler.bulk_schedule_unrunnable_after_adding_worker(ws)
+    dask_scheduler.transitions(recs, stimulus_id=f"bench-open-gate-{time.time()}")
+    return len(recs)
+
+
+def _long_running(prefix: str, dask_worker: Any = None) -> int:
+    return sum(1 for ts in dask_worker.state.tasks.values()
+               if ts.state == "long-running" and str(ts.key).startswith(prefix))
+
+
+class Gate:
+    """A task (value 1000) restricted to a resource no worker has, a new one
+    each time: it stays in no-worker on the scheduler, and every child that
+    depends on it waits, until ``open()`` gives the resource to one worker."""
+
+    def __init__(self, client: Client) -> None:
+        import uuid
+
+        self.client = client
+        self.tag = uuid.uuid4().hex
+        self.resource = f"GATE-{self.tag}"
+        self.future = client.submit(gate_value, resources={self.resource: 1}, pure=False)
+        self.key = self.future.key
+
+    def wait_suspended(self, prefix: str, n: int, timeout: float) -> float:
+        """Waits until ``n`` tasks whose keys start with ``prefix`` are
+        waiting (seceded: ``long-running``) on the workers: the seconds."""
+        seen = [0]
+
+        def enough() -> bool:
+            seen[0] = sum(self.client.run(_long_running, prefix).values())
+            return seen[0] >= n
+
+        try:
+            return wait_for(enough, timeout, f"{n} tasks {prefix}* suspended", interval=0.2)
+        except TimeoutError:
+            raise TimeoutError(f"{seen[0]} of {n} suspended after {timeout} s") from None
+
+    def open(self) -> None:
+        first = min(self.client.scheduler_info()["workers"])
+        self.client.run(_open_gate, self.resource, workers=[first])
+        assert self.client.run_on_scheduler(_schedule_unrunnable, worker=first) == 1
+
+
 # -- arguments --------------------------------------------------------------
 
 
-def parser(doc: str | None, repeat: int | None = 3, json: bool = True) -> argparse.ArgumentParser:
-    """The scripts' argument parser: ``--repeat`` (None: none), ``--json`` and,
-    added by ``parse``, ``--quick``. ``doc``: the script's docstring."""
+def parser(doc: str | None, repeat: int | None = 3, json: bool = True,
+           write: bool = False) -> argparse.ArgumentParser:
+    """The scripts' argument parser: ``--repeat`` (None: none), ``--json``,
+    ``--write`` (with ``write``: the script's section of RESULTS.md,
+    ``write_section``; ``--results`` is the same) and, added by ``parse``,
+    ``--quick``. ``doc``: the script's docstring."""
     p = argparse.ArgumentParser(description=doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     if repeat is not None:
         p.add_argument("--repeat", type=int, default=repeat, help="timed runs (their median)")
     if json:
         p.add_argument("--json", help="also write the numbers to this JSON file")
+    if write:
+        p.add_argument("--write", "--results", dest="write", action="store_true",
+                       help="put the table in its section of benchmarks/RESULTS.md")
     return p
 
 
@@ -261,6 +377,15 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 def median(xs: Iterable[float]) -> float:
     return statistics.median(xs)
+
+
+def interleaved(alts: Iterable[Any], repeat: int) -> Iterator[Any]:
+    """Each alternative once per round, ``repeat`` rounds, every other round in
+    reverse order (so neither comes always first on a machine whose speed
+    drifts)."""
+    alts = list(alts)
+    for r in range(repeat):
+        yield from (alts if r % 2 == 0 else reversed(alts))
 
 
 def median_of(fn: Callable[[], Any], k: int, warm: bool = False) -> tuple[float, list[float]]:
@@ -320,6 +445,23 @@ def measure(key: str, alt: Alt, n: int, repeat: int, expect: Callable[[int], Any
                                 f"{key} (n = {n})")
     assert ran is not None
     return walls, ran
+
+
+class Compared(NamedTuple):
+    """The alternatives of one scenario, by key: wall times, tasks run, medians."""
+
+    walls: dict[str, list[float]]
+    tasks: dict[str, list[int]]
+    median: dict[str, float]
+
+
+def compare(what: str, alts: Mapping[str, Alt], n: int, repeat: int,
+            expect: Callable[[int], Any], warm_n: int) -> Compared:
+    """``measure`` of each alternative in turn, each on a fresh cluster."""
+    out = {key: measure(f"{what} {key}", alt, n, repeat, expect, warm_n)
+           for key, alt in alts.items()}
+    return Compared({k: w for k, (w, _) in out.items()}, {k: t for k, (_, t) in out.items()},
+                    {k: median(w) for k, (w, _) in out.items()})
 
 
 # -- plain Python references --------------------------------------------------
@@ -402,6 +544,63 @@ def write_json(path: str | None, data: dict[str, Any]) -> None:
 
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
+
+
+@dataclass
+class Scenario:
+    """One section of RESULTS.md that run_all.py writes: it runs
+    ``python benchmarks/<script> <args>`` within ``budget`` seconds and puts its
+    Markdown output under ``heading`` (then ``notes``). ``json``: the script
+    takes ``--json`` (its numbers, for the targets); ``render``: it can print
+    its table from a partial JSON (``--render``); ``quick``: the arguments
+    kept with run_all's ``--quick`` (which alternatives). The script is set by
+    run_all from the module that declares it."""
+
+    key: str
+    heading: str
+    args: list[str]
+    budget: float
+    notes: str = ""
+    json: bool = True
+    render: bool = False
+    quick: list[str] = field(default_factory=list)
+    script: str = ""
+    result: dict = field(default_factory=dict)
+
+
+class Targets(list):
+    """Rows of the Targets table: ``[target, measured, met]``; a target whose
+    label ends in "(no target)" is a comparison, listed after the targets."""
+
+    def row(self, target: str, measured: str, met: str) -> None:
+        self.append([target, measured, met])
+
+    def missing(self, target: str) -> None:
+        self.row(target, "not measured in this run", "-")
+
+
+def yes(ok: bool) -> str:
+    return "**yes**" if ok else "**no**"
+
+
+def command(script: str, argv: Sequence[str]) -> str:
+    """The command line shown in RESULTS.md (without ``--json FILE``: where
+    one run's numbers went is nobody's business)."""
+    given = list(argv)
+    if "--json" in given:
+        i = given.index("--json")
+        del given[i:i + 2]
+    return shlex.join(["python", f"benchmarks/{script}", *given])
+
+
+def write_section(heading: str, script: str, argv: Sequence[str] | None, body: str,
+                  *notes: str, dated: bool = False) -> None:
+    """A script's own section of RESULTS.md (its ``--write``): the heading, the
+    command, the table and notes, in place of the section of that heading."""
+    cmd = command(script, sys.argv[1:] if argv is None else argv)
+    when = f" ({time.strftime('%Y-%m-%d')})" if dated else ""
+    replace_section(heading, "\n\n".join([heading, f"Command: `{cmd}`{when}", body, *notes])
+                    + "\n")
 
 
 def replace_section(heading: str, section: str, path: str = RESULTS) -> None:

@@ -74,17 +74,16 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=10_000)
     p.add_argument("--alt", nargs="+", default=list(ALTS), choices=list(ALTS))
     args = B.parse(p, argv, quick={"n": 200, "repeat": 1})
-    out = {alt: B.measure(f"fan-out {alt}", ALTS[alt], args.n, args.repeat, total, 100)
-           for alt in args.alt}
-    res = {alt: w for alt, (w, _) in out.items()}
-    med = {alt: B.median(w) for alt, w in res.items()}
-    rows = [[ALTS[alt].label, *B.wall_cells(res[alt]), f"{args.n / med[alt]:.0f}",
-             B.counts(out[alt][1]), B.ratio(med[alt], med.get("map"))]
+    c = B.compare("fan-out", {alt: ALTS[alt] for alt in args.alt}, args.n, args.repeat, total,
+                  100)
+    med = c.median
+    rows = [[ALTS[alt].label, *B.wall_cells(c.walls[alt]), f"{args.n / med[alt]:.0f}",
+             B.counts(c.tasks[alt]), B.ratio(med[alt], med.get("map"))]
             for alt in args.alt]
     B.report([f"n = {args.n}", *B.wall_header(args.repeat), "children/s",
               "tasks run per run (counted)", "/ client.map"], rows, NOTES)
-    B.write_json(args.json, {"n": args.n, "walls": res, "median": med,
-                             "tasks_run": {a: t for a, (_, t) in out.items()}})
+    B.write_json(args.json, {"n": args.n, "walls": c.walls, "median": med,
+                             "tasks_run": c.tasks})
     return 0
 
 
@@ -101,6 +100,41 @@ counts transitions to memory on the scheduler, the root included. Inline off,
 each is dask_coro's task wrapper (an async task whose body steps on the thread
 pool): the cost of writing children as coroutine functions, as the README's
 examples do, when every call is a task."""
+
+
+SCENARIOS = [  # its sections of RESULTS.md, run by run_all.py
+    B.Scenario("fanout", "One yield of 10,000 children versus client.map of the same 10,000",
+               ["--n", "10000", "--repeat", "3", "--alt", "map", "inline", "tasks"], 300,
+               quick=["--alt", "map", "inline", "tasks"],
+               notes="`dask.delayed` children (`--alt delayed`, tasks with inline on or off) "
+                     "are left out of the suite to keep it within 15 minutes; earlier suites "
+                     "measured them at 1.05-1.08 x client.map."),
+]
+
+
+def targets(data):
+    """Its rows of the Targets table of RESULTS.md (run_all.py), from the numbers
+    of this run: ``data(key)`` is a scenario's JSON, None if it did not run."""
+    rows = B.Targets()
+    d = data("fanout")
+    if d and "map" in d["median"]:
+        m = d["median"]
+        task_rows = {k: m[k] / m["map"] for k in ("delayed", "tasks") if k in m}
+        worst = max(task_rows.values()) if task_rows else None
+        parts = []
+        if "delayed" in m:
+            parts.append(f"`dask.delayed` children (tasks) **{m['delayed'] / m['map']:.2f} x** "
+                         f"({m['delayed']:.1f} s vs {m['map']:.1f} s)")
+        if "tasks" in m:
+            parts.append(f"`@coroutine` children, inline off (tasks) {m['tasks'] / m['map']:.2f} x")
+        if "inline" in m:
+            parts.append(f"`@coroutine` children, inline on (run inline, no tasks) "
+                         f"{m['inline'] / m['map']:.3f} x ({m['inline'] * 1000:.0f} ms)")
+        rows.row("one yield of 10,000 children <= 1.2 x client.map (met: every row whose children "
+                 "are tasks)", "; ".join(parts), B.yes(worst is not None and worst <= 1.2))
+    else:
+        rows.missing("one yield of 10,000 children <= 1.2 x client.map")
+    return rows
 
 
 if __name__ == "__main__":

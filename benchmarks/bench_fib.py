@@ -238,5 +238,59 @@ own cost per child task, which the inline-off row can approach but not go
 below."""
 
 
+SCENARIOS = [  # its sections of RESULTS.md, run by run_all.py
+    B.Scenario("fib", "fib(n), every call a coroutine: dask_coro inline on and off versus "
+               "worker_client() versus Ray nested tasks",
+               ["--n", "12", "14", "16", "--repeat", "3"], 480, render=True),
+]
+
+
+def targets(data):
+    """Its rows of the Targets table of RESULTS.md (run_all.py), from the numbers
+    of this run: ``data(key)`` is a scenario's JSON, None if it did not run."""
+    rows = B.Targets()
+    d = data("fib")
+    r16 = d and d["results"].get("16", {})
+    if r16 and {"inline", "wc"} <= r16.keys():
+        c, w = r16["inline"], r16["wc"]
+        r = c["wall"] / w["wall"]
+        off = r16.get("tasks")
+        rows.row("fib(16) <= 0.2 x worker_client's wall time",
+                 f"**{r:.4f} x** with inline on, the default ({c['wall'] * 1000:.0f} ms vs "
+                 f"{w['wall']:.2f} s)"
+                 + (f"; inline off (every call a task): {off['wall'] / w['wall']:.2f} x "
+                                          f"({off['wall']:.2f} s)" if off else ""),
+                 B.yes(r <= 0.2))
+        if off:
+            ro = off["wall"] / w["wall"]
+            fl = r16.get("floor")
+            rows.row("fib(16), inline off (every call a task) <= 0.25 x worker_client's wall time",
+                     f"**{ro:.2f} x** ({off['wall']:.2f} s vs {w['wall']:.2f} s)"
+                     + (f"; distributed's own floor for such a task (an async task awaiting its "
+                        f"children, no dask_coro): {fl['wall'] / w['wall']:.2f} x" if fl else "")
+                     + "; see \"Where the time goes per child task\"", B.yes(ro <= 0.25))
+        else:
+            rows.missing("fib(16), inline off (every call a task) <= 0.25 x worker_client")
+        limit = 1 + 10
+        rows.row("fib(16): peak worker threads <= nthreads + 10 (1 + 10 per worker process)",
+                 f"{c['peak_threads_max']} OS threads in the busiest worker process with inline on"
+                 + (f", {off['peak_threads_max']} inline off" if off else "")
+                 + f" (worker_client: {w['peak_threads_max']})",
+                 B.yes(c["peak_threads_max"] <= limit and (not off or off["peak_threads_max"] <= limit)))
+    else:
+        rows.missing("fib(16) <= 0.2 x worker_client, threads <= nthreads + 10")
+
+    if r16 and {"inline", "ray"} <= r16.keys():
+        y, c = r16["ray"], r16["inline"]
+        off = r16.get("tasks")
+        rows.row("fib(16) against Ray nested tasks (no target)",
+                 f"dask_coro {c['wall'] / y['wall']:.4f} x Ray's wall time inline on"
+                 + (f", {off['wall'] / y['wall']:.2f} x inline off" if off else "")
+                 + f"; Ray peaked at {y['peak_procs']} worker processes, "
+                 f"{y['peak_threads_total']} threads",
+                 "-")
+    return rows
+
+
 if __name__ == "__main__":
     sys.exit(main())

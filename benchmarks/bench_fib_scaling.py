@@ -209,10 +209,7 @@ def apart(n_workers: int):
                 [sys.executable, "-m", "distributed.cli.dask_scheduler", "--port", "0",
                  "--dashboard-address", ":0", "--scheduler-file", sf],
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            deadline = time.time() + 60
-            while not os.path.exists(sf):
-                assert time.time() < deadline, "scheduler did not start"
-                time.sleep(0.1)
+            B.wait_for(lambda: os.path.exists(sf), 60, "the scheduler's file", interval=0.1)
             time.sleep(0.2)
             for _ in range(n_workers):
                 procs.append(subprocess.Popen(

@@ -14,7 +14,6 @@ also attempts fib(--n) itself, given up after that many seconds.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 
@@ -26,31 +25,12 @@ seq_fib = B.seq_fib
 tasks_of = B.fib_calls
 
 
-TREE_ENV = "DASK_CORO__TREE__ENABLED"
-
-
-@contextlib.contextmanager
-def tree_setting(on: bool):
-    """``coro.tree.enabled`` (progress and tree, and their counts of inline
-    calls) here and for worker processes started meanwhile."""
-    import dask
-
-    old = os.environ.get(TREE_ENV)
-    os.environ[TREE_ENV] = str(on)
-    try:
-        with dask.config.set({"coro.tree.enabled": on}):
-            yield
-    finally:
-        if old is None:
-            os.environ.pop(TREE_ENV, None)
-        else:
-            os.environ[TREE_ENV] = old
-
-
 def timed_runs(n: int, repeat: int, inline: bool, n_workers: int = B.N_WORKERS,
                sampled: bool = True, tree: bool = True) -> dict:
     """--repeat runs of fib(n) on a fresh cluster: walls, tasks run, peaks."""
-    with tree_setting(tree), B.cluster(inline=inline, n_workers=n_workers) as client:
+    # coro.tree.enabled: progress and tree, and their counts of inline calls
+    with B.cluster(inline=inline, n_workers=n_workers,
+                   config={"coro.tree.enabled": tree}) as client:
         assert client.compute(coro_fib(5)).result() == 5
         sampler = B.worker_sampler(client)
         base = sampler.sample()
@@ -93,14 +73,11 @@ def attempt(n: int, timeout: float) -> dict:
                 stop = time.perf_counter()
                 fut.cancel()
                 del fut
-                left = -1
-                while time.perf_counter() - stop < 60:
-                    left = client.run_on_scheduler(_n_tasks)
-                    if left == 0:
-                        break
-                    time.sleep(0.5)
+                with contextlib.suppress(TimeoutError):
+                    B.wait_for(lambda: client.run_on_scheduler(_n_tasks) == 0, 60,
+                               "the scheduler empty after cancelling", interval=0.5)
                 out["cancel_s"] = time.perf_counter() - stop
-                out["left_after_cancel"] = left
+                out["left_after_cancel"] = client.run_on_scheduler(_n_tasks)
         out.update(peak_rss=s.peak["rss"], base_rss=base["rss"], peak_threads=s.peak["threads_max"])
         t = time.perf_counter()
     out["close_s"] = time.perf_counter() - t
@@ -211,6 +188,35 @@ def main(argv=None) -> int:
                              "tasks_extrapolated": not (run and run["finished"]),
                              "attempt": run})
     return 0
+
+
+SCENARIOS = [  # its sections of RESULTS.md, run by run_all.py
+    B.Scenario("fib_seq", "fib(25), every call a coroutine, versus sequential Python",
+               ["--n", "25", "--repeat", "3", "--small", "14"], 120,
+               notes="Inline off, fib(25) is 242,785 tasks: minutes on this machine, too long "
+                     "for the suite, so it is extrapolated from fib(14)'s rate, which flatters "
+                     "it: an earlier suite's attempt at fib(25) itself (`--timeout 180`) had done "
+                     "17% of the tasks after 180 s, the rate falling as the tree of suspended "
+                     "coroutines grew (~1,100 s at that rate)."),
+]
+
+
+def targets(data):
+    """Its rows of the Targets table of RESULTS.md (run_all.py), from the numbers
+    of this run: ``data(key)`` is a scenario's JSON, None if it did not run."""
+    rows = B.Targets()
+    d = data("fib_seq")
+    if d and "inline2" in d:
+        r = d["inline2"]["wall"] / d["seq_s"]
+        rows.row(f"fib({d['n']}), every call a coroutine, no cutoff, <= 20 x sequential Python",
+                 f"**{r:.0f} x** ({d['inline2']['wall'] * 1000:.0f} ms vs {d['seq_s'] * 1000:.1f} ms) "
+                 f"inline on, 2 workers; {d['inline1']['wall'] / d['seq_s']:.0f} x on 1 worker; inline "
+                 f"off ~{d['tasks_s']:.0f} s, ~{d['tasks_s'] / d['seq_s']:,.0f} x "
+                 f"({'extrapolated' if d['tasks_extrapolated'] else 'measured'})",
+                 B.yes(r <= 20))
+    else:
+        rows.missing("fib(25) <= 20 x sequential Python")
+    return rows
 
 
 if __name__ == "__main__":

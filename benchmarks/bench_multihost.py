@@ -10,7 +10,6 @@ go round robin over the four workers, all submitted at once.
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 import tempfile
 import time
@@ -79,38 +78,28 @@ def run_once(shared: bool, n: int, readers: int) -> dict:
 
 
 def main() -> None:
-    p = B.parser(__doc__)
+    p = B.parser(__doc__, write=True)
     p.add_argument("--mb", type=float, default=200)
     p.add_argument("--readers", type=int, default=8)
-    p.add_argument("--write", action="store_true", help="put the table in benchmarks/RESULTS.md")
     args = B.parse(p, None, {"mb": 1, "repeat": 1})
     reason = multihost.available()
     if reason:
         sys.exit(f"bench_multihost: {reason}")
     n = int(args.mb * 1e6 / 8)
     res: dict[str, list[dict]] = {"shm": [], "numpy": []}
-    for _ in range(args.repeat):
-        for kind in res:  # interleaved
-            res[kind].append(run_once(kind == "shm", n, args.readers))
+    for kind in B.interleaved(res, args.repeat):
+        res[kind].append(run_once(kind == "shm", n, args.readers))
     med = {k: {f: B.median(r[f] for r in runs) for f in ("wall", "sent", "copies")} for k, runs in res.items()}
     size = n * 8
-    lines = [
-        HEADING,
-        "",
-        f"`{shlex.join(['python', *sys.argv])}`: a {size / 1e6:.0f} MB array made on host A, "
-        f"read by {args.readers} tasks over 2 hosts x 2 workers; medians of {args.repeat} runs.",
-        "",
-        "| | wall (s) | bytes sent A -> B | arrays sent A -> B | copies made on B |",
-        "|---|---|---|---|---|",
-    ]
-    for k, m in med.items():
-        lines.append(f"| {k} | {m['wall']:.2f} | {m['sent'] / 1e6:.0f} MB | {m['sent'] / size:.1f} | "
-                     f"{m['copies']:.0f} |")
-    lines += ["", f"shm / numpy wall: {med['shm']['wall'] / med['numpy']['wall']:.2f} x", ""]
-    text = "\n".join(lines)
-    print(text)
+    header = ["", "wall (s)", "bytes sent A -> B", "arrays sent A -> B", "copies made on B"]
+    rows = [[k, f"{m['wall']:.2f}", f"{m['sent'] / 1e6:.0f} MB", f"{m['sent'] / size:.1f}",
+             f"{m['copies']:.0f}"] for k, m in med.items()]
+    note = (f"A {size / 1e6:.0f} MB array made on host A, read by {args.readers} tasks over 2 "
+            f"hosts x 2 workers; medians of {args.repeat} runs. shm / numpy wall: "
+            f"{med['shm']['wall'] / med['numpy']['wall']:.2f} x.")
+    B.report(header, rows, note)
     if args.write:
-        B.replace_section(HEADING, text + "\n")
+        B.write_section(HEADING, "bench_multihost.py", None, B.table(header, rows), note)
     B.write_json(args.json, med)
 
 

@@ -102,15 +102,14 @@ def main(argv=None) -> int:
     p = B.parser(__doc__)
     p.add_argument("--n", type=int, default=1000)
     args = B.parse(p, argv, quick={"n": 50, "repeat": 1})
-    res = {alt: B.measure(f"process_all {alt}", a, args.n, args.repeat, total, 10)
-           for alt, a in ALTS.items()}
-    med = {alt: B.median(w) for alt, (w, _) in res.items()}
-    rows = [[a.label, SHAPE[alt], max(res[alt][1]), *B.wall_cells(res[alt][0]),
+    c = B.compare("process_all", ALTS, args.n, args.repeat, total, 10)
+    med = c.median
+    rows = [[a.label, SHAPE[alt], max(c.tasks[alt]), *B.wall_cells(c.walls[alt]),
              B.ratio(med[alt], med["wc"])] for alt, a in ALTS.items()]
     B.report([f"process_all, list of {args.n}", "tasks", "tasks run (counted)",
               *B.wall_header(args.repeat), "/ worker_client"], rows, NOTES)
-    B.write_json(args.json, {"n": args.n, "walls": {a: w for a, (w, _) in res.items()},
-                             "tasks": {a: max(t) for a, (_, t) in res.items()}, "median": med})
+    B.write_json(args.json, {"n": args.n, "walls": c.walls,
+                             "tasks": {a: max(t) for a, t in c.tasks.items()}, "median": med})
     return 0
 
 
@@ -132,6 +131,36 @@ computed in place (its cost is unknown), so its arguments are tasks too.
 Children of a `worker_client` are submitted one `submit` at a time (the
 client batches the messages); a coroutine's children of one yield go in one
 `update-graph`."""
+
+
+SCENARIOS = [  # its sections of RESULTS.md, run by run_all.py
+    B.Scenario("process_all", "process_all as dask/distributed #1663 writes it, over a list of 1,000, versus worker_client",
+               ["--n", "1000", "--repeat", "3"], 180),
+]
+
+
+def targets(data):
+    """Its rows of the Targets table of RESULTS.md (run_all.py), from the numbers
+    of this run: ``data(key)`` is a scenario's JSON, None if it did not run."""
+    rows = B.Targets()
+    d = data("process_all")
+    if d and {"coro", "wc"} <= d["median"].keys():
+        m = d["median"]
+        r = m["coro"] / m["wc"]
+        extra = []
+        if "coro_off" in m:
+            extra.append(f"inline off {m['coro_off'] / m['wc']:.2f} x")
+        if "coro_sum" in m:
+            extra.append(f"summed by one task instead of #1663's chain of adds: "
+                         f"{m['coro_sum'] / m['wc']:.2f} x"
+                         + (f" (inline off {m['coro_sum_off'] / m['wc']:.2f} x)"
+                            if "coro_sum_off" in m else ""))
+        rows.row("process_all (1,000), as #1663 writes it, <= 0.2 x worker_client",
+                 f"**{r:.2f} x** with inline on ({m['coro']:.2f} s vs {m['wc']:.2f} s); "
+                 + "; ".join(extra), B.yes(r <= 0.2))
+    else:
+        rows.missing("process_all (1,000), as #1663 writes it, <= 0.2 x worker_client")
+    return rows
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ and mean over the run). "early" counts keys a worker released on its own;
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import threading
@@ -30,9 +29,7 @@ import dask
 import numpy as np
 from distributed import Client, SchedulerPlugin
 
-from dask_coro.release.scheduler import NAME, ReleasePlugin
-
-ENV = "DASK_CORO__WORKER_RELEASE__ENABLED"
+from dask_coro.release.scheduler import NAME
 
 
 def leaf(i: int, n: int) -> np.ndarray:
@@ -93,17 +90,12 @@ def _tiny_load(address: str, stop: threading.Event) -> None:
 
 
 def run(load: str, enabled: bool, args, saturation: str) -> dict:
-    os.environ[ENV] = str(enabled)
-    settings: dict = {"coro.worker-release.enabled": enabled,
-                      "distributed.scheduler.worker-saturation": float(saturation)}
-    with dask.config.set(settings), B.cluster() as client:
+    # The saturation is the scheduler's (in this process) alone; float("inf")
+    # has no literal for the workers' environment.
+    with dask.config.set({"distributed.scheduler.worker-saturation": float(saturation)}), \
+            B.cluster(config={"coro.worker-release.enabled": enabled}) as client:
         if enabled:
-            client.register_plugin(ReleasePlugin())
-            B.log("  waiting for the worker plugins")
-            deadline = time.monotonic() + 30
-            while len(client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins[NAME].ready)) < 2:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+            B.release_plugin(client, 2)
         client.run_on_scheduler(_install_load, args.delay if load == "delay" else 0.0)
         n = args.mb * 1024 * 1024 // 8
         expect = float(sum(range(args.leaves)))
@@ -129,20 +121,18 @@ def run(load: str, enabled: bool, args, saturation: str) -> dict:
         if loader is not None:
             loader.join()
         released, early = client.run_on_scheduler(_counts)
-    os.environ.pop(ENV, None)
     return {"wall": B.median(walls), "walls": walls, "peak": B.median(peaks), "mean": B.median(means),
             "early": early, "by_scheduler": released - early}
 
 
 def main(argv=None) -> dict:
-    p = B.parser(__doc__, repeat=3)
+    p = B.parser(__doc__, repeat=3, write=True)
     p.add_argument("--leaves", type=int, default=256)
     p.add_argument("--mb", type=int, default=16)
     p.add_argument("--delay", type=float, default=0.05)
     p.add_argument("--load", nargs="+", default=["none", "delay", "tiny"])
     p.add_argument("--saturation", nargs="+", default=["1.1", "inf"],
                    help="distributed.scheduler.worker-saturation values (1.1: distributed's default; inf: no queuing)")
-    p.add_argument("--results", action="store_true", help="write the section of RESULTS.md")
     args = B.parse(p, argv, {"leaves": 16, "mb": 1, "load": ["none", "delay"], "repeat": 1})
     rows, out = [], {}
     for sat in args.saturation:
@@ -172,15 +162,46 @@ def main(argv=None) -> dict:
         f"scheduler: releases of results over the {args.repeat} run(s) of a row (511 per run)."
     )
     B.report(header, rows, note)
-    if args.results:
-        command = "python benchmarks/bench_release.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        body = B.table(header, rows)
-        B.replace_section(HEADING, f"{HEADING}\n\nCommand: `{command.strip()}`\n\n{body}\n\n{note}\n")
+    if args.write:
+        B.write_section(HEADING, "bench_release.py", argv, B.table(header, rows), note)
     B.write_json(args.json, out)
     return out
 
 
 HEADING = "## Worker release: a tree reduction of large leaves, the scheduler loaded or not"
+
+
+SCENARIOS = [  # its sections of RESULTS.md, run by run_all.py
+    B.Scenario("release", "Worker release: a tree reduction of large leaves, the scheduler loaded "
+               "or not", ["--repeat", "1"], 420, quick=["--repeat", "1"],
+               notes="One run per row to keep the suite within 15 minutes; "
+                     "`python benchmarks/bench_release.py --results` (3 runs a row, ~12 minutes) "
+                     "gave the medians quoted in README.md."),
+]
+
+
+def targets(data):
+    """Its rows of the Targets table of RESULTS.md (run_all.py), from the numbers
+    of this run: ``data(key)`` is a scenario's JSON, None if it did not run."""
+    rows = B.Targets()
+    d = data("release")
+    if d and "inf/delay" in d:
+        target = ("worker release, tree reduction of large leaves, scheduler loaded: peak worker "
+                  "memory >= 30% lower, wall not worse")
+
+        def pair(k):
+            on, off = d[k]["on"], d[k]["off"]
+            return on["peak"] / off["peak"], on["wall"] / off["wall"]
+
+        pq, wq = pair("inf/delay")
+        text = f"**{pq:.2f} x** peak, {wq:.2f} x wall without root-task queuing"
+        if "1.1/delay" in d:
+            p1, w1 = pair("1.1/delay")
+            text += f"; {p1:.2f} x peak, {w1:.2f} x wall with distributed's default queuing"
+        rows.row(target, text, B.yes(pq <= 0.7 and wq <= 1.1) + " (no queuing)")
+    else:
+        rows.missing("worker release: peak worker memory >= 30% lower under scheduler load")
+    return rows
 
 
 if __name__ == "__main__":

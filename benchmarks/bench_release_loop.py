@@ -14,19 +14,15 @@ every 10 ms), peak worker RSS above idle, and how many children went early.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 
 import _bench as B
-import dask
 import numpy as np
 
 from dask_coro import coroutine
-from dask_coro.release.scheduler import NAME, ReleasePlugin
-
-ENV = ("DASK_CORO__WORKER_RELEASE__ENABLED", "DASK_CORO__DURABILITY__HOLD_CHILDREN")
+from dask_coro.release.scheduler import NAME
 
 
 @coroutine(inline=False)
@@ -56,43 +52,34 @@ def _in_memory(dask_worker=None) -> int:
 
 
 def run(enabled: bool, count: int, delay: float, args) -> dict:
-    os.environ[ENV[0]], os.environ[ENV[1]] = str(enabled), "False"
     settings = {"coro.worker-release.enabled": enabled, "coro.durability.hold-children": False}
-    try:
-        with dask.config.set(settings), B.cluster(n_workers=1) as client:
-            if enabled:
-                client.register_plugin(ReleasePlugin())
-                deadline = time.monotonic() + 30
-                while len(client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins[NAME].ready)) < 1:
-                    assert time.monotonic() < deadline
-                    time.sleep(0.05)
-            client.run_on_scheduler(B.slow_task_finished, delay)
-            n = args.kb * 1024 // 8
-            procs = list(B.worker_processes(client).values())
-            base = sum(p.memory_info().rss for p in procs)
-            peaks = {"keys": 0, "data": 0}
-            stop = threading.Event()
+    with B.cluster(n_workers=1, config=settings) as client:
+        if enabled:
+            B.release_plugin(client, 1)
+        client.run_on_scheduler(B.slow_task_finished, delay)
+        n = args.kb * 1024 // 8
+        procs = list(B.worker_processes(client).values())
+        base = sum(p.memory_info().rss for p in procs)
+        peaks = {"keys": 0, "data": 0}
+        stop = threading.Event()
 
-            def watch() -> None:
-                while not stop.is_set():
-                    peaks["keys"] = max(peaks["keys"], client.run_on_scheduler(_tasks))
-                    peaks["data"] = max(peaks["data"], max(client.run(_in_memory).values()))
-                    stop.wait(0.01)
+        def watch() -> None:
+            while not stop.is_set():
+                peaks["keys"] = max(peaks["keys"], client.run_on_scheduler(_tasks))
+                peaks["data"] = max(peaks["data"], max(client.run(_in_memory).values()))
+                stop.wait(0.01)
 
-            watcher = threading.Thread(target=watch, daemon=True)
-            with B.ProcSampler(lambda: procs, 0.01) as sampler:
-                watcher.start()
-                t0 = time.perf_counter()
-                got = client.compute(loop(count, n)).result()
-                wall = time.perf_counter() - t0
-                stop.set()
-                watcher.join()
-            assert got == float(sum(range(count))), got
-            return {"wall": wall, "keys": peaks["keys"], "data": peaks["data"],
-                    "rss": sampler.peak["rss"] - base, "early": client.run_on_scheduler(_early)}
-    finally:
-        for k in ENV:
-            os.environ.pop(k, None)
+        watcher = threading.Thread(target=watch, daemon=True)
+        with B.ProcSampler(lambda: procs, 0.01) as sampler:
+            watcher.start()
+            t0 = time.perf_counter()
+            got = client.compute(loop(count, n)).result()
+            wall = time.perf_counter() - t0
+            stop.set()
+            watcher.join()
+        assert got == float(sum(range(count))), got
+        return {"wall": wall, "keys": peaks["keys"], "data": peaks["data"],
+                "rss": sampler.peak["rss"] - base, "early": client.run_on_scheduler(_early)}
 
 
 def main(argv=None) -> dict:

@@ -148,5 +148,33 @@ lane thread that parked it (a greenlet resumes only on its own thread),
 holding a thread of the worker's pool meanwhile."""
 
 
+SCENARIOS = [  # its sections of RESULTS.md, run by run_all.py
+    B.Scenario("result", "Waiting from plain code: `result()` in a helper versus `yield`, versus "
+               "sequential Python",
+               ["--n", "22", "--waits", "300", "--repeat", "3"], 120),
+]
+
+
+def targets(data):
+    """Its rows of the Targets table of RESULTS.md (run_all.py), from the numbers
+    of this run: ``data(key)`` is a scenario's JSON, None if it did not run."""
+    rows = B.Targets()
+    d = data("result")
+    if d and "median" in d:
+        m, w = d["median"], d["wait_median"]
+        r = m["result"] / m["gen"]
+        rows.row(f"fib({d['n']}) with `result()` in a plain helper <= 2 x the generator version "
+                 "(inline on)",
+                 f"**{r:.2f} x** ({m['result'] * 1000:.0f} ms vs {m['gen'] * 1000:.0f} ms, 2 workers)",
+                 B.yes(r <= 2))
+        rw = w["result"] / w["yield"]
+        rows.row("one wait on a task child: `result()` <= 1.1 x `yield`",
+                 f"**{rw:.2f} x** ({w['result'] / d['waits'] * 1000:.1f} ms vs "
+                 f"{w['yield'] / d['waits'] * 1000:.1f} ms a wait)", B.yes(rw <= 1.1))
+    else:
+        rows.missing("fib(22) with `result()` in a plain helper <= 2 x the generator version")
+    return rows
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -67,10 +67,8 @@ def _counts(reset: bool = False, dask_scheduler=None) -> dict:
 def _quiet(client, mode: str) -> None:
     """The previous run's subscriptions and polls ended on every worker, and
     ``mode`` is set on each."""
-    deadline = time.monotonic() + 30
-    while not all(client.run(_stealing_ended).values()):
-        assert time.monotonic() < deadline, "stealing did not end on the workers"
-        time.sleep(0.1)
+    B.wait_for(lambda: all(client.run(_stealing_ended).values()), 30,
+               "stealing ended on the workers", interval=0.1)
     seen = set(client.run(_set_mode, mode).values())
     assert seen == {mode}, seen
 
@@ -108,12 +106,11 @@ def run(args) -> dict:
             for mode in args.modes:
                 _quiet(client, mode)
                 assert client.compute(tree(3, 0.001)).result() == 8
-            for r in range(args.repeat):
-                for mode in (args.modes if r % 2 == 0 else list(reversed(args.modes))):
-                    out = one_run(client, mode, args.depth, args.leaf_ms / 1000)
-                    res[n][mode].append(out)
-                    B.log(f"{n} worker(s), {mode}: {out['wall']:.2f} s, {out['stolen']} stolen, "
-                          f"{out['messages']} messages ({out['rate']:.0f}/s) {out['counts']}")
+            for mode in B.interleaved(args.modes, args.repeat):
+                out = one_run(client, mode, args.depth, args.leaf_ms / 1000)
+                res[n][mode].append(out)
+                B.log(f"{n} worker(s), {mode}: {out['wall']:.2f} s, {out['stolen']} stolen, "
+                      f"{out['messages']} messages ({out['rate']:.0f}/s) {out['counts']}")
     return res
 
 
@@ -208,12 +205,11 @@ def render(s: dict, args) -> tuple[list[str], list[list], str]:
 
 
 def main(argv=None) -> int:
-    p = B.parser(__doc__, repeat=2)
+    p = B.parser(__doc__, repeat=2, write=True)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--depth", type=int, default=10, help="2**depth leaves")
     p.add_argument("--leaf-ms", type=float, default=10.0, help="sleep of one leaf, ms")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    p.add_argument("--results", action="store_true", help="write the section of RESULTS.md")
     args = B.parse(p, argv, quick={"workers": [1, 2], "depth": 5, "leaf_ms": 5.0, "repeat": 1})
     load0 = os.getloadavg()[0]
     res = run(args)
@@ -223,14 +219,8 @@ def main(argv=None) -> int:
         f"Machine load: 1-minute load average {load0:.1f} at the start, "
         f"{os.getloadavg()[0]:.1f} at the end ({psutil.cpu_count()} cores).")
     B.report(header, rows, note)
-    if args.results:
-        given = list(argv if argv is not None else sys.argv[1:])
-        if "--json" in given:  # where this run's numbers went is nobody's business
-            i = given.index("--json")
-            del given[i:i + 2]
-        command = "python benchmarks/bench_scale.py " + " ".join(given)
-        B.replace_section(HEADING, f"{HEADING}\n\nCommand: `{command.strip()}`\n\n"
-                                   f"{B.table(header, rows)}\n\n{note}\n")
+    if args.write:
+        B.write_section(HEADING, "bench_scale.py", argv, B.table(header, rows), note)
     B.write_json(args.json, {"depth": args.depth, "leaf_ms": args.leaf_ms,
                              "summary": {m: {str(n): r for n, r in by.items()}
                                          for m, by in s.items()},
@@ -239,6 +229,57 @@ def main(argv=None) -> int:
 
 
 HEADING = "## Work stealing on 1 to 8 workers: the scheduler pushing idle threads versus polling"
+
+
+SCENARIOS = [  # its sections of RESULTS.md, run by run_all.py
+    B.Scenario("scale", "Work stealing on 1 to 8 workers: the scheduler pushing idle threads "
+               "versus polling",
+               ["--workers", "1", "2", "4", "8", "--depth", "10", "--leaf-ms", "10", "--repeat", "2"],
+               300,
+               notes="Leaves sleep, so the 8 worker processes need little CPU of the 2 cores: the "
+                     "speed-up measures how well work is handed out. Push is the default "
+                     "(`coro.inline.stealing`); poll is the design it replaced, in the same run."),
+]
+
+
+def targets(data):
+    """Its rows of the Targets table of RESULTS.md (run_all.py), from the numbers
+    of this run: ``data(key)`` is a scenario's JSON, None if it did not run."""
+    rows = B.Targets()
+    d = data("scale")
+    push = d and d["summary"].get("push", {})
+    if push and {"1", "4", "8"} <= push.keys():
+        p4, p8 = push["4"], push["8"]
+        poll = d["summary"].get("poll", {})
+        ns = sorted(push, key=int)
+        # Flat: what stealing costs per idle event it serves (a stolen task)
+        # does not grow with the workers; messages a second grow only with
+        # the steals themselves (none while no thread is idle).
+        flat = bool(p8["per_steal"] and p4["per_steal"]
+                    and p8["per_steal"] <= 1.25 * p4["per_steal"])
+        text = (f"**{p8['speedup']:.2f} x** on 8 workers ({push['1']['wall']:.2f} s on 1, "
+                f"{p8['wall']:.2f} s on 8); pushing: "
+                + ", ".join(f"{push[n]['rate']:.0f}" for n in ns)
+                + f" messages/s on {', '.join(ns)} workers, "
+                + ", ".join("-" if push[n]["per_steal"] is None else f"{push[n]['per_steal']:.1f}"
+                            for n in ns)
+                + " per stolen task")
+        if poll:
+            pn = sorted(poll, key=int)
+            text += ("; polling: " + ", ".join(f"{poll[n]['rate']:.0f}" for n in pn)
+                     + " messages/s")
+            if "8" in poll:
+                text += f", speed-up on 8 {poll['8']['speedup']:.2f} x"
+        scale = d.get("at_scale")
+        if scale:
+            text += (f"; 1,000 workers: ~{scale['push']:,.0f} messages/s pushing at the "
+                     f"measured steal rate versus {scale['poll']:,.0f} polling")
+        rows.row("stealing: speed-up on 8 workers >= 6 x, stealing messages/s flat (push: messages "
+                 "per stolen task, 8 workers <= 1.25 x 4 workers)", text,
+                 B.yes(p8["speedup"] >= 6 and flat))
+    else:
+        rows.missing("stealing: speed-up on 8 workers >= 6 x, stealing messages/s flat")
+    return rows
 
 
 if __name__ == "__main__":

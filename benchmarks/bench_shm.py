@@ -9,8 +9,8 @@ Linux only (it reads /proc and /dev/shm). A fresh cluster (2 worker processes x
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shlex
 import sys
 import time
 
@@ -178,12 +178,9 @@ def _wait_released(client: Client, names, timeout: float = 10.0) -> int:
     no release in flight (closing the cluster while a worker acknowledges one
     would log a spurious "releases are owed" warning); returns how many of
     the segments are left."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        left = [nm for nm in names if os.path.exists(SHM_DIR + nm)]
-        if not left and client.run_on_scheduler(_lifetimes_idle):
-            break
-        time.sleep(0.05)
+    with contextlib.suppress(TimeoutError):
+        B.wait_for(lambda: not any(os.path.exists(SHM_DIR + nm) for nm in names)
+                   and client.run_on_scheduler(_lifetimes_idle), timeout, "segments released")
     return sum(os.path.exists(SHM_DIR + nm) for nm in names)
 
 
@@ -265,12 +262,10 @@ alternatives); peaks are per row, not necessarily from one sample:
 
 
 def main(argv=None) -> int:
-    p = B.parser(__doc__, json=False)
+    p = B.parser(__doc__, json=False, write=True)
     p.add_argument("--mb", type=int, default=200, help="array size in MiB")
     p.add_argument("--readers", type=int, default=8)
     p.add_argument("--interval", type=float, default=0.05, help="memory sampling period, s")
-    p.add_argument("--write", action="store_true",
-                   help="put the table in benchmarks/RESULTS.md (this benchmark's section)")
     args = B.parse(p, argv, quick={"mb": 8, "readers": 2, "repeat": 1})
     argv = sys.argv[1:] if argv is None else argv
     n = args.mb * 2**20 // 8
@@ -278,17 +273,15 @@ def main(argv=None) -> int:
     assert n * (n - 1) // 2 < 2**53, "--mb too large for an exact check"
     res: dict[str, list[dict]] = {"shm": [], "plain": []}
     t0 = time.perf_counter()
-    for r in range(args.repeat):
-        order = ("shm", "plain") if r % 2 == 0 else ("plain", "shm")
-        for kind in order:
-            out = run_once(kind, n, args.readers, args.interval)
-            assert out["sums"] == [expected] * args.readers, (kind, out["sums"])
-            assert out["segments"] == (kind == "shm"), out["segments"]  # seen by the sampler
-            res[kind].append(out)
-            B.log(f"run {r + 1} {kind}: {out['wall']:.2f} s, peak total "
-                  f"{B.mib(out['peak']['total'])} MB, readers per worker {out['per_worker']}, "
-                  f"{out['samples']} samples of {out['sample_ms']:.0f} ms, "
-                  f"{out['segments']} segment(s), {out['left']} left after release")
+    for kind in B.interleaved(res, args.repeat):
+        out = run_once(kind, n, args.readers, args.interval)
+        assert out["sums"] == [expected] * args.readers, (kind, out["sums"])
+        assert out["segments"] == (kind == "shm"), out["segments"]  # seen by the sampler
+        res[kind].append(out)
+        B.log(f"run {len(res[kind])} {kind}: {out['wall']:.2f} s, peak total "
+              f"{B.mib(out['peak']['total'])} MB, readers per worker {out['per_worker']}, "
+              f"{out['samples']} samples of {out['sample_ms']:.0f} ms, "
+              f"{out['segments']} segment(s), {out['left']} left after release")
     assert [r["sums"] for r in res["shm"]] == [r["sums"] for r in res["plain"]]
     body, text = table(args, res), notes(args, res)
     print(body)
@@ -296,9 +289,15 @@ def main(argv=None) -> int:
     print(text)
     B.log(f"({time.perf_counter() - t0:.0f} s in all)")
     if args.write:
-        command = shlex.join(["python", "benchmarks/bench_shm.py", *argv])
-        B.replace_section(HEADING, f"{HEADING}\n\nCommand: `{command}`\n\n{body}\n\n{text}\n")
+        B.write_section(HEADING, "bench_shm.py", argv, body, text)
     return 0
+
+
+SCENARIOS = [  # its sections of RESULTS.md, run by run_all.py
+    B.Scenario("shm", "One large array read by tasks on two workers: shared memory versus plain "
+               "Dask transfer",
+               [], 60, json=False),
+]
 
 
 if __name__ == "__main__":

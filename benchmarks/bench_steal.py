@@ -89,9 +89,8 @@ def main(argv=None) -> int:
     _, seqs = B.median_of(lambda: seq_tree(depth, iters), args.repeat)
     B.log(f"sequential: {B.median(seqs):.2f} s ({iters} iterations a leaf)")
     res: dict[str, list[dict]] = {a: [] for a in ALTS}
-    for r in range(args.repeat):
-        for alt in (ALTS if r % 2 == 0 else reversed(list(ALTS))):
-            res[alt].append(one_run(alt, depth, iters, expect))
+    for alt in B.interleaved(ALTS, args.repeat):
+        res[alt].append(one_run(alt, depth, iters, expect))
     # sequential again at the end: the machine's speed may have changed meanwhile
     seqs += B.median_of(lambda: seq_tree(depth, iters), args.repeat)[1]
     seq_s = B.median(seqs)
@@ -123,6 +122,29 @@ def main(argv=None) -> int:
                              "seq_s": seq_s, "seqs": seqs, "runs": res, "median": med,
                              "speedup": speedup})
     return 0
+
+
+SCENARIOS = [  # its sections of RESULTS.md, run by run_all.py
+    B.Scenario("steal", "A CPU-heavy tree of coroutines: 2 workers versus 1 (inline on), inline off, "
+               "sequential", ["--depth", "9", "--leaf-ms", "4", "--repeat", "3"],
+               150),
+]
+
+
+def targets(data):
+    """Its rows of the Targets table of RESULTS.md (run_all.py), from the numbers
+    of this run: ``data(key)`` is a scenario's JSON, None if it did not run."""
+    rows = B.Targets()
+    d = data("steal")
+    if d:
+        m = d["median"]
+        rows.row("CPU-heavy tree: 2 workers >= 1.6 x faster than 1 (inline on)",
+                 f"**{d['speedup']:.2f} x** ({m['on1']:.2f} s on 1 worker, {m['on2']:.2f} s on 2); "
+                 f"inline off on 2 workers {m['off2']:.2f} s; sequential Python {d['seq_s']:.2f} s",
+                 B.yes(d["speedup"] >= 1.6))
+    else:
+        rows.missing("CPU-heavy tree: 2 workers >= 1.6 x faster than 1")
+    return rows
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import sys
 import time
-import uuid
 
 import _bench as B
 from distributed import Future, get_worker, worker_client
@@ -82,25 +81,6 @@ async def _open_bare(dask_worker=None) -> None:
     dask_worker._bench_bare_event = None  # the next round's waiters wait again
 
 
-def _suspended(prefix, dask_worker=None) -> int:
-    """Waiters of this worker that are waiting (seceded: long-running)."""
-    return sum(1 for ts in dask_worker.state.tasks.values()
-               if ts.state == "long-running" and str(ts.key).startswith(prefix))
-
-
-async def _open_gate(name, dask_worker=None) -> None:
-    await dask_worker.set_resources(**{name: 1})
-
-
-def _schedule_unrunnable(dask_scheduler, worker) -> int:
-    """What the scheduler does for no-worker tasks when a worker joins (it does
-    not when a worker's resources change)."""
-    ws = dask_scheduler.workers[worker]
-    recs = dask_scheduler.bulk_schedule_unrunnable_after_adding_worker(ws)
-    dask_scheduler.transitions(recs, stimulus_id=f"bench-open-gate-{time.time()}")
-    return len(recs)
-
-
 def _tm_start(dask_worker=None) -> None:
     import tracemalloc
 
@@ -130,10 +110,6 @@ def _tm_diff(dask_worker=None) -> list[tuple[str, int, str, int, int]]:
     return out
 
 
-def gate_value():
-    return 1000
-
-
 INLINE = {"coro": False, "coro_inline": True, "wc": None, "floor": None, "bare": None}
 LABEL = {"coro": "dask_coro coroutines, inline off",
          "coro_inline": "dask_coro coroutines, inline on (default)", "wc": "worker_client tasks",
@@ -157,11 +133,9 @@ def run_once(alt: str, n: int, settle: float, timeout: float, trace: bool = Fals
 
 
 def _one_round(client, alt, n, timeout, warm=False, settle=0.0, procs=(), trace=False) -> dict:
-    # A resource no worker has, a new one per round: the gate of an earlier
-    # round was opened for good.
-    tag = uuid.uuid4().hex
-    resource = f"GATE-{tag}"
-    gate = client.submit(gate_value, resources={resource: 1}, pure=False)
+    # A new gate per round: the gate of an earlier round was opened for good.
+    gate = B.Gate(client)
+    tag = gate.tag
     start = time.perf_counter()
     if alt in ("coro", "coro_inline"):
         futs = client.compute([waiter(i, gate.key) for i in range(n)])
@@ -179,13 +153,7 @@ def _one_round(client, alt, n, timeout, warm=False, settle=0.0, procs=(), trace=
         prefix = f"wc_waiter-{tag}-"
         futs = client.map(wc_waiter, range(n), gate_key=gate.key, pure=False,
                           key=[f"{prefix}{i}" for i in range(n)])
-    while True:
-        waiting = sum(client.run(_suspended, prefix).values())
-        if waiting >= n:
-            break
-        if time.perf_counter() - start > timeout:
-            raise TimeoutError(f"{waiting} of {n} suspended after {timeout} s")
-        time.sleep(0.2)
+    gate.wait_suspended(prefix, n, timeout)
     suspend_s = time.perf_counter() - start
     out = {"suspend_s": suspend_s}
     if not warm:
@@ -198,9 +166,7 @@ def _one_round(client, alt, n, timeout, warm=False, settle=0.0, procs=(), trace=
         B.log(f"{alt}: {n} suspended after {suspend_s:.1f} s; threads {at['threads_total']}, "
               f"RSS {B.mib(at['rss'])} MiB")
     start = time.perf_counter()
-    first = min(client.scheduler_info()["workers"])
-    client.run(_open_gate, resource, workers=[first])
-    assert client.run_on_scheduler(_schedule_unrunnable, worker=first) == 1
+    gate.open()
     if alt == "bare":
         client.run(_open_bare)
     results = client.gather(futs)
@@ -234,15 +200,14 @@ def main(argv=None) -> int:
     alts = {a: (args.wc_n if a == "wc" else args.n) for a in args.alt}  # floors: --n
     res: dict[str, list[dict]] = {a: [] for a, k in alts.items() if k}
     errors: dict[str, str] = {}
-    for r in range(args.repeat):
-        for alt in (res if r % 2 == 0 else reversed(list(res))):
-            if alt in errors:
-                continue
-            try:
-                res[alt].append(run_once(alt, alts[alt], args.settle, args.timeout))
-            except Exception as e:  # reported, not hidden: "completes?" is the question
-                errors[alt] = f"{type(e).__name__}: {e}"
-                B.log(f"{alt}: {errors[alt]}")
+    for alt in B.interleaved(res, args.repeat):
+        if alt in errors:
+            continue
+        try:
+            res[alt].append(run_once(alt, alts[alt], args.settle, args.timeout))
+        except Exception as e:  # reported, not hidden: "completes?" is the question
+            errors[alt] = f"{type(e).__name__}: {e}"
+            B.log(f"{alt}: {errors[alt]}")
     rows, summary = [], {}
     for alt, runs in res.items():
         n = alts[alt]
@@ -329,6 +294,77 @@ whoever keeps it alive.""")
                              "top": [[f, line, src, size / n, count / n]
                                      for (f, line, src), (size, count) in top]})
     return 0
+
+
+SCENARIOS = [  # its sections of RESULTS.md, run by run_all.py
+    B.Scenario("suspended", "10,000 coroutines suspended at once",
+               ["--n", "10000", "--wc-n", "1000", "--repeat", "3", "--timeout", "90",
+                "--alt", "coro", "wc"], 330,
+               quick=["--alt", "coro", "wc"],
+               notes="Inline off only, as the target measures suspended coroutines: "
+                     "with inline on (the default) a waiter whose child were a `@coroutine` "
+                     "call with plain arguments would run it inline and never suspend; this "
+                     "waiter's child is a `Future`, which is never run inline, so inline on it "
+                     "suspends all the same, through the same runner (`--alt coro_inline` "
+                     "measures it: a trial with 2,000 waiters gave 30.4 KiB each inline on "
+                     "against 30.5 KiB off). It is left out of the suite to keep it within 15 "
+                     "minutes. worker_client is measured with 1,000 waiters for the same "
+                     "reason: with 10,000 (`--wc-n 10000`, one thread each) getting them "
+                     "all suspended takes minutes on this machine (a trial had about 9,400 "
+                     "suspended after 200 s, and one run of 2,000 timed out at 180 s)."),
+    B.Scenario("suspended_floor",
+               "10,000 waiting tasks at once with no dask_coro code: distributed's own floor",
+               ["--n", "10000", "--repeat", "1", "--timeout", "90", "--alt", "floor", "bare"], 300,
+               quick=["--alt", "floor", "bare"],
+               notes="One run each (a floor, not a comparison of medians): what a waiting "
+                     "task costs a worker in distributed itself, with the same child future "
+                     "as dask_coro's waiter, and with no child at all."),
+    B.Scenario("suspended_memory",
+               "Where the memory of a suspended coroutine goes (tracemalloc, inline off)",
+               ["--tracemalloc", "1000", "--top", "15"], 60,
+               quick=["--tracemalloc", "100", "--top", "5"]),
+]
+
+
+def targets(data):
+    """Its rows of the Targets table of RESULTS.md (run_all.py), from the numbers
+    of this run: ``data(key)`` is a scenario's JSON, None if it did not run."""
+    rows = B.Targets()
+    d = data("suspended")
+    summ = (d or {}).get("summary", {})
+    errs = (d or {}).get("errors", {})
+    c = summ.get("coro")
+    if c:
+        kib = c["bytes_each"] / 1024
+        on = summ.get("coro_inline")
+        done = c["completed"]
+        rows.row("10,000 suspended coroutines complete, <= 10 KiB of worker memory each "
+                 "(inline off: every waiter a suspended task)",
+                 f"completed in {done} of {done + (1 if 'coro' in errs else 0)} runs; **{kib:.1f} KiB** "
+                 f"each (RSS); peak {c['threads_peak']} OS threads in the busiest worker"
+                 + (f". Inline on (the waiter's child is a `Future`, so it suspends too): "
+                    f"{on['bytes_each'] / 1024:.1f} KiB each, completed in {on['completed']} runs"
+                    if on else "")
+                 + _floors(data("suspended_floor")),
+                 B.yes(kib <= 10 and "coro" not in errs))
+    else:
+        err = errs.get("coro")
+        rows.row("10,000 suspended coroutines complete, <= 10 KiB each",
+                 f"did not complete: {err}" if err else "not measured in this run",
+                 "**no**" if err else "-")
+    return rows
+
+
+def _floors(d) -> str:
+    """distributed's own memory per waiting task, from the suspended_floor run."""
+    summ = (d or {}).get("summary", {})
+    parts = [f"{summ[a]['bytes_each'] / 1024:.1f} KiB {what}"
+             for a, what in (("floor", "with the same child future"), ("bare", "with no child"))
+             if a in summ]
+    if not parts:
+        return ""
+    return (". distributed alone, a seceded async task waiting (no dask_coro): "
+            + ", ".join(parts))
 
 
 if __name__ == "__main__":

@@ -168,5 +168,31 @@ same loop through the trampoline in one process, where nothing is handed
 out)."""
 
 
+SCENARIOS = [  # its sections of RESULTS.md, run by run_all.py
+    B.Scenario("yield_loop", "Per-yield latency: a loop of sequential yields of one trivial child",
+               ["--n", "300", "--repeat", "3"], 120),
+]
+
+
+def targets(data):
+    """Its rows of the Targets table of RESULTS.md (run_all.py), from the numbers
+    of this run: ``data(key)`` is a scenario's JSON, None if it did not run."""
+    rows = B.Targets()
+    d = data("yield_loop")
+    if d and "per_yield" in d:
+        q = d["per_yield"]
+
+        def ms(k):
+            if k not in q:
+                return "-"
+            return f"{q[k] * 1e6:.1f} us" if q[k] < 1e-4 else f"{q[k] * 1000:.1f} ms"
+
+        rows.row("per-yield latency (no target)",
+                 f"`@coroutine` child: {ms('coro')} inline on, {ms('coro_off')} inline off; "
+                 f"`dask.delayed` child: {ms('delayed')}; worker_client submit().result(): {ms('wc')}",
+                 "-")
+    return rows
+
+
 if __name__ == "__main__":
     sys.exit(main())

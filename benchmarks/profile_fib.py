@@ -776,5 +776,119 @@ def _thread_cpu(p: psutil.Process) -> dict[int, float]:
 _fib = B.seq_fib
 
 
+SCENARIOS = [  # its sections of RESULTS.md, run by run_all.py
+    B.Scenario("profile",
+               "Where the time goes per child: fib(14) as tasks under py-spy, fib(22) inline",
+               ["--n", "14", "--repeat", "3", "--inline-n", "22"], 120),
+]
+
+
+SUMMARY = "## Where the time goes per child (summary)"
+
+
+def summarize(data) -> str:
+    """run_all.py's summary near the top of RESULTS.md, under ``SUMMARY``: per
+    child task (inline off) and per inline call, in the targets' terms."""
+    d = data("profile")
+    if not d:
+        return "No profile in this run (the scenario did not run)."
+    out = []
+    if "buckets" in d:
+        out.append(_task_summary(d))
+    inl = d.get("inline")
+    if inl:
+        out.append(_inline_summary(inl, d if "buckets" in d else None))
+    return "\n\n".join(out)
+
+
+def _task_summary(d: dict) -> str:
+    children = d["children"]
+    w = d["buckets"]["workers (both)"]
+    c = d["buckets"]["client + scheduler"]
+
+    def pick(b: dict, *prefixes: str) -> float:
+        return sum(v for k, v in b["by"].items() if k.startswith(prefixes))
+
+    groups = [
+        (("dask_coro driver: the body's steps on the thread pool (through the trampoline, "
+          "`core/engine.py`), incl. building the children's Delayed"),
+         "workers", pick(w, "driver")),
+        ("dask_coro plan: Structure, classify, plan_yield, result cache", "workers",
+         pick(w, "plan")),
+        ("dask_coro runner: handing each step to the thread pool (`run_in_executor`)", "workers",
+         pick(w, "runner: handing")),
+        ("dask_coro runner: the rest (waiting, cancellation watch, releases)", "workers",
+         pick(w, "runner: the rest", "dask_coro lifetimes")),
+        ("submission: `client.get` on the worker, graph to futures, pickling", "workers",
+         pick(w, "submission")),
+        ("results back: reports to the worker's client, `client.gather`, `get_data`", "workers",
+         pick(w, "results back")),
+        ("worker state machine (executing, seceding, finishing tasks)", "workers",
+         pick(w, "worker state machine")),
+        ("comm on the workers: TCP, batched sends, (de)serialization", "workers", pick(w, "comm")),
+        ("event loop on the workers (asyncio, tornado), other", "workers",
+         pick(w, "event loop", "other", "unattributed")),
+        ("scheduler: update_graph (incl. dask.order)", "client + scheduler",
+         pick(c, "scheduler: update_graph")),
+        ("scheduler: transitions, worker messages, other bookkeeping, dask_coro plugins",
+         "client + scheduler", pick(c, "scheduler: transitions", "scheduler: other", "dask_coro")),
+        ("comm in the scheduler process: TCP, batched sends, (de)serialization",
+         "client + scheduler",
+         pick(c, "comm")),
+        ("event loop in the scheduler process, other", "client + scheduler",
+         pick(c, "event loop", "other", "unattributed", "the benchmark")),
+    ]
+    total = w["cpu_s"] + c["cpu_s"]
+    rows = [f"| {name} | {where} | {secs / children * 1e6:.0f} | {secs / total:.0%} |"
+            for name, where, secs in groups]
+    rows.append(f"| **all** | | **{total / children * 1e6:.0f}** | 100% |")
+    return "\n".join([
+        "### Per child task (inline off: every call a task)", "",
+        textwrap.fill(
+            f"From the py-spy profile of {d['repeat']} runs of fib({d['n']}) with "
+            f"`coro.inline.enabled` off ({children} child tasks, {d['wall']:.2f} s wall: "
+            f"{d['wall'] / children * 1e6:.0f} us of wall time per child on 2 cores): CPU time "
+            "per child task, by where it went.", 79), "",
+        "| where | process | us of CPU per child | share |", "|---|---|---|---|", *rows])
+
+
+def _inline_summary(inl: dict, tasks: dict | None) -> str:
+    per = inl["per_call_us"] * 1000  # ns
+    seq = inl["seq_s"] / inl["calls"] * 1e9
+    floor = inl["floor_s"] / inl["calls"] * 1e9
+    lines = ["### Per inline call (inline on, the default)", ""]
+    text = (f"fib({inl['n']}) run by `dask_coro.core.engine.Trampoline` in one process, as a "
+            f"worker runs it inline: {per:.0f} ns per call, {inl['tramp_s'] / inl['seq_s']:.0f} x "
+            f"sequential Python's {seq:.0f} ns; the least a generator trampoline does in "
+            f"CPython takes {floor:.0f} ns ({inl['floor_s'] / inl['seq_s']:.0f} x).")
+    if tasks and "buckets" in tasks:
+        w = tasks["buckets"]["workers (both)"]["cpu_s"]
+        c = tasks["buckets"]["client + scheduler"]["cpu_s"]
+        per_task = (w + c) / tasks["children"] * 1e9
+        text += (f" A child task costs {per_task / 1000:.0f} us of CPU (above), "
+                 f"{per_task / per:,.0f} x an inline call.")
+    lines.append(textwrap.fill(text, 79, break_on_hyphens=False))
+    b = inl.get("buckets")
+    if b:
+        names = {
+            "call": "making the call: `fib(i - 1)` -> `CoroutineFunction.__call__` (a "
+                    "`CoroutineCall`, its slots, the plain-arguments check)",
+            "body": "the body's own code between yields (fib's test, the yielded list, `a + b`)",
+            "start": "starting a body: calling the generator function (creates the generator)",
+            "send": "generator send: the trampoline resuming a body",
+            "return": "a body's return: `StopIteration` raised, caught, its value taken",
+            "tramp": "trampoline bookkeeping: the stack, a `Frame` per body that yields, "
+                     "results (recorded by the engine itself)",
+            "slots": "reading and writing the call objects' slots in the trampoline (each "
+                     "read goes through `Delayed.__getattr__`'s slow attribute path)",
+            "other": "other",
+        }
+        rows = [f"| {names.get(k, k)} | {v * per:.0f} | {v:.0%} |" for k, v in b.items()]
+        rows.append(f"| **all** | **{per:.0f}** | 100% |")
+        lines += ["", "| where (py-spy, innermost frame) | ns per inline call | share |",
+                  "|---|---|---|", *rows]
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     sys.exit(main())

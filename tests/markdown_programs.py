@@ -19,6 +19,7 @@ output equal to VALUE).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 import pathlib
@@ -90,10 +91,46 @@ def fragments(text: str, page: str = "README.md") -> dict[str, str]:
             if b.mark and b.mark[0] == "fragment"}
 
 
+class Ahead:
+    """Programs run ahead of their tests, ``width`` at a time (each as
+    ``run_program`` runs it: its own process, its own folder), in the order
+    given; a test waits for its own with ``check``, which raises what
+    ``run_program`` raised. A program spends much of its time waiting (its
+    cluster's worker processes starting and closing), so a few at once take
+    less time than one after the other, and none shares anything with another."""
+
+    def __init__(self, programs: dict[str, str], folder: pathlib.Path, width: int = 3,
+                 prefix: str = "") -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(width, thread_name_prefix="program")
+        self._runs = {}
+        for name, source in programs.items():
+            (folder / _slug(name)).mkdir()
+            self._runs[name] = self._pool.submit(run_program, prefix + name, source,
+                                                 folder / _slug(name))
+
+    def check(self, name: str) -> None:
+        self._runs[name].result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^0-9A-Za-z]", "_", name)
+
+
+def selected(request, test: str) -> list[str]:
+    """The ``name`` parameters of this module's test function ``test`` that
+    the session runs (after -k, -m, deselection), in the session's order."""
+    return [item.callspec.params["name"] for item in request.session.items
+            if getattr(item, "module", None) is request.module
+            and getattr(item, "originalname", None) == test]
+
+
 def run_program(name: str, source: str, folder: pathlib.Path, timeout: float = 90) -> None:
     """Run ``source`` as a script file in ``folder``, in a fresh process, and
     check its exit status and its ``# prints`` comments (AssertionError)."""
-    script = folder / f"{re.sub(r'[^0-9A-Za-z]', '_', name)}.py"
+    script = folder / f"{_slug(name)}.py"
     script.write_text(source)
     # A fresh process in an empty folder, as a reader's saved file runs, with
     # dask's shipped settings: the suite's own (inline calls off, validation;

@@ -40,7 +40,7 @@ from distributed import Client, LocalCluster
 
 from dask_coro import shm
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 
 # A round takes 30-60 s on 2 loaded cores, so --chaos-runs 10 needs more than

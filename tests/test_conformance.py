@@ -59,6 +59,7 @@ def test_reference_says_what_the_docs_say():
     assert open_ == {("node", 2)}
 
 
+@pytest.mark.slow
 def test_random_programs(harness, request):
     n = request.config.getoption("--conformance-examples")
 
@@ -81,6 +82,7 @@ def test_random_programs(harness, request):
     each()
 
 
+@pytest.mark.slow
 def test_cancel_at_random_points(harness, request):
     """A program cancelled at a random moment on a cluster path leaves nothing
     on the scheduler or the workers, and every body that started ended (its

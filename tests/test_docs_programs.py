@@ -9,7 +9,7 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-from markdown_programs import fragments, programs, run_program
+from markdown_programs import Ahead, fragments, programs, selected
 
 DOCS = pathlib.Path(__file__).parent.parent / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
@@ -28,9 +28,18 @@ def test_the_docs_have_programs_to_run():
     assert [name for name, src in PROGRAMS.items() if "# prints" not in src] == []
 
 
+@pytest.fixture(scope="module")
+def ahead(request, tmp_path_factory):
+    """The programs this session runs, started a few at a time, ahead of their tests."""
+    names = selected(request, "test_docs_program_runs")
+    runs = Ahead({n: PROGRAMS[n] for n in names}, tmp_path_factory.mktemp("docs"))
+    yield runs
+    runs.close()
+
+
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
-def test_docs_program_runs(name, tmp_path):
-    run_program(name, PROGRAMS[name], tmp_path)
+def test_docs_program_runs(name, ahead):
+    ahead.check(name)
 
 
 @pytest.mark.parametrize("name", sorted(FRAGMENTS))

@@ -375,6 +375,7 @@ async def test_target_data_lost_after_fulfilment_recomputes_through_new_lineage(
 N_PENDING = 2_000
 
 
+@pytest.mark.slow
 @gen_cluster(client=True, nthreads=[("", 1)], timeout=110, **VALIDATE)
 async def test_thousands_of_pending_promises(c, s, a):
     """2,000 promises, not 10,000: here, on gen_cluster with validation on

@@ -15,7 +15,7 @@ import pathlib
 import re
 
 import pytest
-from markdown_programs import fragments, programs, run_program
+from markdown_programs import Ahead, fragments, programs, selected
 
 ROOT = pathlib.Path(__file__).parent.parent
 README = ROOT / "README.md"
@@ -32,9 +32,19 @@ def test_the_readme_has_programs_to_run():
     assert fragments(README.read_text()) == {}
 
 
+@pytest.fixture(scope="module")
+def ahead(request, tmp_path_factory):
+    """The programs this session runs, started a few at a time, ahead of their tests."""
+    names = selected(request, "test_readme_program_runs")
+    runs = Ahead({n: PROGRAMS[n] for n in names}, tmp_path_factory.mktemp("readme"),
+                 prefix="readme_")
+    yield runs
+    runs.close()
+
+
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
-def test_readme_program_runs(name, tmp_path):
-    run_program(f"readme_{name}", PROGRAMS[name], tmp_path)
+def test_readme_program_runs(name, ahead):
+    ahead.check(name)
 
 
 def test_markers_are_read():

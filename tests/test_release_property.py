@@ -126,4 +126,4 @@ def test_release_property(pytestconfig):
     assert sum(early_total) > 0  # the feature did something
 
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]

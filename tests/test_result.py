@@ -192,7 +192,7 @@ def _plain_busy(seconds):
     return seconds
 
 
-@pytest.mark.parametrize("nthreads, n", [(1, 50), (4, 500)])
+@pytest.mark.parametrize("nthreads, n", [(1, 50), pytest.param(4, 500, marks=pytest.mark.slow)])
 @cluster(nthreads=[], timeout=120)
 async def test_parked_bodies_resume_on_their_own_thread(c, s, nthreads, n):
     """Every resume of a parked greenlet lands on the thread that parked it,
@@ -222,6 +222,7 @@ async def test_parked_bodies_resume_on_their_own_thread(c, s, nthreads, n):
 
 
 
+@pytest.mark.slow
 def test_2000_bodies_parked_two_frames_deep_hold_no_threads(tmp_path):
     with LocalCluster(
         n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
