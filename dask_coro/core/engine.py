@@ -363,6 +363,11 @@ class Trampoline:
         awaiting something foreign to dask_coro (an asyncio future) makes the
         trampoline return ``Await``. Without it, ``BadYieldError`` is raised
         at that await.
+    child_error
+        ``child_error(e)``: the error to raise at a parent's yield (and to
+        keep as the call's outcome) when a call it ran inline raised ``e``;
+        by default ``e``. Asked only when a call raised (the runtime gives
+        the error a task would deliver, ``runtime.errors``).
     """
 
     def __init__(
@@ -379,8 +384,10 @@ class Trampoline:
         count: bool = False,
         annotations: Callable[[], Any] | None = None,
         awaits: bool = False,
+        child_error: Callable[[BaseException], BaseException] | None = None,
     ):
         self.name = name
+        self.child_error = child_error
         self.awaits = awaits
         self.call_type: Any = call_type
         self.classify = classify
@@ -814,6 +821,8 @@ class Trampoline:
                         at = top.at
                         top = stack[-1]
                     if ended is _RAISED:
+                        if self.child_error is not None:
+                            out = self.child_error(out)
                         _fail(top.leaves[at], out)
                         self._abandon(top)
                         method, arg = top.body.throw, out
@@ -972,6 +981,8 @@ class Trampoline:
                 except BaseException as e:
                     if self._closing:
                         raise  # unwinding a parked body (close)
+                    if self.child_error is not None:
+                        e = self.child_error(e)
                     _fail(leaf, e)
                     if run is not None:
                         self._failed(func)

@@ -33,6 +33,7 @@ from ..core.plan import Plan, plan_yield
 from ..core.scope import Scope
 from .aio import stepping, wait_here
 from .call import CoroutineTask, trampoline
+from .errors import task_error
 from .inplace import localizer
 
 
@@ -80,7 +81,8 @@ def run_local(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]
                     # Taken before the throw: the run may end there (caught,
                     # it returns), and the error must not reach its parent.
                     thrown, error = error, None
-                    child = top.throw(_Failed(thrown))
+                    # As a task's error reaches its parent on a cluster.
+                    child = top.throw(_Failed(task_error(thrown)))
                     del thrown
             except StopIteration as stop:
                 stack.pop()
@@ -267,7 +269,8 @@ def _execute(graph: dict[Any, Any], keys: list[Any]) -> Generator[_Child, Any, d
             else:
                 child, value = None, node({d: have[d] for d in deps})
         except BaseException as e:  # a task may raise anything
-            failed: _Failed | None = _Failed(e)
+            # What the task's Future would raise on a cluster.
+            failed: _Failed | None = _Failed(task_error(e))
         else:
             failed = None
             if child is not None:
