@@ -25,13 +25,13 @@ from typing import Any
 from dask.utils import funcname
 
 from .. import _config
-from .._context import running_key
+from .._context import gather_in_task, running_key
 from .._internals.dask_private import DataNode, Task, TaskRef
 from ..core.engine import Await, Done, Failed, Frame, Raised, Returned, Submit
 from ..core.localize import arguments
 from ..core.plan import Plan, plan_yield
 from ..core.scope import Scope
-from .aio import stepping, wait_here
+from .aio import gather_locally, stepping, wait_here
 from .call import CoroutineTask, trampoline
 from .errors import task_error
 from .inplace import localizer
@@ -120,6 +120,7 @@ def _run(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     """One coroutine task's run: what ``run_local`` did for one level."""
     ctx = contextvars.copy_context()
     ctx.run(running_key.set, task.key)
+    ctx.run(gather_in_task.set, gather_locally)
     key = task.key
 
     def scope_of(frame: Frame) -> Scope[Any]:
