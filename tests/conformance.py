@@ -397,11 +397,17 @@ class Reference:
         """The described value of a yielded shape, or ``Raised``."""
         errors: list[Raised] = []
         ok: list = []
-        d = self._shape(shape, made, errors, ok)
+        failing: list = []
+        d = self._shape(shape, made, errors, ok, failing)
         distinct = {(e.kind, e.message) for e in errors}
         if len(distinct) > 1:
             raise Ambiguous(distinct)
         if errors:
+            if len(failing) > 1:
+                # Children failing alike (a StopIteration each: one
+                # RuntimeError): the first to fail is raised, the others
+                # may not have run.
+                ok += failing
             for spec in ok:
                 self.open |= _runs_below(spec)
             raise errors[0]
@@ -442,17 +448,19 @@ class Reference:
             return ok, v
         return True, v.total if spec[1] != "op" else v.total + 1
 
-    def _shape(self, spec: Any, made: list, errors: list, fine: list) -> Any:
+    def _shape(self, spec: Any, made: list, errors: list, fine: list, failing: list) -> Any:
         kind = spec[0]
         if kind in ("leaf", "future", "call", "get", "again"):
             ok, v = self._child(spec, made)
             if not ok:
                 errors.append(v)
+                if kind != "again":
+                    failing.append(spec)
                 return None
             if kind != "again":  # what ran before this yield stays counted
                 fine.append(spec)
             return ("Out", v.total, v.events) if type(v) is Out else v
-        items = [self._shape(s, made, errors, fine) for s in spec[1]]
+        items = [self._shape(s, made, errors, fine, failing) for s in spec[1]]
         if kind == "list":
             return ("list", tuple(items))
         if kind == "tuple":
