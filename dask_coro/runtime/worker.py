@@ -358,6 +358,7 @@ class _Run:
         # Children computed for an asyncio Task of the body (``_gather_in_task``):
         # the loop tasks waiting for them, cancelled when the run ends.
         self.sides: set[asyncio.Task[Any]] = set()
+        self.ended = False
         # While it waits for its children: what it awaits, cancelled when its
         # task stops running here (``changed``), and whether we cancelled it.
         self.waiting: asyncio.Future[Any] | None = None
@@ -430,6 +431,12 @@ class _Run:
         return asyncio.wrap_future(done)
 
     async def _side(self, value: Any) -> Any:
+        if self.ended:
+            # A Task the body made and left running awaits after the body ended.
+            raise RuntimeError(
+                f"coroutine {self.key!r} has ended: cluster work awaited in an asyncio "
+                "Task it made must be awaited before the body returns"
+            )
         me = asyncio.current_task()
         assert me is not None
         self.sides.add(me)
@@ -607,6 +614,7 @@ class _Run:
                 reporter.cancel()
                 if step is not None:  # the last counts, ahead of our own end
                     await self._send_calls(tramp, final=True)
+            self.ended = True
             for side in list(self.sides):
                 side.cancel()  # a Task of the body still waits: nobody will read it
             if inline:
