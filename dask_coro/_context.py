@@ -7,6 +7,7 @@ import asyncio
 import sys
 import weakref
 from contextvars import ContextVar
+from typing import Any
 
 from dask.typing import Key
 
@@ -61,6 +62,14 @@ def current_key() -> Key:
         "current_key() was called outside of a task; call it from a @coroutine "
         "body or from a function running as a task on a distributed worker"
     )
+
+
+#: Set inside the context every coroutine step runs in, by its runner:
+#: ``gather_in_task(value)`` computes ``value`` for an ``await
+#: dask_coro.gather(value)`` that an asyncio Task the body made drives (a
+#: body's ``asyncio.wait_for``), and gives an asyncio future of the running
+#: loop for it (``runtime.aio.in_task``). Tasks copy the context they are made in.
+gather_in_task: ContextVar[Any] = ContextVar("dask_coro.gather_in_task")
 
 
 #: The event loops coroutine bodies step on (a worker's lanes, a thread's

@@ -15,12 +15,13 @@ is one of::
                              an exception at the wait is recorded, not raised;
                              with a priority ``p`` (not None), under
                              ``dask.annotate(priority=p)``
-    ("raise",)               raise ValueError naming the node
+    ("raise", kind)          raise ``kind`` naming the node (``("raise",)``: ValueError)
 
 A shape nests children in containers dask traverses (list, tuple, dict, a
 namedtuple, an OrderedDict, a dataclass). A child is::
 
     ("leaf", x, fail)        dask.delayed(leaf, pure=False)(x, fail): x, or raises
+                             (``fail`` False, or the kind of error: see ``KINDS``)
     ("future", x, fail)      the same leaf submitted by the worker's client: a
                              Future (programs holding one run on the cluster
                              paths only)
@@ -39,7 +40,11 @@ The rules the reference applies are the ones docs/coroutines.md states: a
 yield resumes with its children's values in the yielded shape, through every
 container dask traverses; an error of a child is raised at the yield with its
 type and message; a child yielded again gives its first outcome (value or
-error) and does not run again; a node body runs once, a leaf once.
+error) and does not run again; a node body runs once, a leaf once; a
+child's error reaches its parent as a task's would on a cluster (an error
+that cannot be pickled as distributed's ``Exception(repr(e))``, a
+``StopIteration`` as ``RuntimeError``), while the root's own error is what
+the scheduler computing it gives (``ERRORS``).
 """
 
 from __future__ import annotations
@@ -63,6 +68,23 @@ _RUNS_LOCK = threading.Lock()
 
 Out = namedtuple("Out", "total events")
 Pair = namedtuple("Pair", "a b")
+
+
+class Unpicklable(Exception):
+    """An error no pickle round trip survives: it holds a lock."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+#: The errors a leaf or a node may raise (a fail of True, and a bare
+#: ``("raise",)``, are ValueError).
+KINDS = {"ValueError": ValueError, "StopIteration": StopIteration, "Unpicklable": Unpicklable}
+
+
+def _raise(fail: Any, message: str) -> None:
+    raise KINDS["ValueError" if fail is True else fail](message)
 
 
 @dataclasses.dataclass
@@ -96,7 +118,7 @@ def leaf(x: int, fail: bool, epoch: int = 0) -> int:
     _ran(epoch, ("leaf", x))
     time.sleep(0.005 * (x % 3))  # some leaves take a while: a cancel may come meanwhile
     if fail:
-        raise ValueError(f"leaf {x} failed")
+        _raise(fail, f"leaf {x} failed")
     return x
 
 
@@ -193,7 +215,7 @@ def _gen(src: bytes) -> Any:
         total = 0
         for step in node[4]:
             if step[0] == "raise":
-                raise ValueError(f"node {node[1]} raised")
+                _raise(step[1] if len(step) > 1 else True, f"node {node[1]} raised")
             shape = _build(step[1], made, epoch)
             with _annotated(step):  # in effect at the yield, made before it
                 if step[2]:
@@ -219,7 +241,7 @@ async def _async(src: bytes) -> Any:
         total = 0
         for step in node[4]:
             if step[0] == "raise":
-                raise ValueError(f"node {node[1]} raised")
+                _raise(step[1] if len(step) > 1 else True, f"node {node[1]} raised")
             shape = _build(step[1], made, epoch)
             # A call, or a lazy value of one, is awaited as it is; anything else
             # (a plain Delayed has dask's own __await__) through gather.
@@ -252,7 +274,7 @@ def _plain(src: bytes) -> Any:
         total = 0
         for step in node[4]:
             if step[0] == "raise":
-                raise ValueError(f"node {node[1]} raised")
+                _raise(step[1] if len(step) > 1 else True, f"node {node[1]} raised")
             shape = _build(step[1], made, epoch)
             with _annotated(step):
                 if step[2]:
@@ -292,11 +314,45 @@ def root_call(node: tuple) -> Any:
 
 
 class Raised(Exception):
-    """An outcome of the reference: what the program raises."""
+    """An outcome of the reference: what the program raises. ``local``: what
+    dask's local schedulers raise instead, if that differs (the root's own
+    error, see ``ERRORS``)."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, local: tuple[str, str] | None = None):
         super().__init__(kind, message)
         self.kind, self.message = kind, message
+        self.local = local
+
+
+def error_seen(kind: str, message: str, form: str | None, caller: str = "parent") -> tuple[str, str]:
+    """``(type name, message)`` of an error of ``kind`` raised by a leaf
+    (``form`` None: a plain function) or by a node body of ``form``, as its
+    parent catches it at a yield (``caller="parent"``, on every path: what a
+    task's Future raises on a cluster), or as the program's caller gets it
+    from the root (``"cluster"``: the same; ``"local"``: dask's local
+    schedulers raise the original, as for any task).
+
+    Python itself turns a ``StopIteration`` raised in a generator or an
+    ``async def`` body into ``RuntimeError`` (PEP 479) on every path; one
+    raised by a plain function reaches a parent as ``RuntimeError`` too, as
+    distributed's client raises it inside a coroutine. An error no pickle
+    survives reaches it as distributed's stand-in, ``Exception(repr(e))``."""
+    if kind == "ValueError":
+        return kind, message
+    if kind == "StopIteration":
+        if form == "gen":
+            return "RuntimeError", "generator raised StopIteration"
+        if form == "async" or caller != "local":
+            return "RuntimeError", "coroutine raised StopIteration"
+        return "StopIteration", message
+    assert kind == "Unpicklable", kind
+    if caller == "local":
+        return "Unpicklable", message
+    return "Exception", f"Unpicklable({message!r})"
+
+
+#: The rule ``error_seen`` applies (docs/coroutines.md, "One answer on every path").
+ERRORS = error_seen
 
 
 class Ambiguous(Exception):
@@ -320,7 +376,11 @@ class Reference:
         for step in node[4]:
             if step[0] == "raise":
                 self.raised = True
-                raise Raised("ValueError", f"node {node[1]} raised")
+                kind = step[1] if len(step) > 1 and step[1] is not True else "ValueError"
+                message = f"node {node[1]} raised"
+                seen = error_seen(kind, message, node[2])
+                local = error_seen(kind, message, node[2], "local") if node[1] == 0 else None
+                raise Raised(*seen, local if local != seen else None)
             try:
                 got = self.wait(step[1], made)
             except Raised as e:
@@ -337,11 +397,17 @@ class Reference:
         """The described value of a yielded shape, or ``Raised``."""
         errors: list[Raised] = []
         ok: list = []
-        d = self._shape(shape, made, errors, ok)
+        failing: list = []
+        d = self._shape(shape, made, errors, ok, failing)
         distinct = {(e.kind, e.message) for e in errors}
         if len(distinct) > 1:
             raise Ambiguous(distinct)
         if errors:
+            if len(failing) > 1:
+                # Children failing alike (a StopIteration each: one
+                # RuntimeError): the first to fail is raised, the others
+                # may not have run.
+                ok += failing
             for spec in ok:
                 self.open |= _runs_below(spec)
             raise errors[0]
@@ -363,7 +429,8 @@ class Reference:
                 self.runs[("leaf", x)] += 1
                 if fail:
                     self.raised = True
-                    raise Raised("ValueError", f"leaf {x} failed")
+                    kind = "ValueError" if fail is True else fail
+                    raise Raised(*error_seen(kind, f"leaf {x} failed", None))
                 return x
 
             outcome = self._outcome(run_leaf)
@@ -381,17 +448,19 @@ class Reference:
             return ok, v
         return True, v.total if spec[1] != "op" else v.total + 1
 
-    def _shape(self, spec: Any, made: list, errors: list, fine: list) -> Any:
+    def _shape(self, spec: Any, made: list, errors: list, fine: list, failing: list) -> Any:
         kind = spec[0]
         if kind in ("leaf", "future", "call", "get", "again"):
             ok, v = self._child(spec, made)
             if not ok:
                 errors.append(v)
+                if kind != "again":
+                    failing.append(spec)
                 return None
             if kind != "again":  # what ran before this yield stays counted
                 fine.append(spec)
             return ("Out", v.total, v.events) if type(v) is Out else v
-        items = [self._shape(s, made, errors, fine) for s in spec[1]]
+        items = [self._shape(s, made, errors, fine, failing) for s in spec[1]]
         if kind == "list":
             return ("list", tuple(items))
         if kind == "tuple":
@@ -440,6 +509,19 @@ def reference(node: tuple) -> tuple[Any, Counter, set, bool]:
 # Random programs.
 
 
+#: The kinds of error raised, ValueError the commonest.
+_ERROR_KINDS = ["ValueError", "ValueError", "StopIteration", "Unpicklable"]
+
+
+def _fail(draw: Any) -> Any:
+    """A leaf's ``fail``: False nine times in ten, else a kind of error."""
+    from hypothesis import strategies as st
+
+    if draw(st.integers(0, 9)):
+        return False
+    return draw(st.sampled_from(_ERROR_KINDS))
+
+
 def programs(max_depth: int = 3, futures: bool = True):  # -> hypothesis strategy of nodes
     """Random programs; with ``futures``, a third of them have Futures among
     their children (those run on the cluster paths only)."""
@@ -469,7 +551,7 @@ def programs(max_depth: int = 3, futures: bool = True):  # -> hypothesis strateg
             if kind in ("leaf", "future"):
                 counter[0] += 1
                 made += 1
-                return (kind, counter[0], draw(st.integers(0, 9)) == 0)
+                return (kind, counter[0], _fail(draw))
             sub = draw(node(depth + 1, counter, futures))
             made += 1
             if kind == "get":
@@ -489,7 +571,7 @@ def programs(max_depth: int = 3, futures: bool = True):  # -> hypothesis strateg
             priority = draw(st.sampled_from([None, None, None, 1, -1]))
             steps.append(("wait", shape(0), draw(st.booleans()), priority))
         if draw(st.integers(0, 9)) == 0:
-            steps.append(("raise",))
+            steps.append(("raise", draw(st.sampled_from(_ERROR_KINDS))))
         return ("node", ident, draw(forms), draw(st.booleans()), tuple(steps))
 
     if not futures:
@@ -614,6 +696,26 @@ EXAMPLES["two items of one call"] = (
     ),
 )
 
+# Errors that change type on the way to a parent: raised inline, they reached
+# it as raised (StopIteration, Unpicklable), as tasks as distributed gives them.
+EXAMPLES["errors a task changes"] = (
+    "node",
+    0,
+    "gen",
+    True,
+    (
+        ("wait", ("leaf", 1, "StopIteration"), True),
+        ("wait", ("leaf", 2, "Unpicklable"), True),
+        ("wait", ("call", ("node", 3, "plain", True, (("raise", "StopIteration"),))), True),
+        ("wait", ("call", ("node", 4, "async", True, (("raise", "Unpicklable"),))), True),
+        ("wait", ("call", ("node", 5, "gen", True, (("raise", "StopIteration"),))), True),
+        ("wait", ("call", ("node", 6, "plain", False, (("raise", "Unpicklable"),))), True),
+        ("wait", ("call", ("node", 7, "plain", True, (("raise", "Unpicklable"),))), False),
+    ),
+)
+# The root's own error is what the scheduler computing it gives.
+EXAMPLES["root raises StopIteration"] = ("node", 0, "plain", True, (("raise", "StopIteration"),))
+EXAMPLES["root raises what cannot be pickled"] = ("node", 0, "async", False, (("raise", "Unpicklable"),))
 
 
 # ----------------------------------------------------------------------------
@@ -779,9 +881,9 @@ class Harness:
         expected, runs, open_, raised = reference(node)
         if _has_futures(node):  # a Future needs a cluster: no local paths
             paths = tuple(p for p in paths if not p.startswith("local"))
-        want = _show(expected)
         found = []
         for path in paths:
+            want = _show(expected, local=path.startswith("local"))
             try:
                 got, got_runs, counts = self.run(node, path)
             except AssertionError as e:  # leftovers
@@ -821,8 +923,10 @@ def _has_futures(node: tuple) -> bool:
     return False
 
 
-def _show(outcome: Any) -> Any:
+def _show(outcome: Any, local: bool = False) -> Any:
     if isinstance(outcome, Raised):
+        if local and outcome.local is not None:
+            return ("raises", *outcome.local)
         return ("raises", outcome.kind, outcome.message)
     return outcome
 

@@ -299,3 +299,124 @@ def _helper(x):
 @cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
 async def test_result_in_a_helper_of_an_async_body(c, s, a):
     assert await c.compute(helper_waits()) == 3
+
+
+# --------------------------------------------------------------------------
+# asyncio.wait_for, asyncio.wait and asyncio.timeout around cluster work
+
+
+_closed: dict = {}  # token -> how each blocked body ended (in-process workers)
+
+
+@coroutine
+async def blocked(token):
+    """A child that waits long, recording how its body ended."""
+    try:
+        await asyncio.sleep(60)
+    except BaseException as e:
+        _closed[token] = type(e).__name__
+        raise
+    _closed[token] = "returned"  # pragma: no cover
+    return "woke"  # pragma: no cover
+
+
+@coroutine
+async def times_out_and_waits(token):
+    """Cluster work awaited through asyncio's timeouts, in the body itself
+    and in a Task it made; the children of the one that timed out cancelled."""
+    a = await asyncio.wait_for(gather(cinc(1)), 30)
+    try:
+        await asyncio.wait_for(gather([blocked(token), cinc(2)]), 0.2)
+    except asyncio.TimeoutError:
+        b = "timed out"
+    done, pending = await asyncio.wait([asyncio.ensure_future(gather([cinc(3), cinc(4)]))], timeout=30)
+    c = [t.result() for t in done], len(pending)
+    first, _ = await asyncio.wait(
+        [asyncio.ensure_future(gather(blocked(token + "-wait"))), asyncio.ensure_future(gather(cinc(5)))],
+        return_when=asyncio.FIRST_COMPLETED,
+    )
+    (d,) = [t.result() for t in first]
+
+    async def timed() -> int:
+        async with asyncio.timeout(30):
+            return await cinc(6)
+
+    e = await asyncio.create_task(timed())
+    return a, b, c, d, e
+
+
+async def _until_closed(*tokens):
+    while not all(t in _closed for t in tokens):
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("inline", [False, True])
+@cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_asyncio_timeouts_around_cluster_work_on_one_thread(c, s, a, inline):
+    """asyncio.wait_for, asyncio.wait and asyncio.timeout (in a Task the body
+    made) around awaits of cluster work, on a worker of one thread: values
+    as awaited directly; on a timeout the children are cancelled (a
+    coroutine child's body closed), and nothing stays on the cluster."""
+    with dask.config.set({"coro.inline.enabled": inline}):  # the worker is in this process
+        got = await c.compute(times_out_and_waits("t"))
+    assert got == (2, "timed out", ([[4, 5]], 0), 6, 7)
+    # The blocked children were cancelled, not left to sleep out their minute:
+    # wait_for's when it timed out, asyncio.wait's when the coroutine returned.
+    await _until_closed("t", "t-wait")
+    assert _closed == {"t": "GeneratorExit", "t-wait": "GeneratorExit"}
+    while s.tasks:  # only the root, until it is released
+        await asyncio.sleep(0.01)
+
+
+def test_asyncio_timeouts_around_work_without_a_cluster():
+    """Without a cluster the awaited work is computed at once, as what a body
+    yields is: a timeout cannot interrupt it (here none is reached)."""
+    got = dask.compute(times_out_without_blocking(), scheduler="sync")[0]
+    assert got == (2, [3, 4], 5)
+
+
+@coroutine
+async def times_out_without_blocking():
+    a = await asyncio.wait_for(gather(cinc(1)), 30)
+    done, _ = await asyncio.wait([asyncio.ensure_future(gather([cinc(2), cinc(3)]))])
+    (b,) = [t.result() for t in done]
+
+    async def timed() -> int:
+        async with asyncio.timeout(30):
+            return await cinc(4)
+
+    return a, b, await asyncio.create_task(timed())
+
+
+@coroutine
+async def wait_for_raises():
+    try:
+        await asyncio.wait_for(gather(failing_child()), 30)
+    except ValueError as e:
+        return str(e)
+
+
+@coroutine
+def failing_child():
+    raise ValueError("from the child")
+
+
+@cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_a_childs_error_through_wait_for(c, s, a, caplog):
+    """The child's error is raised at the wait_for, and asyncio logs nothing
+    (no "Task exception was never retrieved", no "bad yield")."""
+    with caplog.at_level("WARNING", logger="asyncio"):
+        assert await c.compute(wait_for_raises()) == "from the child"
+    assert not [r for r in caplog.records if r.name == "asyncio"]
+
+
+def test_gather_awaited_in_a_task_no_body_made_names_the_way():
+    """Outside any coroutine body (a plain asyncio program), awaiting
+    dask_coro.gather raises BadYieldError naming the dask_coro way, not
+    asyncio's bare "Task got bad yield"."""
+
+    async def main():
+        return await asyncio.wait_for(gather(cinc(1)), 1)
+
+    with pytest.raises(dask_coro.BadYieldError, match=r"awaited in an asyncio Task that no coroutine body made"):
+        asyncio.run(main())

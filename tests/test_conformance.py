@@ -57,6 +57,15 @@ def test_reference_says_what_the_docs_say():
     outcome, runs, open_, raised = C.reference(siblings)
     assert outcome == ("Out", 1, (("err", "ValueError", "leaf 1 failed"),))
     assert open_ == {("node", 2)}
+    # A child's error as a task's Future gives it; children failing alike
+    # leave open which ran; the root's own error as the scheduler gives it.
+    alike = ("node", 0, "gen", True, (("wait", ("list", (("leaf", 1, "StopIteration"), ("leaf", 2, "StopIteration"))), True),))
+    outcome, runs, open_, raised = C.reference(alike)
+    assert outcome == ("Out", 1, (("err", "RuntimeError", "coroutine raised StopIteration"),))
+    assert open_ == {("leaf", 1), ("leaf", 2)}
+    outcome = C.reference(C.EXAMPLES["root raises what cannot be pickled"])[0]
+    assert (outcome.kind, outcome.message) == ("Exception", "Unpicklable('node 0 raised')")
+    assert outcome.local == ("Unpicklable", "node 0 raised")
 
 
 @pytest.mark.slow

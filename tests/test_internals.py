@@ -756,3 +756,71 @@ async def test_a_clients_loop_is_an_asyncio_loop_that_runs_its_calls(c, s, a):
     client = a._get_client()
     await client
     assert client.loop.asyncio_loop is asyncio.get_running_loop()
+# -- what a task's error becomes (runtime/errors.py) ----------------------------
+
+
+class _Unpicklable(Exception):
+    def __init__(self, message):
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+class _TwoArguments(Exception):  # its constructor takes other arguments than its args
+    def __init__(self, a, b):
+        super().__init__(a)
+        self.b = b
+
+
+class _Unloadable(Exception):  # pickles, but loading it fails
+    def __reduce__(self):
+        return (_refuse, ())
+
+
+def _refuse():
+    raise TypeError("not here")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("plain"),
+        _Unpicklable("holds a lock"),
+        _TwoArguments("a", "b"),
+        _Unloadable("x"),
+        KeyError("k" * 20_000),  # longer than distributed.admin.max-error-length
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_task_error_is_what_error_message_and_clean_exception_deliver(error):
+    """runtime.errors.task_error gives a parent what a task's Future gives:
+    distributed.core.error_message on the worker, clean_exception on the
+    client."""
+    from distributed.core import clean_exception, error_message
+
+    from dask_coro.runtime.errors import task_error
+
+    try:
+        raise error
+    except Exception as e:
+        sent = error_message(e)["exception"].data  # the pickled bytes a client receives
+    _, delivered, _ = clean_exception(sent)
+    ours = task_error(error)
+    assert (type(ours), ours.args) == (type(delivered), delivered.args)
+
+
+def test_task_error_of_stop_iteration_is_what_a_client_raises():
+    """A task's StopIteration reaches a waiting client as RuntimeError: the
+    client raises it inside a coroutine (PEP 479)."""
+    from distributed import Client, LocalCluster
+
+    from dask_coro.runtime.errors import task_error
+
+    def stop():
+        raise StopIteration(1)
+
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, Client(cluster) as client:
+        with pytest.raises(RuntimeError) as info:
+            client.submit(stop).result()
+    ours = task_error(StopIteration(1))
+    assert (type(ours), ours.args) == (type(info.value), info.value.args)
+    assert type(ours.__cause__) is type(info.value.__cause__) is StopIteration

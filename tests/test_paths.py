@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import threading
 
 import dask
 import pytest
-from distributed import Client, LocalCluster
+from conformance import _set_idle
+from distributed import Client, LocalCluster, worker_client
 
 from dask_coro import coroutine, gather
 
@@ -352,7 +354,6 @@ def test_a_root_raising_a_base_exception(client, path):
 
 # -- a cancel stops inline calls at the next call ------------
 
-import threading  # noqa: E402
 
 GATE = threading.Event()  # in-process workers: the test and the calls share it
 STARTED: list[int] = []
@@ -544,3 +545,69 @@ def test_items_of_one_call_computed_in_place_run_it_once(client, path, also_the_
     want = [40, 2, (40, 2)] if also_the_call else [40, 2]
     assert compute(path, client, items_of_one_call(also_the_call)) == want
     assert RUNS == [1]
+
+
+# -- a child's error has one type on every path --------------------------------
+
+
+class Unpicklable(Exception):
+    """No pickle round trip survives it (it holds a lock)."""
+
+    def __init__(self, message):
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+def raises_kind(kind):
+    if kind == "stop":
+        raise StopIteration("done early")
+    raise Unpicklable("holds a lock")
+
+
+@coroutine
+def catches_kind(kind, child):
+    made = {
+        "inline": coroutine(raises_kind, name="raises-inline"),
+        "task": coroutine(raises_kind, inline=False, name="raises-task"),
+        "delayed": dask.delayed(raises_kind, pure=False),
+    }[child]
+    try:
+        yield made(kind)
+    except BaseException as e:
+        return type(e).__name__, str(e), type(e.__cause__).__name__
+    return "not raised"
+
+
+def catches_kind_as_a_task(kind):
+    """The same program as a worker_client task: plain Dask's answer."""
+    with worker_client() as c:
+        try:
+            c.submit(raises_kind, kind, pure=False).result()
+        except BaseException as e:
+            return type(e).__name__, str(e), type(e.__cause__).__name__
+    return "not raised"
+
+
+@pytest.mark.parametrize("child", ["inline", "task", "delayed"])
+@pytest.mark.parametrize("kind", ["stop", "unpicklable"])
+@pytest.mark.parametrize("path", [*PATHS, "stolen"])
+def test_a_childs_error_has_the_type_a_task_gives_on_every_path(client, path, kind, child):
+    """StopIteration, and an error no pickle survives, reach the parent as
+    they come from a task on a cluster (RuntimeError; distributed's
+    Exception(repr(e))), whether the child ran inline, as a task, or without
+    a cluster: the type does not depend on whether an idle thread took it."""
+    want = client.submit(catches_kind_as_a_task, kind, pure=False).result()
+    assert want == (
+        ("RuntimeError", "coroutine raised StopIteration", "StopIteration")
+        if kind == "stop"
+        else ("Exception", "Unpicklable('holds a lock')", "NoneType")
+    )
+    if path == "stolen":  # every inline call handed out to an idle thread
+        client.run(_set_idle, always=True)
+        try:
+            got = compute("inline", client, catches_kind(kind, child))
+        finally:
+            client.run(_set_idle, always=False)
+    else:
+        got = compute(path, client, catches_kind(kind, child))
+    assert got == want

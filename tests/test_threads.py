@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 
 import dask
 import distributed
@@ -344,6 +345,49 @@ async def test_blocking_gather_and_result_in_a_body_on_one_thread(c, s, a):
     calls) on a one-thread worker secede while they wait, as inside
     worker_client: the children they wait for get the thread."""
     assert await c.compute(blocking_waits_in_a_body()) == await c.submit(blocking_waits_as_a_task) == 6 + 11 + 5
+
+
+def _slow_inc(x):
+    time.sleep(0.01 * x)
+    return x + 1
+
+
+def _waits_on_futures(client):
+    """What a body (or a worker_client task) does with futures it submitted:
+    iterate as_completed, with results, wait, result with a timeout."""
+    futs = [client.submit(_slow_inc, i, pure=False) for i in range(3)]
+    order = [f.result() for f in distributed.as_completed(futs)]
+    more = [client.submit(_slow_inc, i, pure=False) for i in range(3, 5)]
+    with_results = sorted(r for _, r in distributed.as_completed(more, with_results=True))
+    batched = [client.submit(_slow_inc, i, pure=False) for i in range(5, 7)]
+    batches = sorted(f.result() for batch in distributed.as_completed(batched).batches() for f in batch)
+    last = [client.submit(_slow_inc, i, pure=False) for i in range(7, 9)]
+    done, not_done = distributed.wait(last, timeout=30)
+    timed = client.submit(_slow_inc, 9, pure=False).result(timeout=30)
+    return sorted(order), with_results, batches, len(done), len(not_done), timed
+
+
+@coroutine
+def waits_on_futures_in_a_body():
+    yield cinc(0)  # a body that yielded before: no longer the task it started as
+    return _waits_on_futures(get_client())
+
+
+def waits_on_futures_as_a_task():
+    with worker_client() as client:
+        return _waits_on_futures(client)
+
+
+@cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_as_completed_wait_and_result_timeout_in_a_body_on_one_thread(c, s, a):
+    """distributed.as_completed (iterated, with results, in batches), wait
+    and Future.result(timeout=...) over futures the body submitted through
+    the worker's client, on a worker of one thread: each secedes while it
+    waits, so those futures get the thread; as the same program in a
+    worker_client task."""
+    want = ([1, 2, 3], [4, 5], [6, 7], 2, 0, 10)
+    assert await c.submit(waits_on_futures_as_a_task, pure=False) == want
+    assert await c.compute(waits_on_futures_in_a_body()) == want
 
 
 @coroutine

@@ -178,13 +178,54 @@ def seceding_waits(worker: Any, secede_after: Callable[[], float | None]) -> Non
 
     worker._get_client = _get_client
     worker._dask_coro_seceding = True
+    _seceding_as_completed()
+
+
+def _seceding_as_completed() -> None:
+    """``distributed.as_completed``'s iteration in a coroutine's step
+    secedes while it waits, and rejoins after, as a blocking call of the
+    worker's client does (``seceding_waits``): its ``__next__`` does not go
+    through ``Client.sync`` but waits on a ``threading.Condition`` until the
+    client's loop puts a finished future in its ``queue``
+    (``as_completed._track_future``), so on a worker of one thread the
+    futures it waits for would never run. Only a ``__next__`` that would
+    wait (``has_ready()`` False) secedes; elsewhere, and outside a
+    coroutine's step, it is distributed's own. Once per process (the class
+    is distributed's); ``next_batch(block=True)`` and ``batches()`` go
+    through ``__next__`` too."""
+    from distributed import as_completed
+
+    next_ = as_completed.__next__
+    if getattr(next_, "_dask_coro_seceding", False):
+        return
+
+    def __next__(self: Any) -> Any:
+        if self.has_ready() or not in_coroutine_step():
+            return next_(self)
+        return _seceded(next_, self)
+
+    __next__._dask_coro_seceding = True  # type: ignore[attr-defined]
+    as_completed.__next__ = __next__  # type: ignore[method-assign]
+
+
+def _seceded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` seceded from the worker's pool, unless this
+    thread seceded already (``worker_client``, a blocking compute)."""
+    from distributed import rejoin, secede
+
+    try:
+        secede()
+    except KeyError:  # seceded already
+        return fn(*args, **kwargs)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        rejoin()
 
 
 def _seceding(
     client: Any, sync: Callable[..., Any], secede_after: Callable[[], float | None]
 ) -> Callable[..., Any]:
-    from distributed import rejoin, secede
-
     def sync_seceding(func: Any, *args: Any, asynchronous: Any = None, **kwargs: Any) -> Any:
         if client.asynchronous or asynchronous or not in_coroutine_step():
             return sync(func, *args, asynchronous=asynchronous, **kwargs)
@@ -215,16 +256,6 @@ def _seceding(
         except _StillWaiting:
             pass
         return _seceded(lambda: answered(None if deadline is None else max(0.0, deadline - monotonic())))
-
-    def _seceded(wait: Callable[[], Any]) -> Any:
-        try:
-            secede()
-        except KeyError:  # seceded already (worker_client, a blocking compute)
-            return wait()
-        try:
-            return wait()
-        finally:
-            rejoin()
 
     return sync_seceding
 

@@ -46,11 +46,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import sys
 import threading
 import types
 from collections.abc import Callable, Generator, Sequence
 from contextvars import ContextVar
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from dask.typing import Key
 from greenlet import GreenletExit, getcurrent, greenlet
@@ -129,14 +130,46 @@ class Request:
 
     __slots__ = ("value",)
 
+    #: ``in_task(request)``: what to await instead when an asyncio ``Task``
+    #: (not the engine) drives the await: a body's ``asyncio.wait_for``,
+    #: ``asyncio.wait``, ``create_task``. Set by the runtime (``runtime.aio``);
+    #: None: ``BadYieldError``.
+    in_task: ClassVar[Callable[[Request], Any] | None] = None
+
     def __init__(self, value: Any):
         self.value = value
 
-    def __await__(self) -> Generator[Request, Any, Any]:
-        return (yield self)
+    def __await__(self) -> Generator[Any, Any, Any]:
+        try:
+            return (yield self)
+        except RuntimeError as e:
+            # Only an asyncio Task refuses a Request, throwing this error in
+            # at the yield (``Task.__step``: "Task got bad yield"); the engine
+            # throws a child's error in here, and never drives a Task.
+            if not _refused_by_task(e):
+                raise
+        in_task = Request.in_task
+        if in_task is None:
+            raise BadYieldError(
+                f"{self!r} was awaited in an asyncio Task: await dask_coro.gather(...) "
+                "in the coroutine's body itself"
+            )
+        return (yield from in_task(self).__await__())
 
     def __repr__(self) -> str:
         return f"gather({self.value!r})"
+
+
+def _refused_by_task(e: RuntimeError) -> bool:
+    """Whether ``e`` is asyncio's refusal of a Request, thrown into a
+    coroutine that an asyncio Task runs (which no body is)."""
+    if not (e.args and type(e.args[0]) is str and e.args[0].startswith("Task got bad yield: gather(")):
+        return False
+    asyncio = sys.modules.get("asyncio")
+    try:
+        return asyncio is not None and asyncio.current_task() is not None
+    except RuntimeError:  # no running loop
+        return False
 
 
 class Returned:
@@ -363,6 +396,11 @@ class Trampoline:
         awaiting something foreign to dask_coro (an asyncio future) makes the
         trampoline return ``Await``. Without it, ``BadYieldError`` is raised
         at that await.
+    child_error
+        ``child_error(e)``: the error to raise at a parent's yield (and to
+        keep as the call's outcome) when a call it ran inline raised ``e``;
+        by default ``e``. Asked only when a call raised (the runtime gives
+        the error a task would deliver, ``runtime.errors``).
     """
 
     def __init__(
@@ -379,8 +417,10 @@ class Trampoline:
         count: bool = False,
         annotations: Callable[[], Any] | None = None,
         awaits: bool = False,
+        child_error: Callable[[BaseException], BaseException] | None = None,
     ):
         self.name = name
+        self.child_error = child_error
         self.awaits = awaits
         self.call_type: Any = call_type
         self.classify = classify
@@ -814,6 +854,8 @@ class Trampoline:
                         at = top.at
                         top = stack[-1]
                     if ended is _RAISED:
+                        if self.child_error is not None:
+                            out = self.child_error(out)
                         _fail(top.leaves[at], out)
                         self._abandon(top)
                         method, arg = top.body.throw, out
@@ -972,6 +1014,8 @@ class Trampoline:
                 except BaseException as e:
                     if self._closing:
                         raise  # unwinding a parked body (close)
+                    if self.child_error is not None:
+                        e = self.child_error(e)
                     _fail(leaf, e)
                     if run is not None:
                         self._failed(func)

@@ -14,6 +14,8 @@ import asyncio
 import sys
 from typing import Any
 
+from ..core.engine import Request
+from .aio import in_task
 from .call import CoroutineTask
 from .local import run_local
 
@@ -34,3 +36,4 @@ def _run_on_worker(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str,
 
 
 CoroutineTask.runners = (_run_on_worker, run_local)
+Request.in_task = in_task

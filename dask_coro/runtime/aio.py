@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .._context import body_loops
+from .._context import body_loops, gather_in_task
 from .._exceptions import BadYieldError
 from ..core.engine import Await
 
@@ -101,3 +101,93 @@ def wait_here(out: Await) -> BaseException | None:
 async def _settled(fut: asyncio.Future[Any]) -> None:
     await asyncio.wait([fut])
 
+
+
+# -- cluster work awaited in an asyncio Task a body made -----------------------
+#
+# ``asyncio.wait_for(gather(x), t)``, ``asyncio.wait([...])`` and
+# ``create_task`` run an await in an asyncio Task of the body's loop, which the
+# engine does not drive: the Task refuses the ``Request`` and throws
+# "Task got bad yield" in at the await (``core.engine.Request.__await__``),
+# which asks ``in_task`` for an asyncio future instead. The runner of the body
+# (found in the Task's context, copied from the body's step) computes the
+# value as one child task of its own, ``gathered``, whose body yields it: the
+# rules of a yield hold. Cancelling the Task (a timeout) releases that child:
+# the scheduler cancels it, its body is closed, its children are released.
+
+
+class Held:
+    """A value handed to ``gathered`` as it is: dask does not look inside it
+    for lazy values to compute first, so ``gathered`` yields them."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __reduce__(self) -> Any:
+        return (Held, (self.value,))
+
+
+def _gathered(held: Held) -> Any:
+    return (yield held.value)
+
+
+def gathered(value: Any) -> Any:
+    """A coroutine call (a task named ``gather``) whose body yields ``value``."""
+    from .call import coroutine
+
+    global _GATHERED
+    if _GATHERED is None:
+        _GATHERED = coroutine(_gathered, name="gather", inline=False)
+    return _GATHERED(Held(value))
+
+
+_GATHERED: Any = None
+
+
+def in_task(request: Any) -> asyncio.Future[Any]:
+    """An asyncio future of the running loop with the value of
+    ``request.value``, for an ``await gather(...)`` an asyncio Task drives
+    (``core.engine.Request.in_task``)."""
+    run = gather_in_task.get(None)
+    if run is None:
+        raise BadYieldError(
+            f"{request!r} was awaited in an asyncio Task that no coroutine body "
+            "made: await dask_coro.gather(...) in an async coroutine's body, or in "
+            "a Task (asyncio.wait_for, asyncio.wait, create_task) that body made"
+        )
+    fut: asyncio.Future[Any] = run(request.value)
+    return fut
+
+
+def gather_locally(value: Any) -> asyncio.Future[Any]:
+    """``in_task`` of a local run: ``value`` computed at once, as a local run
+    computes what a body yields (a timeout cannot interrupt it), on a thread
+    of its own (whose loop any async body under it may run: this one runs)."""
+    import dask
+
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+    outcome: list[Any] = []
+
+    def compute() -> None:
+        try:
+            outcome.append((True, dask.compute(gathered(value), scheduler="sync")[0]))
+        except BaseException as e:  # raised at the await, whatever it is
+            outcome.append((False, e))
+        finally:
+            made = getattr(_LOCAL, "loop", None)
+            if made is not None:
+                body_loops.discard(made)
+                made.close()
+
+    thread = threading.Thread(target=compute, name="dask-coro-gather")
+    thread.start()
+    thread.join()
+    ok, got = outcome[0]
+    if ok:
+        fut.set_result(got)
+    else:
+        fut.set_exception(got)
+    return fut

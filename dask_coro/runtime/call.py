@@ -26,6 +26,7 @@ from .._internals.dask_private import DataNode, Task, annotations_in_effect
 from ..core.classify import classifier, is_lazy
 from ..core.engine import NOT_DONE, Failed, Frame, Idle, Request, Trampoline, current_trampoline
 from ..core.plan import func_token
+from .errors import task_error
 from .ops import _DASK, _KEY, _LENGTH, BuiltLazily, bind_operators
 
 
@@ -688,7 +689,9 @@ def trampoline(
     ``inline``, ``CoroutineCall`` objects run inline (see ``Trampoline``),
     and so do the yielded values ``localize`` computes in place
     (``runtime.inplace.localizer``). With ``awaits``, the runner runs an
-    event loop for ``async def`` bodies (``core.engine.Await``)."""
+    event loop for ``async def`` bodies (``core.engine.Await``). A call run
+    inline that raises gives its parent the error it would give as a task
+    (``runtime.errors.task_error``)."""
     if not inline:
         localize = None
     return Trampoline(
@@ -703,6 +706,7 @@ def trampoline(
         count=count,
         annotations=_annotations_now,
         awaits=awaits,
+        child_error=task_error,
     )
 
 

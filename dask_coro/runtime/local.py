@@ -25,14 +25,15 @@ from typing import Any
 from dask.utils import funcname
 
 from .. import _config
-from .._context import running_key
+from .._context import gather_in_task, running_key
 from .._internals.dask_private import DataNode, Task, TaskRef
 from ..core.engine import Await, Done, Failed, Frame, Raised, Returned, Submit
 from ..core.localize import arguments
 from ..core.plan import Plan, plan_yield
 from ..core.scope import Scope
-from .aio import stepping, wait_here
+from .aio import gather_locally, stepping, wait_here
 from .call import CoroutineTask, trampoline
+from .errors import task_error
 from .inplace import localizer
 
 
@@ -80,7 +81,8 @@ def run_local(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]
                     # Taken before the throw: the run may end there (caught,
                     # it returns), and the error must not reach its parent.
                     thrown, error = error, None
-                    child = top.throw(_Failed(thrown))
+                    # As a task's error reaches its parent on a cluster.
+                    child = top.throw(_Failed(task_error(thrown)))
                     del thrown
             except StopIteration as stop:
                 stack.pop()
@@ -118,6 +120,7 @@ def _run(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     """One coroutine task's run: what ``run_local`` did for one level."""
     ctx = contextvars.copy_context()
     ctx.run(running_key.set, task.key)
+    ctx.run(gather_in_task.set, gather_locally)
     key = task.key
 
     def scope_of(frame: Frame) -> Scope[Any]:
@@ -267,7 +270,8 @@ def _execute(graph: dict[Any, Any], keys: list[Any]) -> Generator[_Child, Any, d
             else:
                 child, value = None, node({d: have[d] for d in deps})
         except BaseException as e:  # a task may raise anything
-            failed: _Failed | None = _Failed(e)
+            # What the task's Future would raise on a cluster.
+            failed: _Failed | None = _Failed(task_error(e))
         else:
             failed = None
             if child is not None:

@@ -52,7 +52,7 @@ from distributed.protocol.pickle import dumps
 from distributed.worker import get_worker
 
 from .. import _config
-from .._context import running_key
+from .._context import gather_in_task, running_key
 from .._exceptions import BaseExceptionError, CoroutineCancelledError, DaskCoroError, Released
 from .._internals import distributed_private as private
 from ..core.engine import (
@@ -76,7 +76,7 @@ from ..lifetimes.tie import hold_segments
 from ..release.scheduler import ReleasePlugin
 from ..release.worker import ReleaseWorkerPlugin
 from ..resources.worker import lent
-from .aio import check
+from .aio import check, gathered
 from .call import trampoline
 from .inplace import localizer
 from .lanes import Lane, Lanes
@@ -362,6 +362,11 @@ class _Run:
         self.awaited: asyncio.Future[Any] | None = None
         self.ctx = contextvars.copy_context()
         self.ctx.run(running_key.set, self.key)
+        self.ctx.run(gather_in_task.set, self._gather_in_task)
+        # Children computed for an asyncio Task of the body (``_gather_in_task``):
+        # the loop tasks waiting for them, cancelled when the run ends.
+        self.sides: set[asyncio.Task[Any]] = set()
+        self.ended = False
         # While it waits for its children: what it awaits, cancelled when its
         # task stops running here (``changed``), and whether we cancelled it.
         self.waiting: asyncio.Future[Any] | None = None
@@ -423,6 +428,43 @@ class _Run:
 
             obj.add_done_callback(wake)
         return ready
+
+    def _gather_in_task(self, value: Any) -> asyncio.Future[Any]:
+        """``await gather(value)`` in an asyncio Task the body made (on the
+        lane, ``runtime.aio.in_task``): ``value`` computed as a child of
+        ours (``gathered``), awaited on the worker's loop; a future of the
+        lane's loop for it. Cancelling that future (the Task cancelled: a
+        timeout) releases the child."""
+        done = asyncio.run_coroutine_threadsafe(self._side(value), self.loop)
+        return asyncio.wrap_future(done)
+
+    async def _side(self, value: Any) -> Any:
+        if self.ended:
+            # A Task the body made and left running awaits after the body ended.
+            raise RuntimeError(
+                f"coroutine {self.key!r} has ended: cluster work awaited in an asyncio "
+                "Task it made must be awaited before the body returns"
+            )
+        me = asyncio.current_task()
+        assert me is not None
+        self.sides.add(me)
+        future: Future | None = None
+        gathering: asyncio.Future[Any] | None = None
+        try:
+            client = await self._client()
+            annotations = await self._child_annotations()
+            with private.submitting_as(self.key), dask.annotate(**annotations):
+                future = client.compute(gathered(value))
+            gathering = asyncio.ensure_future(client.gather(future, asynchronous=True))
+            return await asyncio.shield(gathering)
+        finally:
+            self.sides.discard(me)
+            if gathering is not None and not gathering.done():
+                gathering.add_done_callback(_retrieve)  # see _wait
+            if future is not None:
+                # Not done: the scheduler cancels it (DurablePlugin lets go of
+                # a child released with work left), closing its body.
+                self._release([future])
 
     def _alive(self) -> bool:
         return private.worker_task_state(self.worker, self.key) in _RUNNING_STATES
@@ -580,6 +622,9 @@ class _Run:
                 reporter.cancel()
                 if step is not None:  # the last counts, ahead of our own end
                     await self._send_calls(tramp, final=True)
+            self.ended = True
+            for side in list(self.sides):
+                side.cancel()  # a Task of the body still waits: nobody will read it
             if inline:
                 watcher.inline_ended()
             if self.lane is not None:
