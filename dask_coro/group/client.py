@@ -61,7 +61,7 @@ class ClientBackend:
             return None
         return g.deadline - time.time()
 
-    def _settle(self, done: Any) -> None:
+    def _settle(self, done: Any, values: dict[int, Any] | None = None) -> None:
         """Children whose futures are ``done``: their outcomes, oldest first."""
         g = self.group
         by_future = {id(f): i for i, f in self.futures.items()}
@@ -72,11 +72,11 @@ class ClientBackend:
             del self.futures[i]
             child = g.book.children[i]
             if f.status == "finished":
-                ok, value = True, f.result()
+                ok, value = True, values[id(f)] if values is not None else f.result()
             elif f.status == "cancelled":
                 ok, value = False, _cancelled_error(child)
             else:
-                ok, value = False, f.exception()
+                ok, value = False, values[id(f)] if values is not None else f.exception()
             more = g.book.finished(child, ok, value)
             if more:
                 self.start(more)
@@ -149,10 +149,13 @@ class ClientBackend:
                 done, _ = await wait(list(self.futures.values()), timeout=remaining, return_when="FIRST_COMPLETED")
             except TimeoutError:
                 raise self._timeout() from None
+            values = {}
             for f in done:
                 if f.status == "finished":
-                    await f  # fetched, so that result() does not block
-            self._settle(done)
+                    values[id(f)] = await f
+                elif f.status == "error":
+                    values[id(f)] = await f.exception()
+            self._settle(done, values)
 
     async def _anext(self) -> tuple[Child, Any]:
         child = await self._atake()
