@@ -11,6 +11,7 @@ import dask
 import pytest
 from distributed import Client, Event, LocalCluster, SchedulerPlugin, Variable
 from distributed.utils_test import async_poll_for, gen_cluster
+from helpers import cluster
 
 import dask_coro
 from dask_coro import coroutine
@@ -82,13 +83,13 @@ def in_order_of_events(n):
     return out
 
 
-@gen_cluster(client=True, nthreads=[("", 2), ("", 2)])
+@cluster(nthreads=[("", 2), ("", 2)])
 async def test_next_is_completion_order(c, s, a, b):
     assert await c.compute(in_order_of_events(3)) == [(2, 2), (1, 1), (0, 0)]
 
 
 @pytest.mark.inline
-@gen_cluster(client=True, nthreads=[("", 2), ("", 2)])
+@cluster(nthreads=[("", 2), ("", 2)])
 async def test_next_is_completion_order_with_inline_on(c, s, a, b):
     # With calls inline, a group's children are still tasks: the order is theirs.
     assert await c.compute(in_order_of_events(3)) == [(2, 2), (1, 1), (0, 0)]
@@ -114,7 +115,7 @@ def expand(limit):
 
 @pytest.mark.parametrize("limit", [None, 2])
 def test_spawn_while_iterating(limit):
-    @gen_cluster(client=True, nthreads=[("", 2), ("", 2)])
+    @cluster(nthreads=[("", 2), ("", 2)])
     async def run(c, s, a, b):
         seen, spawned = await c.compute(expand(limit))
         # Which children are spawned depends on the order they finish in,
@@ -137,7 +138,7 @@ def gathered(n):
         return first[1], rest, len(g), bool(g)
 
 
-@gen_cluster(client=True, nthreads=[("", 2)])
+@cluster(nthreads=[("", 2)])
 async def test_all_is_spawn_order_of_what_is_left(c, s, a):
     first, rest, left, nonempty = await c.compute(gathered(5))
     assert sorted([first, *rest]) == [0, 1, 4, 9, 16]
@@ -160,7 +161,7 @@ def error_named():
         return got
 
 
-@gen_cluster(client=True, nthreads=[("", 2)])
+@cluster(nthreads=[("", 2)])
 async def test_a_childs_error_is_raised_at_next_naming_its_handle(c, s, a):
     got = await c.compute(error_named())
     assert sorted(got, key=str) == sorted([4, ("boom 3", True, True)], key=str)
@@ -187,7 +188,7 @@ def plain_iteration(n):
         return sorted(v for _, v in g)
 
 
-@gen_cluster(client=True, nthreads=[("", 2)])
+@cluster(nthreads=[("", 2)])
 async def test_async_with_and_plain_for(c, s, a):
     assert await c.compute(async_body(5)) == [0, 1, 4, 9, 16]
     assert await c.compute(plain_iteration(5)) == [0, 1, 4, 9, 16]
@@ -236,7 +237,7 @@ def limited(n, limit):
         return sorted((yield g.all()))
 
 
-@gen_cluster(client=True, nthreads=[("", 2), ("", 2)])
+@cluster(nthreads=[("", 2), ("", 2)])
 async def test_limit_bounds_children_submitted_or_running(c, s, a, b):
     p = Processing("sq")
     s.add_plugin(p)
@@ -284,7 +285,7 @@ def with_deadline(tag, timeout):
             return got, str(e)
 
 
-@gen_cluster(client=True, nthreads=[("", 2), ("", 2)])
+@cluster(nthreads=[("", 2), ("", 2)])
 async def test_deadline_cancels_children_and_raises_at_next(c, s, a, b):
     got, message = await c.compute(with_deadline("d1", 0.5))
     assert got == [9]
@@ -305,7 +306,7 @@ def absolute_deadline():
             return "expired"
 
 
-@gen_cluster(client=True, nthreads=[("", 1)])
+@cluster(nthreads=[("", 1)])
 async def test_a_deadline_passed_already(c, s, a):
     assert await c.compute(absolute_deadline()) == "expired"
     assert dask.compute(absolute_deadline(), scheduler="sync")[0] == "expired"
@@ -335,7 +336,7 @@ def first_of(tag):
         return value  # leaving the block cancels the other
 
 
-@gen_cluster(client=True, nthreads=[("", 2), ("", 2)])
+@cluster(nthreads=[("", 2), ("", 2)])
 async def test_return_cancels_the_rest(c, s, a, b):
     assert await c.compute(first_of("r1")) == 25
     await async_poll_for(lambda: "closed-r1" in s.extensions["variables"].variables, timeout=10)
@@ -353,7 +354,7 @@ def queued_never_start(tag):
         return v
 
 
-@gen_cluster(client=True, nthreads=[("", 2), ("", 2)])
+@cluster(nthreads=[("", 2), ("", 2)])
 async def test_queued_children_never_start_and_aclose_waits(c, s, a, b):
     p = Processing("after")
     s.add_plugin(p)
@@ -375,7 +376,7 @@ def parent_waits(tag):
             Variable(f"closed-{tag}-parent").set(True)
 
 
-@gen_cluster(client=True, nthreads=[("", 2), ("", 2)])
+@cluster(nthreads=[("", 2), ("", 2)])
 async def test_parent_cancelled_closes_every_child(c, s, a, b):
     fut = c.compute(parent_waits("p1"))
     await async_poll_for(lambda: sum(str(k).startswith("after-") for k in s.tasks) == 2, timeout=10)
@@ -398,7 +399,7 @@ def cancel_one(tag):
         return out, len(g)
 
 
-@gen_cluster(client=True, nthreads=[("", 2), ("", 2)])
+@cluster(nthreads=[("", 2), ("", 2)])
 async def test_cancel_one_child(c, s, a, b):
     assert await c.compute(cancel_one("c1")) == ([16], 0)
     await async_poll_for(lambda: not any(str(k).startswith("waits_forever") for k in s.tasks), timeout=10)
@@ -450,3 +451,27 @@ async def test_a_childs_error_with_an_asynchronous_client(c, s, a):
         with pytest.raises(ValueError, match="boom 2") as info:
             await g.next()
     assert info.value.dask_coro_child is bad
+
+
+@coroutine
+def inner_group(timeout):
+    with dask_coro.group(timeout=timeout) as g:
+        g.spawn(sq(1))
+        yield g.next()
+        return g.deadline
+
+
+@coroutine
+def outer_group(outer, inner):
+    with dask_coro.group(timeout=outer) as g:
+        g.spawn(inner_group(inner))
+        _, got = yield g.next()
+        return got, g.deadline
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_a_coroutine_child_inherits_the_tighter_deadline(c, s, a, b):
+    got, outer = await c.compute(outer_group(600, 3600))
+    assert got == outer  # the parent's, tighter
+    got, outer = await c.compute(outer_group(3600, 600))
+    assert got < outer  # its own, tighter

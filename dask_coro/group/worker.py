@@ -22,11 +22,14 @@ on the worker's event loop (``call_at``): no thread.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import BaseExceptionError
+from .._internals import distributed_private as private
+from ..durability.scheduler import GROUP_LOG
 from .book import CANCELLED, Child
 from .request import Request
 
@@ -53,8 +56,11 @@ class WorkerBackend:
         self.waiter: asyncio.Future[None] | None = None  # of the lane's loop
         self.timer: asyncio.TimerHandle | None = None
         self.tasks: set[asyncio.Task[None]] = set()
-        if group.deadline is not None:
-            self.loop.call_soon_threadsafe(self._arm)
+        self.durable = False  # DurablePlugin keeps what this group delivered
+        # Set once the replay (what an earlier run of the parent was given)
+        # and the deadline are known: the first take waits for it.
+        self.ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.loop.call_soon_threadsafe(self._spawn_task, self._prepare())
 
     def check(self, x: Any) -> None:
         pass  # planning it raises (at the next wait) what a yield would
@@ -76,7 +82,52 @@ class WorkerBackend:
         fn = {"next": _next, "all": _all, "aclose": _aclose}[kind]
         return Request(fn, self.group)
 
+    def delivered(self, child: Child, replayed: bool) -> None:
+        """``child`` was taken for the body (on the lane): record it for a
+        re-run, unless it was replayed (recorded by the run that took it first)."""
+        if self.durable and not replayed:
+            self.loop.call_soon_threadsafe(self._spawn_task, self._log(index=child.index))
+
     # -- on the worker's loop ---------------------------------------------------
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _prepare(self) -> None:
+        """Ask the scheduler what an earlier run of the parent was given by
+        this group (its order, its deadline); take the tighter of our
+        deadline and the one our own task carries (a child of a group with a
+        deadline); arm the timer."""
+        g = self.group
+        try:
+            inherited = self.run.annotations().get("dask_coro_deadline")
+            if inherited is not None and (g.deadline is None or inherited < g.deadline):
+                g.deadline = inherited
+            self.durable = await self.run.durable()
+            if self.durable:
+                log = await self.run.worker.scheduler.dask_coro_group_replay(key=self.run.key, group=self.ident[2])
+                with g.lock:
+                    if log["deadline"] is not None:
+                        g.deadline = log["deadline"]  # the first run's
+                    g.book.replay = list(log["order"])
+                if g.deadline is not None and log["deadline"] is None:
+                    await self._log(deadline=g.deadline)
+        except Exception as e:  # the scheduler is going; the group goes on without a replay
+            logger.warning("%s: no replay of an earlier run: %r", g.name, e)
+        finally:
+            if g.deadline is not None and not g.book.closed:
+                self._arm()
+            self.ready.set_result(None)
+            with g.lock:
+                waiter, self.waiter = self.waiter, None
+            _wake(waiter)
+
+    async def _log(self, index: int | None = None, deadline: float | None = None) -> None:
+        client = await self.run.client()
+        msg = {"op": GROUP_LOG, "key": self.run.key, "group": self.ident[2], "index": index, "deadline": deadline}
+        private.send_on_client_stream(client, msg)
 
     def _arm(self) -> None:
         deadline = self.group.deadline
@@ -201,10 +252,15 @@ async def _take(g: _Group) -> Child | None:
     """The next child to deliver, waiting for one to finish; None if none is
     left. ``TimeoutError`` once the deadline passed."""
     backend: WorkerBackend = g.backend
+    if not backend.ready.done():
+        await asyncio.wrap_future(backend.ready)
     while True:
         with g.lock:
+            replayed = g.book.replayed
             child = g.book.take()
-            if child is None:
+            if child is not None:
+                backend.delivered(child, g.book.replayed != replayed)
+            else:
                 if g.expired:
                     raise g.timeout_error()
                 if not g.book.left:

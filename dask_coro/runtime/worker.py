@@ -627,6 +627,16 @@ class _Run:
         """The worker's client this run submits with."""
         return await self._client()
 
+    async def durable(self) -> bool:
+        """Whether ``DurablePlugin`` holds this run's children (installed)."""
+        await self._child_annotations()
+        fut = self.watcher.durable
+        return fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None
+
+    def annotations(self) -> dict[str, Any]:
+        """The annotations of this run's own task (on the loop)."""
+        return private.worker_task_annotations(self.worker, self.key)
+
     def _leaving(self) -> None:
         """Before the run lets go of its children as its worker closes: tell
         DurablePlugin on the client's stream, ahead of those releases, so it
