@@ -90,3 +90,20 @@ def test_bad_limit():
     for bad in (0, -1, 1.5, "8", True):
         with pytest.raises(ValueError, match="positive int"):
             GroupBook(limit=bad)
+
+
+def test_a_handle_pickles_without_its_group():
+    import pickle
+    import threading
+
+    class G:
+        name = "group 0 of 'p'"
+        lock = threading.Lock()  # what a live group holds: not picklable
+
+    b = GroupBook()
+    c, _ = b.spawn(G(), 1)
+    err = ValueError("x")
+    err.dask_coro_child = c
+    back = pickle.loads(pickle.dumps(err))
+    assert back.dask_coro_child.index == 0
+    assert repr(back.dask_coro_child) == "<child 0 of group 0 of 'p' (started)>"

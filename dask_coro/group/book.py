@@ -71,6 +71,29 @@ class Child:
         name = getattr(self.group, "name", "group")
         return f"<child {self.index} of {name} ({_NAMES[self.state]})>"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled with a child's error that names it (a task's error goes to
+        # the client): its place and name, not its group, which lives here.
+        return _detached, (self.index, getattr(self.group, "name", "group"), self.state)
+
+
+class _Detached:
+    """A child's handle away from its group (unpickled): its name only."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def cancel_child(self, child: Child) -> None:
+        pass  # its group is in another process, or gone
+
+
+def _detached(index: int, name: str, state: int) -> Child:
+    child = Child(_Detached(name), index, None)
+    child.state = state
+    return child
+
 
 class GroupBook:
     """The children of one group and what to do next (see the module).
