@@ -44,7 +44,7 @@ def group(limit: int | None = None, timeout: float | None = None, deadline: floa
     limit
         At most this many children submitted or running at once; the rest
         wait in the parent as plain objects (no key, task, thread or slot)
-        and start, oldest first, as others finish. None: no limit.
+        and start, oldest first, as others finish; None for no limit.
     timeout
         Seconds from now after which the group expires: its children are
         cancelled and the body's next wait inside the group (``next()``,
@@ -55,6 +55,8 @@ def group(limit: int | None = None, timeout: float | None = None, deadline: floa
         tighter one (on a cluster), and a parent run again after its worker
         died keeps the first run's deadline.
 
+    Notes
+    -----
     Use it as ``with dask_coro.group() as g:`` in a generator body and in
     plain code, ``async with`` in an ``async def`` body. Leaving the block
     (return, break, an exception, the parent cancelled) cancels every child
