@@ -57,6 +57,9 @@ class WorkerBackend:
         self.timer: asyncio.TimerHandle | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.durable = False  # DurablePlugin keeps what this group delivered
+        self.settled: list[tuple[Child, Future]] = []  # ended, to gather
+        self.watchers: dict[int, asyncio.Task[None]] = {}  # by index, until settled
+        self.gathering = False
         # Set once the replay (what an earlier run of the parent was given)
         # and the deadline are known: the first take waits for it.
         self.ready: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -170,11 +173,50 @@ class WorkerBackend:
                 self.run.release([f])
                 continue
             self.futures[c.index] = f
-            task = asyncio.ensure_future(self._watch(c, f))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            self.watchers[c.index] = asyncio.ensure_future(self._watch(c, f))
 
     async def _watch(self, child: Child, future: Future) -> None:
+        """Wait until the client hears that ``future`` ended (no message),
+        then gather it with every other child that ended meanwhile: one
+        ``gather`` for the children of one turn of the loop, as a yield
+        gathers its children, not one each."""
+        try:
+            await private.future_settled(future)
+        except asyncio.CancelledError:
+            return  # the group let go of it (``_stop``)
+        finally:
+            self.watchers.pop(child.index, None)
+        if child.state == CANCELLED:
+            return
+        self.settled.append((child, future))
+        if not self.gathering:
+            self.gathering = True
+            self._spawn_task(self._gather_settled())
+
+    async def _gather_settled(self) -> None:
+        try:
+            await asyncio.sleep(0)  # the children settling this turn join
+            while self.settled:
+                batch, self.settled = self.settled, []
+                batch = [(c, f) for c, f in batch if c.state != CANCELLED]
+                if not batch:
+                    continue
+                futures = [f for _, f in batch]
+                try:
+                    values = await futures[0].client.gather(futures, asynchronous=True)
+                except BaseException:  # a child's error (any class): each child on its own
+                    for c, f in batch:
+                        self._spawn_task(self._gather_one(c, f))
+                    continue
+                for (c, _), v in zip(batch, values, strict=True):
+                    self._finished(c, True, v)
+        finally:
+            self.gathering = False
+            if self.settled:  # settled while we finished
+                self.gathering = True
+                self._spawn_task(self._gather_settled())
+
+    async def _gather_one(self, child: Child, future: Future) -> None:
         try:
             value = await future.client.gather(future, asynchronous=True)
         except asyncio.CancelledError:
@@ -206,6 +248,10 @@ class WorkerBackend:
         """Let go of the children's tasks (the scheduler cancels those nobody
         else wants; a coroutine child's run closes its body)."""
         out = [f for f in (self.futures.pop(c.index, None) for c in children) if f is not None]
+        for c in children:
+            watcher = self.watchers.pop(c.index, None)
+            if watcher is not None:
+                watcher.cancel()  # a released future's state never settles
         if out:
             self.run.release(out)
         if closing:
