@@ -19,6 +19,9 @@ from ._exceptions import DaskCoroError as DaskCoroError
 from ._exceptions import NotInTaskError as NotInTaskError
 from ._exceptions import PromiseError as PromiseError
 from ._exceptions import VersionMismatchError as VersionMismatchError
+from .group.api import Child as Child
+from .group.api import Group as Group
+from .group.api import group as group
 from .promise.client import Promise as Promise
 from .runtime.call import CoroutineCall as CoroutineCall
 from .runtime.call import CoroutineFunction as CoroutineFunction
@@ -89,11 +92,13 @@ async def dask_setup(server: Any) -> None:
 __all__ = [
     "BadYieldError",
     "BaseExceptionError",
+    "Child",
     "CoroutineCall",
     "CoroutineCancelledError",
     "CoroutineFunction",
     "DaskCoroError",
     "DurablePlugin",
+    "Group",
     "InlinePlugin",
     "LifetimesPlugin",
     "NotInTaskError",
@@ -107,6 +112,7 @@ __all__ = [
     "coroutine",
     "current_key",
     "gather",
+    "group",
     "progress",
     "progress_async",
     "release_abandoned",

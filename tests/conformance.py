@@ -16,6 +16,15 @@ is one of::
                              with a priority ``p`` (not None), under
                              ``dask.annotate(priority=p)``
     ("raise", kind)          raise ``kind`` naming the node (``("raise",)``: ValueError)
+    ("group", children, limit, catch)
+                             open ``dask_coro.group(limit=limit)``, spawn each
+                             child (a leaf, a future or a call), and take
+                             every one with ``next()``; an event
+                             ``("group", delivered)`` lists ``("ok", index,
+                             value)`` or ``("err", index, type, message)`` in
+                             the order they were delivered; without ``catch``
+                             a child's error leaves the group (the rest are
+                             cancelled) and the node
 
 A shape nests children in containers dask traverses (list, tuple, dict, a
 namedtuple, an OrderedDict, a dataclass). A child is::
@@ -44,7 +53,10 @@ error) and does not run again; a node body runs once, a leaf once; a
 child's error reaches its parent as a task's would on a cluster (an error
 that cannot be pickled as distributed's ``Exception(repr(e))``, a
 ``StopIteration`` as ``RuntimeError``), while the root's own error is what
-the scheduler computing it gives (``ERRORS``).
+the scheduler computing it gives (``ERRORS``). A group
+delivers its children one at a time in spawn order without a cluster, in any
+order on one (the order results arrive): the comparison sorts a group's
+deliveries on the cluster paths, and takes them as they are on the local ones.
 """
 
 from __future__ import annotations
@@ -61,6 +73,7 @@ from typing import Any
 
 import dask
 
+import dask_coro
 from dask_coro import coroutine, gather, result
 
 RUNS: Counter = Counter()
@@ -206,6 +219,23 @@ def _error(events: list, e: BaseException) -> None:
     events.append(("err", type(e).__name__, str(e)))
 
 
+def _delivered(delivered: list, step: tuple, got: Any = None, error: BaseException | None = None) -> None:
+    """One child delivered by a group step: its value, or its error (raised
+    again without ``catch``)."""
+    if error is None:
+        child, value = got
+        delivered.append(("ok", child.index, describe(value)))
+        return
+    if not step[3]:
+        raise error
+    delivered.append(("err", error.dask_coro_child.index, type(error).__name__, str(error)))  # type: ignore[attr-defined]
+
+
+def _group_event(events: list, delivered: list) -> int:
+    events.append(("group", tuple(delivered)))
+    return sum(_numbers(d[2]) for d in delivered if d[0] == "ok")
+
+
 def _gen(src: bytes) -> Any:
     epoch, node = pickle.loads(src)
     _ran(epoch, ("node", node[1]))
@@ -216,6 +246,20 @@ def _gen(src: bytes) -> Any:
         for step in node[4]:
             if step[0] == "raise":
                 _raise(step[1] if len(step) > 1 else True, f"node {node[1]} raised")
+            if step[0] == "group":
+                delivered: list = []
+                with dask_coro.group(limit=step[2]) as g:
+                    for spec in step[1]:
+                        g.spawn(_build(spec, [], epoch))  # never yielded again
+                    while g:
+                        try:
+                            got = yield g.next()
+                        except Exception as e:
+                            _delivered(delivered, step, error=e)
+                        else:
+                            _delivered(delivered, step, got)
+                total += _group_event(events, delivered)
+                continue
             shape = _build(step[1], made, epoch)
             with _annotated(step):  # in effect at the yield, made before it
                 if step[2]:
@@ -242,6 +286,20 @@ async def _async(src: bytes) -> Any:
         for step in node[4]:
             if step[0] == "raise":
                 _raise(step[1] if len(step) > 1 else True, f"node {node[1]} raised")
+            if step[0] == "group":
+                delivered: list = []
+                async with dask_coro.group(limit=step[2]) as g:
+                    for spec in step[1]:
+                        g.spawn(_build(spec, [], epoch))  # never yielded again
+                    while g:
+                        try:
+                            got = await g.next()
+                        except Exception as e:
+                            _delivered(delivered, step, error=e)
+                        else:
+                            _delivered(delivered, step, got)
+                total += _group_event(events, delivered)
+                continue
             shape = _build(step[1], made, epoch)
             # A call, or a lazy value of one, is awaited as it is; anything else
             # (a plain Delayed has dask's own __await__) through gather.
@@ -275,6 +333,20 @@ def _plain(src: bytes) -> Any:
         for step in node[4]:
             if step[0] == "raise":
                 _raise(step[1] if len(step) > 1 else True, f"node {node[1]} raised")
+            if step[0] == "group":
+                delivered: list = []
+                with dask_coro.group(limit=step[2]) as g:
+                    for spec in step[1]:
+                        g.spawn(_build(spec, [], epoch))  # never yielded again
+                    while g:
+                        try:
+                            got = _wait_from_a_helper(g.next())
+                        except Exception as e:
+                            _delivered(delivered, step, error=e)
+                        else:
+                            _delivered(delivered, step, got)
+                total += _group_event(events, delivered)
+                continue
             shape = _build(step[1], made, epoch)
             with _annotated(step):
                 if step[2]:
@@ -381,6 +453,11 @@ class Reference:
                 seen = error_seen(kind, message, node[2])
                 local = error_seen(kind, message, node[2], "local") if node[1] == 0 else None
                 raise Raised(*seen, local if local != seen else None)
+            if step[0] == "group":
+                delivered = self.group(step)
+                events.append(("group", tuple(delivered)))
+                total += sum(_numbers(d[2]) for d in delivered if d[0] == "ok")
+                continue
             try:
                 got = self.wait(step[1], made)
             except Raised as e:
@@ -392,6 +469,30 @@ class Reference:
             events.append(("ok", d))
             total += _numbers(d)
         return Out(total + len(events), tuple(events))
+
+    def group(self, step: tuple) -> list:
+        """A group step: its children one at a time in spawn order (the order
+        without a cluster; on one, the comparison sorts them). Without
+        ``catch`` the first error leaves the group: which child fails first
+        is a matter of timing on a cluster if two may, and the other
+        children may have run, or not, or been cancelled."""
+        children = step[1]
+        failing = [spec for spec in children if _may_fail(spec)]
+        delivered: list = []
+        for i, spec in enumerate(children):
+            ok, v = self._child(spec, [])
+            if ok:
+                delivered.append(("ok", i, ("Out", v.total, v.events) if type(v) is Out else v))
+                continue
+            if not step[3]:
+                if len(failing) > 1:
+                    raise Ambiguous("two children of a group may fail first")
+                for other in children:
+                    if other is not spec:
+                        self.open |= _runs_below(other)
+                raise v
+            delivered.append(("err", i, v.kind, v.message))
+        return delivered
 
     def wait(self, shape: Any, made: list) -> Any:
         """The described value of a yielded shape, or ``Raised``."""
@@ -473,6 +574,33 @@ class Reference:
             name = "dict" if kind == "dict" else "OrderedDict"
             return (name, tuple((f"k{i}", v) for i, v in enumerate(items)))
         raise AssertionError(spec)
+
+
+def _may_fail(spec: Any) -> bool:
+    """Whether a child spec may raise: a failing leaf, or a node that raises
+    or waits without catching on anything that may."""
+    if spec[0] in ("leaf", "future"):
+        return bool(spec[2])
+    if spec[0] == "call":
+        for step in spec[1][4]:
+            if step[0] == "raise":
+                return True
+            if step[0] == "group" and not step[3] and any(_may_fail(c) for c in step[1]):
+                return True
+            if step[0] == "wait" and not step[2] and _shape_may_fail(step[1]):
+                return True
+        return False
+    return _shape_may_fail(spec)
+
+
+def _shape_may_fail(spec: Any) -> bool:
+    if spec[0] in ("leaf", "future", "call"):
+        return _may_fail(spec)
+    if spec[0] == "get":
+        return _may_fail(spec[2])
+    if spec[0] == "again":
+        return True  # an earlier child: it may have failed
+    return any(_shape_may_fail(s) for s in spec[1])
 
 
 def _runs_below(spec: Any) -> set:
@@ -570,6 +698,17 @@ def programs(max_depth: int = 3, futures: bool = True):  # -> hypothesis strateg
             # Some waits under dask.annotate(priority=...): value-neutral.
             priority = draw(st.sampled_from([None, None, None, 1, -1]))
             steps.append(("wait", shape(0), draw(st.booleans()), priority))
+        if draw(st.integers(0, 3)) == 0:
+            # A group of fresh children, taken in completion order.
+            kids = []
+            for _ in range(draw(st.integers(0, 3))):
+                kind = draw(st.sampled_from(["leaf", "leaf", "call"] + (["future"] if futures else [])))
+                if kind == "call" and depth < max_depth:
+                    kids.append(("call", draw(node(depth + 1, counter, futures))))
+                else:
+                    counter[0] += 1
+                    kids.append(("leaf" if kind == "call" else kind, counter[0], draw(st.integers(0, 9)) == 0))
+            steps.append(("group", tuple(kids), draw(st.sampled_from([None, 1, 2])), draw(st.booleans())))
         if draw(st.integers(0, 9)) == 0:
             steps.append(("raise", draw(st.sampled_from(_ERROR_KINDS))))
         return ("node", ident, draw(forms), draw(st.booleans()), tuple(steps))
@@ -716,6 +855,39 @@ EXAMPLES["errors a task changes"] = (
 # The root's own error is what the scheduler computing it gives.
 EXAMPLES["root raises StopIteration"] = ("node", 0, "plain", True, (("raise", "StopIteration"),))
 EXAMPLES["root raises what cannot be pickled"] = ("node", 0, "async", False, (("raise", "Unpicklable"),))
+
+# Groups: children in completion order (any order on a cluster, spawn order
+# without one), a caught error among them, under a limit, and a coroutine
+# child with a group of its own.
+EXAMPLES["group"] = (
+    "node",
+    0,
+    "gen",
+    True,
+    (
+        (
+            "group",
+            (
+                ("leaf", 1, False),
+                ("call", ("node", 2, "async", True, (("group", (("leaf", 3, False), ("leaf", 4, True)), None, True),))),
+                ("leaf", 5, True),
+                ("call", ("node", 6, "plain", False, (("wait", ("leaf", 7, False), False),))),
+            ),
+            2,
+            True,
+        ),
+        ("wait", ("leaf", 8, False), False),
+    ),
+)
+# A child's error not caught leaves the group: the rest are cancelled, the
+# node raises it.
+EXAMPLES["group error leaves"] = (
+    "node",
+    0,
+    "async",
+    False,
+    (("group", (("leaf", 1, False), ("leaf", 2, True), ("call", ("node", 3, "gen", True, ()))), 1, False),),
+)
 
 
 # ----------------------------------------------------------------------------
@@ -890,7 +1062,11 @@ class Harness:
                 found.append(f"{path}: {e}")
                 self.forget()
                 continue
-            if _show(got) != want:
+            shown, wanted = _show(got), want
+            if not path.startswith("local"):
+                # On a cluster a group delivers in any order: compare as sets.
+                shown, wanted = _any_order(shown), _any_order(wanted)
+            if shown != wanted:
                 found.append(f"{path}: {_show(got)} != reference {want}")
                 continue
             ran = {k for k in runs.keys() | got_runs.keys() if k[0] != "end"} - open_
@@ -921,6 +1097,16 @@ def _has_futures(node: tuple) -> bool:
                 return True
             stack.extend(s)
     return False
+
+
+def _any_order(d: Any) -> Any:
+    """``d`` with every group's deliveries sorted (the orders a cluster may
+    give are every order)."""
+    if type(d) is not tuple:
+        return d
+    if len(d) == 2 and d[0] == "group" and type(d[1]) is tuple:
+        return ("group", tuple(sorted((_any_order(x) for x in d[1]), key=repr)))
+    return tuple(_any_order(x) for x in d)
 
 
 def _show(outcome: Any, local: bool = False) -> Any:

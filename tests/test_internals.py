@@ -109,6 +109,17 @@ async def test_worker_task_state_and_thread_key(c, s, a):
     assert pv.thread_task_key() is None  # not inside a task here
 
 
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_worker_task_annotations(c, s, a):
+    def annotations_of_self():
+        return pv.worker_task_annotations(get_worker(), pv.thread_task_key())
+
+    with dask.annotate(dask_coro_deadline=12.5):
+        got = await c.compute(dask.delayed(annotations_of_self, pure=False)())
+    assert got.get("dask_coro_deadline") == 12.5
+    assert pv.worker_task_annotations(a, "no-such-key") == {}
+
+
 def test_a_pool_seat_is_what_secede_and_rejoin_use():
     """threadpoolexecutor.secede removes the thread from the executor's
     _threads (a KeyError when it is not there) and calls _adjust_thread_count;

@@ -35,6 +35,13 @@ from .dask_private import Alias
 # -- worker ------------------------------------------------------------------
 
 
+def worker_task_annotations(worker: Any, key: Key) -> dict[str, Any]:
+    """The annotations the scheduler sent with ``key`` to this worker
+    (``WorkerTaskState.annotations``, from the compute-task message), or {}."""
+    ts = worker.state.tasks.get(key)
+    return dict(ts.annotations or {}) if ts is not None else {}
+
+
 def worker_task_state(worker: Any, key: Key) -> str | None:
     """The state of ``key`` in the worker's state machine, or None if the
     worker does not know it (``Worker.state.tasks``, a dict of TaskState)."""

@@ -172,6 +172,26 @@ def _refused_by_task(e: RuntimeError) -> bool:
         return False
 
 
+class InPlace:
+    """A request to run ``fn(*args)`` here, as a call of the body that yields
+    it (alone, or awaits it), whatever else the trampoline runs inline: its
+    value is the yield's. A feature's own step that must share this process
+    and this stack (a group's wait for its next child, ``dask_coro.group``),
+    never a task. Neither handed out nor promoted: it runs as soon as it is
+    yielded, so nothing can steal it, and a yield under ``dask.annotate``
+    runs it here too."""
+
+    __slots__ = ("__dask_coro_inline__", "__dask_coro_args__", "__dask_coro_value__")
+
+    def __init__(self, fn: Callable[..., Any], *args: Any):
+        self.__dask_coro_inline__: Callable[..., Any] | None = fn
+        self.__dask_coro_args__ = args
+        self.__dask_coro_value__: Any = NOT_DONE
+
+    def __await__(self) -> Generator[Request, Any, Any]:
+        return (yield Request(self))
+
+
 class Returned:
     """The root body finished with ``value``."""
 
@@ -449,6 +469,10 @@ class Trampoline:
         #: The annotations in effect where the root started (``start``): a
         #: yield under these is not annotated.
         self.own_annotations: Any = None
+        #: The runner's object for this run, for features that start work of
+        #: their own beside the body's yields (a group's children); None when
+        #: the runner offers none (no cluster: they are computed here).
+        self.host: Any = None
 
     def annotated(self) -> Any:
         """The annotations in effect here if they differ from the run's own
@@ -1149,6 +1173,16 @@ class Trampoline:
                 frame.remote = [0]
             else:
                 frame.todo = _ONE
+            return None
+        if isinstance(value, InPlace):
+            if value.__dask_coro_inline__ is None:
+                frame.todo = _EMPTY
+                frame.leaves = _EMPTY
+                return RuntimeError(f"coroutine {frame.label!r} yielded {value!r} a second time")
+            frame.shape = None
+            frame.leaves = (value,)
+            frame.results = [_PENDING]
+            frame.todo = _ONE
             return None
         try:
             structure = Structure(value, self.classify(frame.label, frame.index))

@@ -46,6 +46,7 @@ from .._internals import distributed_private as private
 from ..diagnostics.scheduler import children_by_parent
 from .book import UNFINISHED, HoldBook
 from .budget import HoldBudget
+from .order import DeliveryLog
 
 logger = logging.getLogger("dask_coro")
 
@@ -53,6 +54,12 @@ NAME = "dask-coro-durable"
 #: On a worker's client stream, ahead of the releases of a run its closing
 #: worker cancelled: {"op": RUN_LEFT, "key": parent, "address": worker}.
 RUN_LEFT = "dask-coro-run-left"
+#: A group of a parent delivered a child, or opened with a deadline (a
+#: worker's client stream): {"op": GROUP_LOG, "key": parent, "group": n,
+#: "index": i or None, "deadline": t or None}. ``GROUP_REPLAY`` (an RPC) gives
+#: a re-run what to replay (``order.DeliveryLog``).
+GROUP_LOG = "dask-coro-group-log"
+GROUP_REPLAY = "dask_coro_group_replay"
 _ENDED = ("memory", "erred", "forgotten")
 
 
@@ -84,11 +91,16 @@ class DurablePlugin(SchedulerPlugin):
         self.credited: set[Key] = set()  # waiting parents, their suspicion given ahead
         self.forgiven = 0  # how many lost waiting parents were not counted
         self.scheduler: Any = None
+        self.deliveries = DeliveryLog()
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         private.wrap_stream_handler(scheduler, "client-releases-keys", self._then_released, "_dask_coro_durable")
-        private.add_handlers(scheduler, stream={RUN_LEFT: self._run_left})
+        private.add_handlers(
+            scheduler,
+            rpc={GROUP_REPLAY: self._group_replay},
+            stream={RUN_LEFT: self._run_left, GROUP_LOG: self._group_log},
+        )
 
     def update_graph(
         self,
@@ -152,6 +164,7 @@ class DurablePlugin(SchedulerPlugin):
                 if ws is not None:
                     self.where[key] = ws.address
             elif finish in _ENDED:
+                self.deliveries.end(key)
                 self.where.pop(key, None)
                 self.left.pop(key, None)
                 self._uncredit(key)
@@ -160,6 +173,7 @@ class DurablePlugin(SchedulerPlugin):
                     self.budget.discharge(k)
                 asyncio.get_running_loop().call_soon(self._let_go, key, children)
         if finish == "forgotten":
+            self.deliveries.end(key)
             self.book.forget(key)
             self.budget.discharge(key)
 
@@ -195,6 +209,16 @@ class DurablePlugin(SchedulerPlugin):
         ts = self.scheduler.tasks.get(key)
         if ts is not None and ts.processing_on is not None and ts.processing_on.address == address:
             self.book.left(key)
+
+    def _group_log(self, key: Key, group: int, index: int | None = None,
+                   deadline: float | None = None, **kwargs: Any) -> None:
+        ts = self.scheduler.tasks.get(key)
+        if ts is None or ts.state in _ENDED:
+            return  # a run that lost its task (cancelled): nothing to replay
+        self.deliveries.record(key, group, index, deadline)
+
+    def _group_replay(self, key: Key, group: int, **kwargs: Any) -> dict[str, Any]:
+        return self.deliveries.get(key, group)
 
     def _then_released(self, handler: Any) -> Any:
         def client_releases_keys(**kwargs: Any) -> Any:

@@ -377,6 +377,7 @@ class _Run:
         self.start = time()
         self.seceded = False
         self.reported: dict[str, tuple[int, int, int]] = {}  # inline calls sent, by name
+        self.idents: dict[str, int] = {}  # ``ident``: names given, per kind
 
     # -- helpers -------------------------------------------------------------
 
@@ -556,6 +557,7 @@ class _Run:
             count=count,
         )
         self.tramp = tramp
+        tramp.host = self  # for features that start children of their own
         reporter = asyncio.ensure_future(self._report_calls(tramp)) if count else None
         step: Returned | Raised | None = None
         try:
@@ -634,6 +636,59 @@ class _Run:
             for scope in self.scopes.values():
                 self._release((*scope.end_yield(), *scope.end_body()))
             self.scopes.clear()
+
+    # -- children of a feature's own (a group's), outside any yield ---------
+
+    def ident(self, kind: str) -> Any:
+        """A new name under our key for a feature's children (``kind``), in
+        the order the body asks: a re-run that asks in the same order gets
+        the same names, so its children get the same keys."""
+        n = self.idents.get(kind, 0)
+        self.idents[kind] = n + 1
+        return (self.key, kind, n)
+
+    async def start_children(
+        self, leaves: list[Any], paths: list[Any], ident: Any, annotations: dict[str, Any] | None = None
+    ) -> list[Future]:
+        """Submit ``leaves`` as children of this run in one message, keyed as
+        a yield's leaves at ``paths`` under ``ident`` (see ``ident``), ranked,
+        annotated and held for a re-run as a yield's children are, with
+        ``annotations`` too; the futures of their values, in order. The
+        caller holds them and lets go of them (``release``); the run lets go
+        of nothing of them."""
+        client = await self._client()
+        tramp = self.tramp
+        own = tramp.own_annotations if tramp is not None else None
+        plan = plan_yield(leaves, paths, {}, ident, 0, None, own=own)
+        wanted = Scope.wanted(plan.outputs, plan.keep, plan.graph)
+        new: dict[Key, Future] = {}
+        if wanted:
+            ann = {**(await self._child_annotations()), **(annotations or {})}
+            with private.submitting_as(self.key), dask.annotate(**ann):
+                full = private.annotated_graph(plan.graph, plan.annotations)
+                new = dict(zip(wanted, client.get(full, wanted, sync=False)))
+        kept = {k: f for k, f in new.items() if k not in plan.outputs}
+        if kept:
+            self._release(kept.values())  # intermediate keys: the outputs need them, not us
+        return [new[k] for k in plan.outputs]
+
+    def release(self, futures: Any) -> None:
+        """Let go of children ``start_children`` made (thread-safe)."""
+        self._release(futures)
+
+    async def client(self) -> Client:
+        """The worker's client this run submits with."""
+        return await self._client()
+
+    async def durable(self) -> bool:
+        """Whether ``DurablePlugin`` holds this run's children (installed)."""
+        await self._child_annotations()
+        fut = self.watcher.durable
+        return fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None
+
+    def annotations(self) -> dict[str, Any]:
+        """The annotations of this run's own task (on the loop)."""
+        return private.worker_task_annotations(self.worker, self.key)
 
     def _leaving(self) -> None:
         """Before the run lets go of its children as its worker closes: tell

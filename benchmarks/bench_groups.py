@@ -1,0 +1,488 @@
+"""Groups (dask_coro.group) against plain Dask (worker_client + as_completed /
+wait) and Ray (ray.wait + ray.cancel, where Ray is installed) on four dynamic
+programs: a crawl of unknown shape with 8 fetches in flight, a race of two
+strategies under a deadline, branch-and-bound knapsack, successive halving.
+Time to answer, tasks run, peak threads of the worker processes.
+
+Run: python benchmarks/bench_groups.py [--only crawl,race,knapsack,halving] [--no-ray]
+                                       [--race-runs 20]
+
+A LocalCluster of 2 worker processes x 2 threads (Ray: num_cpus=4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import heapq
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import dask
+from _bench import worker_sampler
+from distributed import Client, LocalCluster, SchedulerPlugin, as_completed, wait, worker_client
+
+import dask_coro
+from dask_coro import coroutine
+
+# -- the crawl ---------------------------------------------------------------------
+
+
+def digest(url: str) -> int:
+    return int(hashlib.blake2b(url.encode(), digest_size=4).hexdigest(), 16)
+
+
+def links_of(url: str) -> list[str]:
+    depth = url.count("/")
+    n = 0 if depth >= 4 else digest(url + "#") % 6  # 0-5 links, 4 levels
+    return [f"{url}/{i}" for i in range(n)]
+
+
+def fetch_time(url: str) -> float:
+    return 0.01 + digest(url) % 41 / 1000  # 10-50 ms
+
+
+def site(root: str) -> list[str]:
+    out, todo = [], [root]
+    while todo:
+        u = todo.pop()
+        out.append(u)
+        todo += links_of(u)
+    return out
+
+
+@coroutine
+async def fetch(url: str) -> list[str]:
+    """A fetch as a dask_coro user writes it: I/O awaited, no thread held."""
+    await asyncio.sleep(fetch_time(url))
+    return links_of(url)
+
+
+def fetch_sync(url: str) -> list[str]:
+    """The same fetch as a plain task (a thread sleeps)."""
+    time.sleep(fetch_time(url))
+    return links_of(url)
+
+
+@coroutine
+def crawl_group(root: str) -> int:
+    n = 0
+    with dask_coro.group(limit=8) as g:
+        g.spawn(fetch(root))
+        for _, links in g:
+            n += 1
+            for link in links:
+                g.spawn(fetch(link))
+    return n
+
+
+def crawl_plain(root: str) -> int:
+    """worker_client + as_completed(...).add(), at most 8 in flight."""
+    n = 0
+    with worker_client() as client:
+        queue = [root]
+        ac = as_completed()
+        inflight = 0
+        while queue and inflight < 8:
+            ac.add(client.submit(fetch_sync, queue.pop(0), pure=False))
+            inflight += 1
+        for fut in ac:
+            inflight -= 1
+            n += 1
+            queue += fut.result()
+            while queue and inflight < 8:
+                ac.add(client.submit(fetch_sync, queue.pop(0), pure=False))
+                inflight += 1
+    return n
+
+
+# -- the race --------------------------------------------------------------------------
+
+
+@coroutine
+def work(seconds: float) -> int:
+    time.sleep(seconds)
+    return 1
+
+
+@coroutine
+def strategy(depth: int, seconds: float) -> int:
+    """A tree of 2**depth tasks of ``seconds`` each, level by level."""
+    if depth == 0:
+        return (yield work(seconds))
+    return sum((yield [strategy(depth - 1, seconds), strategy(depth - 1, seconds)]))
+
+
+@coroutine
+def race_group(deadline_s: float):
+    t0 = time.time()
+    with dask_coro.group(timeout=deadline_s) as g:
+        g.spawn(strategy(3, 0.8))  # 4 levels: > 3 s on 4 threads
+        g.spawn(strategy(4, 0.5))
+        try:
+            _, value = yield g.next()
+            return "won", value, time.time() - t0
+        except TimeoutError:
+            return "deadline", None, time.time() - t0
+
+
+def strategy_plain(depth: int, seconds: float) -> int:
+    if depth == 0:
+        time.sleep(seconds)
+        return 1
+    with worker_client() as client:
+        futs = client.map(strategy_plain, [depth - 1] * 2, [seconds] * 2, pure=False)
+        return sum(client.gather(futs))
+
+
+def race_plain(deadline_s: float):
+    t0 = time.time()
+    with worker_client() as client:
+        futs = [client.submit(strategy_plain, 3, 0.8, pure=False), client.submit(strategy_plain, 4, 0.5, pure=False)]
+        try:
+            done, _ = wait(futs, timeout=deadline_s, return_when="FIRST_COMPLETED")
+            answer = "won", next(iter(done)).result(), time.time() - t0
+        except TimeoutError:
+            answer = "deadline", None, time.time() - t0
+        client.cancel(futs)
+    return answer
+
+
+# -- knapsack ----------------------------------------------------------------------------
+
+RNG = random.Random(3)
+ITEMS = sorted(((RNG.randint(10, 60), RNG.randint(5, 30)) for _ in range(24)), key=lambda vw: -vw[0] / vw[1])
+CAPACITY = 150
+
+
+def bound(level: int, value: int, room: int) -> float:
+    for v, w in ITEMS[level:]:
+        if w > room:
+            return value + v * room / w
+        value, room = value + v, room - w
+    return value
+
+
+def expand_plain(level: int, value: int, room: int) -> list:
+    v, w = ITEMS[level]
+    take = [(level + 1, value + v, room - w)] if w <= room else []
+    return [*take, (level + 1, value, room)]
+
+
+expand = coroutine(inline=False)(expand_plain)
+
+
+def _push(heap: list, node: tuple) -> None:
+    heapq.heappush(heap, (-bound(*node), node))
+
+
+def _pop_promising(heap: list, best: int) -> tuple | None:
+    """The open node of highest bound that can still beat ``best`` (bounds
+    checked against the best found so far, when the node is taken)."""
+    while heap:
+        neg, node = heapq.heappop(heap)
+        if -neg > best:
+            return node
+    return None
+
+
+@coroutine
+def knapsack_group():
+    """Best-first: the best value updated as each node finishes, 8 in flight."""
+    best, expanded, heap = 0, 0, []
+    with dask_coro.group() as g:
+        g.spawn(expand(0, 0, CAPACITY))
+        while g:
+            _, nodes = yield g.next()
+            expanded += 1
+            for level, value, room in nodes:
+                best = max(best, value)
+                if level < len(ITEMS):
+                    _push(heap, (level, value, room))
+            while len(g) < 8 and (node := _pop_promising(heap, best)) is not None:
+                g.spawn(expand(*node))
+    return best, expanded
+
+
+@coroutine
+def knapsack_waves():
+    """What the docs allowed before groups: waves of 8 best-first nodes, the
+    best value updated between waves."""
+    best, expanded, heap = 0, 0, [(-bound(0, 0, CAPACITY), (0, 0, CAPACITY))]
+    while True:
+        wave = []
+        while len(wave) < 8 and (node := _pop_promising(heap, best)) is not None:
+            wave.append(node)
+        if not wave:
+            break
+        results = yield [expand(*n) for n in wave]
+        expanded += len(wave)
+        for nodes in results:
+            for level, value, room in nodes:
+                best = max(best, value)
+                if level < len(ITEMS):
+                    _push(heap, (level, value, room))
+    return best, expanded
+
+
+def knapsack_plain():
+    best, expanded, heap = 0, 0, []
+    with worker_client() as client:
+        ac = as_completed([client.submit(expand_plain, 0, 0, CAPACITY, pure=False)])
+        inflight = 1
+        for fut in ac:
+            inflight -= 1
+            expanded += 1
+            for level, value, room in fut.result():
+                best = max(best, value)
+                if level < len(ITEMS):
+                    _push(heap, (level, value, room))
+            while inflight < 8 and (node := _pop_promising(heap, best)) is not None:
+                ac.add(client.submit(expand_plain, *node, pure=False))
+                inflight += 1
+    return best, expanded
+
+
+def knapsack_exact() -> int:
+    table = [0] * (CAPACITY + 1)
+    for v, w in ITEMS:
+        for room in range(CAPACITY, w - 1, -1):
+            table[room] = max(table[room], table[room - w] + v)
+    return table[CAPACITY]
+
+
+# -- successive halving ------------------------------------------------------------------
+
+
+def score_plain(config: int, budget: int) -> float:
+    time.sleep(0.002 * budget)
+    noise = ((config * 7919 + budget * 104729) % 13 - 6) / budget
+    return -((config - 21) ** 2) + noise
+
+
+score = coroutine(inline=False)(score_plain)
+
+
+@coroutine
+def halving_group(configs: list, budget: int):
+    while len(configs) > 1:
+        with dask_coro.group(limit=8) as g:
+            for c in configs:
+                g.spawn(score(c, budget))
+            scores = yield g.all()
+        ranked = sorted(zip(scores, configs), reverse=True)
+        configs = [c for _, c in ranked[: len(configs) // 2]]
+        budget *= 2
+    return configs[0]
+
+
+def halving_plain(configs: list, budget: int):
+    with worker_client() as client:
+        while len(configs) > 1:
+            scores = client.gather(client.map(score_plain, configs, [budget] * len(configs), pure=False))
+            ranked = sorted(zip(scores, configs), reverse=True)
+            configs = [c for _, c in ranked[: len(configs) // 2]]
+            budget *= 2
+    return configs[0]
+
+
+# -- harness -------------------------------------------------------------------------------
+
+
+def _tasks_done(dask_scheduler):
+    return dask_scheduler.plugins["bench-groups-count"].done
+
+
+class _Count(SchedulerPlugin):
+    name = "bench-groups-count"
+
+    def __init__(self):
+        self.done = 0
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        if finish == "memory":
+            self.done += 1
+
+
+def measure(client: Client, fn) -> tuple[float, object, int, int]:
+    """(seconds, value, tasks that finished, peak OS threads of the busiest worker)."""
+    before = client.run_on_scheduler(_tasks_done)
+    with worker_sampler(client) as sampler:
+        t = time.perf_counter()
+        value = fn()
+        elapsed = time.perf_counter() - t
+    return elapsed, value, client.run_on_scheduler(_tasks_done) - before, sampler.peak["threads_max"]
+
+
+def _keys_left(dask_scheduler, prefixes):
+    return sum(1 for k in dask_scheduler.tasks if str(k).split("-")[0] in prefixes)
+
+
+def gone_within(client: Client, prefixes: tuple, limit: float = 10.0) -> float:
+    t = time.perf_counter()
+    while client.run_on_scheduler(_keys_left, prefixes=prefixes):
+        if time.perf_counter() - t > limit:
+            return float("inf")
+        time.sleep(0.01)
+    return time.perf_counter() - t
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--only", default="crawl,race,knapsack,halving")
+    p.add_argument("--no-ray", action="store_true")
+    p.add_argument("--race-runs", type=int, default=20)
+    args = p.parse_args(argv)
+    only = set(args.only.split(","))
+    rows: list[str] = []
+    pages = site("site")
+    ideal = sum(fetch_time(u) for u in pages) / 8
+    with dask.config.set({"coro.inline.enabled": True}), \
+            LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0") as lc, \
+            Client(lc) as client:
+        client.register_plugin(_Count())
+        client.submit(lambda: 0).result()
+        if "crawl" in only:
+            t, n, tasks, threads = measure(client, lambda: client.compute(crawl_group("site")).result())
+            assert n == len(pages), (n, len(pages))
+            rows.append(f"| crawl ({len(pages)} pages, 8 in flight) | group | {t:.2f} s ({t / ideal:.2f} x ideal {ideal:.2f} s) | {tasks} | {threads} |")
+            t2, n2, tasks2, threads2 = measure(client, lambda: client.submit(crawl_plain, "site", pure=False).result())
+            assert n2 == len(pages)
+            rows.append(f"| | plain Dask (worker_client + as_completed.add) | {t2:.2f} s ({t2 / ideal:.2f} x ideal; group/plain {t / t2:.2f}) | {tasks2} | {threads2} |")
+        if "race" in only:
+            for name, run, prefixes in (
+                ("group", lambda: client.compute(race_group(1.0)).result(), ("strategy", "work")),
+                ("plain Dask (wait FIRST_COMPLETED, timeout; cancel)", lambda: client.submit(race_plain, 1.0, pure=False).result(), ("strategy_plain",)),
+            ):
+                answers, gone = [], []
+                for _ in range(args.race_runs):
+                    _, _, elapsed = run()
+                    answers.append(elapsed)
+                    gone.append(gone_within(client, prefixes))
+                within = sum(a <= 1.2 for a in answers)
+                cleared = sum(g <= 1.0 for g in gone)
+                rows.append(
+                    f"| race (deadline 1 s, {args.race_runs} runs) | {name} | answer at {min(answers):.2f}-{max(answers):.2f} s, "
+                    f"{within}/{len(answers)} by deadline + 0.2 s | trees gone within 1 s: {cleared}/{len(gone)} "
+                    f"(slowest {max(gone):.2f} s) | |"
+                )
+        if "knapsack" in only:
+            exact = knapsack_exact()
+            with dask.config.set({"coro.inline.enabled": False}):
+                t, (best, expanded), tasks, threads = measure(client, lambda: client.compute(knapsack_group()).result())
+                tw, (bestw, expandedw), tasksw, threadsw = measure(client, lambda: client.compute(knapsack_waves()).result())
+            tp, (bestp, expandedp), tasksp, threadsp = measure(client, lambda: client.submit(knapsack_plain, pure=False).result())
+            assert best == bestw == bestp == exact, (best, bestw, bestp, exact)
+            rows.append(f"| knapsack (24 items, best-first, every call a task, 8 in flight) | group | {t:.2f} s (group/plain {t / tp:.2f}), {expanded} nodes | {tasks} | {threads} |")
+            rows.append(f"| | waves of 8 (dask_coro without groups) | {tw:.2f} s, {expandedw} nodes | {tasksw} | {threadsw} |")
+            rows.append(f"| | plain Dask (worker_client + as_completed.add) | {tp:.2f} s, {expandedp} nodes | {tasksp} | {threadsp} |")
+        if "halving" in only:
+            configs = list(range(64))
+            t, best, tasks, threads = measure(client, lambda: client.compute(halving_group(configs, 4)).result())
+            tp, bestp, tasksp, threadsp = measure(client, lambda: client.submit(halving_plain, configs, 4, pure=False).result())
+            assert best == bestp == 21, (best, bestp)
+            rows.append(f"| successive halving (64 configs) | group | {t:.2f} s | {tasks} | {threads} |")
+            rows.append(f"| | plain Dask (worker_client + gather) | {tp:.2f} s | {tasksp} | {threadsp} |")
+    print("| program | system | time to answer | tasks run | peak threads (busiest worker) |")
+    print("|---|---|---|---|---|")
+    print("\n".join(rows), flush=True)
+    if not args.no_ray:
+        try:
+            print("\n".join(ray_rows(only, pages, ideal, args.race_runs)))
+        except Exception as e:  # Ray could not start (a loaded machine: its GCS times out)
+            print(f"| (Ray) | did not start: {e!r} | | | |")
+
+
+def ray_rows(only: set, pages: list, ideal: float, race_runs: int) -> list[str]:
+    try:
+        import ray
+    except ImportError:
+        return ["| (Ray) | not installed | | | |"]
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    rows = []
+    try:
+        @ray.remote
+        def rfetch(url):
+            time.sleep(fetch_time(url))
+            return links_of(url)
+
+        if "crawl" in only:
+            t = time.perf_counter()
+            queue, inflight, n = ["site"], [], 0
+            while queue or inflight:
+                while queue and len(inflight) < 8:
+                    inflight.append(rfetch.remote(queue.pop(0)))
+                ready, inflight = ray.wait(inflight, num_returns=1)
+                n += 1
+                queue += ray.get(ready[0])
+            t = time.perf_counter() - t
+            assert n == len(pages)
+            rows.append(f"| crawl | Ray (ray.wait, 8 in flight) | {t:.2f} s ({t / ideal:.2f} x ideal) | {n} | |")
+
+        @ray.remote
+        def rstrategy(depth, seconds):
+            if depth == 0:
+                time.sleep(seconds)
+                return 1
+            return sum(ray.get([rstrategy.remote(depth - 1, seconds) for _ in range(2)]))
+
+        if "race" in only:
+            answers = []
+            for _ in range(min(race_runs, 5)):
+                t = time.perf_counter()
+                refs = [rstrategy.remote(3, 0.8), rstrategy.remote(4, 0.5)]
+                ready, _ = ray.wait(refs, num_returns=1, timeout=1.0)
+                answers.append(time.perf_counter() - t)
+                for r in refs:
+                    ray.cancel(r, recursive=True, force=True)
+                time.sleep(1)
+            rows.append(f"| race | Ray (ray.wait timeout, ray.cancel recursive) | answer at {min(answers):.2f}-{max(answers):.2f} s ({len(answers)} runs) | | |")
+
+        @ray.remote
+        def rexpand(level, value, room):
+            return expand_plain(level, value, room)
+
+        if "knapsack" in only:
+            t = time.perf_counter()
+            best, expanded, heap = 0, 0, []
+            inflight = [rexpand.remote(0, 0, CAPACITY)]
+            while inflight:
+                ready, inflight = ray.wait(inflight, num_returns=1)
+                expanded += 1
+                for level, value, room in ray.get(ready[0]):
+                    best = max(best, value)
+                    if level < len(ITEMS):
+                        _push(heap, (level, value, room))
+                while len(inflight) < 8 and (node := _pop_promising(heap, best)) is not None:
+                    inflight.append(rexpand.remote(*node))
+            t = time.perf_counter() - t
+            assert best == knapsack_exact()
+            rows.append(f"| knapsack | Ray (ray.wait, 8 in flight) | {t:.2f} s, {expanded} nodes | {expanded} | |")
+
+        @ray.remote
+        def rscore(config, budget):
+            return score_plain(config, budget)
+
+        if "halving" in only:
+            t = time.perf_counter()
+            configs, budget = list(range(64)), 4
+            while len(configs) > 1:
+                scores = ray.get([rscore.remote(c, budget) for c in configs])
+                ranked = sorted(zip(scores, configs), reverse=True)
+                configs = [c for _, c in ranked[: len(configs) // 2]]
+                budget *= 2
+            t = time.perf_counter() - t
+            assert configs[0] == 21
+            rows.append(f"| successive halving | Ray (ray.get per round) | {t:.2f} s | | |")
+    finally:
+        ray.shutdown()
+    return rows
+
+
+if __name__ == "__main__":
+    main()

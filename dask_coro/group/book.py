@@ -1,0 +1,243 @@
+"""The pure part of a group: its children, its limit, and the order it
+delivers them in.
+
+No distributed, no event loop, no thread: the glue (``group/api.py`` and
+``group/worker.py``) feeds it what happened (a child spawned, finished,
+was cancelled) and does what it answers (start these children, deliver that
+one). Tests drive it alone (``tests/test_group_book.py``).
+
+A child moves through::
+
+    spawned -> QUEUED -----------> STARTED -> DONE -> DELIVERED
+                 (over the limit)     \\          \\
+                                       +-> CANCELLED (the group closed first)
+
+``limit`` bounds the children STARTED and not yet DONE; the rest wait
+QUEUED, as plain objects in the parent (no key, task, thread or slot): one
+``Child`` (five slots) and its place in a deque. DONE children wait to be
+delivered in the order they finished (``ready``), unless a replay prescribes
+another: a parent run again after its worker died is given the children it
+had already been given, in the same order (``replay``), and only then goes on
+in completion order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+QUEUED = 0
+STARTED = 1
+DONE = 2
+DELIVERED = 3
+CANCELLED = 4
+
+_NAMES = ("queued", "started", "done", "delivered", "cancelled")
+
+
+class Child:
+    """One child of a group: what ``Group.spawn`` returns (the handle).
+
+    ``index`` is its place in spawn order (its key derives from it on a
+    cluster). ``obj`` is what was spawned, dropped once it started (the task
+    holds it then) or ended. ``outcome`` is ``(True, value)`` or ``(False,
+    error)`` once DONE, dropped once delivered.
+    """
+
+    __slots__ = ("group", "index", "obj", "state", "outcome", "__weakref__")
+
+    def __init__(self, group: Any, index: int, obj: Any):
+        self.group = group
+        self.index = index
+        self.obj = obj
+        self.state = QUEUED
+        self.outcome: tuple[bool, Any] | None = None
+
+    def done(self) -> bool:
+        """Whether this child has ended: finished (delivered or not) or cancelled."""
+        return self.state >= DONE
+
+    def cancelled(self) -> bool:
+        return self.state == CANCELLED
+
+    def cancel(self) -> None:
+        """Cancel this child: queued, it never starts; a coroutine child is
+        closed at its current yield; a running plain function runs on and its
+        result is dropped. It is never delivered. No-op once done."""
+        self.group.cancel_child(self)
+
+    def __repr__(self) -> str:
+        name = getattr(self.group, "name", "group")
+        return f"<child {self.index} of {name} ({_NAMES[self.state]})>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled with a child's error that names it (a task's error goes to
+        # the client): its place and name, not its group, which lives here.
+        return _detached, (self.index, getattr(self.group, "name", "group"), self.state)
+
+
+class _Detached:
+    """A child's handle away from its group (unpickled): its name only."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def cancel_child(self, child: Child) -> None:
+        pass  # its group is in another process, or gone
+
+
+def _detached(index: int, name: str, state: int) -> Child:
+    child = Child(_Detached(name), index, None)
+    child.state = state
+    return child
+
+
+class GroupBook:
+    """The children of one group and what to do next (see the module).
+
+    ``spawn`` returns the new child and whether to start it now; ``finished``
+    records a started child's outcome and returns the queued children to
+    start in its place; ``take`` names the next child to deliver, or None
+    (wait for one to finish); ``cancel_all`` says what to stop.
+    """
+
+    __slots__ = ("limit", "children", "queued", "started", "ready", "left", "replay", "replayed",
+                 "delivered", "closed")
+
+    def __init__(self, limit: int | None = None, replay: Iterable[int] = ()):
+        if limit is not None and (type(limit) is not int or limit < 1):
+            raise ValueError(f"group limit must be a positive int or None, not {limit!r}")
+        self.limit = limit
+        self.children: list[Child] = []  # by index; a child stays while the group lives
+        self.queued: deque[Child] = deque()  # spawned over the limit, oldest first
+        self.started = 0  # STARTED, not DONE
+        self.ready: deque[Child] = deque()  # DONE, not delivered: completion order
+        self.left = 0  # spawned, not delivered nor cancelled: len(group)
+        #: Indices a previous run of the parent delivered, in that order:
+        #: delivered first, in that order, whatever order they finish in now.
+        self.replay: list[int] = list(replay)
+        self.replayed = 0
+        #: Indices delivered by this run, in order (what a replay would need).
+        self.delivered: list[int] = []
+        self.closed = False
+
+    def spawn(self, group: Any, obj: Any) -> tuple[Child, bool]:
+        """A new child of ``obj``; True if it starts now (within the limit)."""
+        if self.closed:
+            raise RuntimeError("spawn() on a group that was closed")
+        child = Child(group, len(self.children), obj)
+        self.children.append(child)
+        self.left += 1
+        if self.limit is None or self.started < self.limit:
+            child.state = STARTED
+            self.started += 1
+            return child, True
+        self.queued.append(child)
+        return child, False
+
+    def finished(self, child: Child, ok: bool, value: Any) -> list[Child]:
+        """``child`` (started) ended with ``value`` (``ok``) or an error; the
+        queued children to start now, in spawn order. A child cancelled
+        meanwhile stays cancelled: its outcome is dropped."""
+        if child.state != STARTED:
+            return []
+        self.started -= 1
+        child.state = DONE
+        child.obj = None
+        child.outcome = (ok, value)
+        self.ready.append(child)
+        return self._fill()
+
+    def _fill(self) -> list[Child]:
+        out = []
+        queued = self.queued
+        while queued and (self.limit is None or self.started < self.limit):
+            c = queued.popleft()
+            c.state = STARTED
+            self.started += 1
+            out.append(c)
+        return out
+
+    def take(self) -> Child | None:
+        """The next child to deliver, now DELIVERED (its outcome is the
+        caller's: ``pop_outcome``), or None if none may be delivered yet.
+        A replay's next child first; else the first to have finished."""
+        if self.replayed < len(self.replay):
+            index = self.replay[self.replayed]
+            if index >= len(self.children):
+                return None  # not spawned yet by this run
+            child = self.children[index]
+            if child.state != DONE:
+                return None  # wait for that one
+            self.replayed += 1
+            self.ready.remove(child)
+        elif self.ready:
+            child = self.ready.popleft()
+        else:
+            return None
+        child.state = DELIVERED
+        self.left -= 1
+        self.delivered.append(child.index)
+        return child
+
+    def replaying(self) -> Child | None:
+        """The child a replay waits for next (spawned, not done), or None."""
+        if self.replayed < len(self.replay):
+            index = self.replay[self.replayed]
+            if index < len(self.children):
+                return self.children[index]
+        return None
+
+    def pending(self) -> list[Child]:
+        """Children spawned and not yet delivered nor cancelled, in spawn order."""
+        return [c for c in self.children if c.state in (QUEUED, STARTED, DONE)]
+
+    def first_started(self) -> Child | None:
+        """The oldest child started and not done (without a cluster, the next
+        to run), or, with none started, None."""
+        want = self.replaying()
+        if want is not None and want.state == STARTED:
+            return want
+        for c in self.children:
+            if c.state == STARTED:
+                return c
+        return None
+
+    def cancel(self, child: Child) -> bool:
+        """Cancel one child; True if it was started (its task must be
+        stopped), False if it was queued (dropped here) or had ended."""
+        state = child.state
+        if state == QUEUED:
+            self.queued.remove(child)
+        elif state == STARTED:
+            self.started -= 1
+        elif state == DONE:
+            self.ready.remove(child)
+        else:
+            return False
+        child.state = CANCELLED
+        child.obj = None
+        child.outcome = None
+        self.left -= 1
+        return state == STARTED
+
+    def cancel_all(self) -> list[Child]:
+        """Close the group: every child not delivered is cancelled; the ones
+        that were started (their tasks to stop), in spawn order."""
+        self.closed = True
+        out = []
+        for c in self.children:
+            if c.state in (QUEUED, STARTED, DONE) and self.cancel(c):
+                out.append(c)
+        self.queued.clear()
+        return out
+
+    def fill(self) -> list[Child]:
+        """Queued children that may start now (after a cancel freed room)."""
+        return [] if self.closed else self._fill()
+
+    def __len__(self) -> int:
+        return self.left

@@ -1,0 +1,347 @@
+"""A group in a body running on a distributed worker.
+
+Every child is a task: the run submits it as it submits a yield's children
+(``_Run.start_children``: a key derived from the run's key, the group's
+number and the child's index; ranked as the run's child, annotated with the
+parent's key, so ``DurablePlugin`` holds it for a re-run). The spawns of one
+step go in one message. A task per child, never a call run inline: a group
+exists to act on each child as it finishes, and a child run inline would
+make the body wait for all of it, so neither a first-of nor a deadline could
+hold.
+
+Threads: the body (``spawn``, ``next``) runs on the run's lane; children's
+results arrive on the worker's event loop. The group's book is shared under
+its lock. ``next()`` runs ``_next`` in place (``InPlace``): it takes a child
+the book has ready, else awaits a future of the lane's loop, which the
+worker's loop sets when a child finishes or the deadline passes (the engine
+hands that await to the runner as any asyncio await of an async body: the
+run waits without a thread, ``core.engine.Await``). The deadline is a timer
+on the worker's event loop (``call_at``): no thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from .._exceptions import BaseExceptionError
+from .._internals import distributed_private as private
+from ..durability.scheduler import GROUP_LOG
+from .book import CANCELLED, Child
+from .request import Request
+
+if TYPE_CHECKING:
+    from distributed import Future
+
+#: The group (``api.Group``; not imported: it imports this module).
+_Group = Any
+
+
+logger = logging.getLogger("dask_coro")
+
+
+class WorkerBackend:
+    def __init__(self, group: _Group, run: Any):
+        self.group = group
+        self.run = run
+        self.loop: asyncio.AbstractEventLoop = run.loop  # the worker's
+        self.ident = run.ident("group")
+        group.name = f"group {self.ident[2]} of {run.key!r}"
+        self.futures: dict[int, Future] = {}  # started children's futures, by index
+        self.pending: list[Child] = []  # to submit on the loop's next turn
+        self.flushing = False
+        self.waiter: asyncio.Future[None] | None = None  # of the lane's loop
+        self.timer: asyncio.TimerHandle | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.durable = False  # DurablePlugin keeps what this group delivered
+        self.settled: list[tuple[Child, Future]] = []  # ended, to gather
+        self.watchers: dict[int, asyncio.Task[None]] = {}  # by index, until settled
+        self.gathering = False
+        # Set once the replay (what an earlier run of the parent was given)
+        # and the deadline are known: the first take waits for it.
+        self.ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self.loop.call_soon_threadsafe(self._spawn_task, self._prepare())
+
+    def check(self, x: Any) -> None:
+        pass  # planning it raises (at the next wait) what a yield would
+
+    # -- on the lane (the body's thread) -------------------------------------
+
+    def start(self, children: list[Child]) -> None:
+        with self.group.lock:
+            self.pending.extend(children)
+            if self.flushing:
+                return
+            self.flushing = True
+        self.loop.call_soon_threadsafe(self._flush)
+
+    def stop(self, children: list[Child], closing: bool) -> None:
+        self.loop.call_soon_threadsafe(self._stop, children, closing)
+
+    def request(self, kind: str) -> Request:
+        fn = {"next": _next, "all": _all, "aclose": _aclose}[kind]
+        return Request(fn, self.group)
+
+    def delivered(self, child: Child, replayed: bool) -> None:
+        """``child`` was taken for the body (on the lane): record it for a
+        re-run, unless it was replayed (recorded by the run that took it first)."""
+        if self.durable and not replayed:
+            self.loop.call_soon_threadsafe(self._spawn_task, self._log(index=child.index))
+
+    # -- on the worker's loop ---------------------------------------------------
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _prepare(self) -> None:
+        """Ask the scheduler what an earlier run of the parent was given by
+        this group (its order, its deadline); take the tighter of our
+        deadline and the one our own task carries (a child of a group with a
+        deadline); arm the timer."""
+        g = self.group
+        try:
+            inherited = self.run.annotations().get("dask_coro_deadline")
+            if inherited is not None and (g.deadline is None or inherited < g.deadline):
+                g.deadline = inherited
+            self.durable = await self.run.durable()
+            if self.durable:
+                log = await self.run.worker.scheduler.dask_coro_group_replay(key=self.run.key, group=self.ident[2])
+                with g.lock:
+                    if log["deadline"] is not None:
+                        g.deadline = log["deadline"]  # the first run's
+                    g.book.replay = list(log["order"])
+                if g.deadline is not None and log["deadline"] is None:
+                    await self._log(deadline=g.deadline)
+        except Exception as e:  # the scheduler is going; the group goes on without a replay
+            logger.warning("%s: no replay of an earlier run: %r", g.name, e)
+        finally:
+            if g.deadline is not None and not g.book.closed:
+                self._arm()
+            self.ready.set_result(None)
+            with g.lock:
+                waiter, self.waiter = self.waiter, None
+            _wake(waiter)
+
+    async def _log(self, index: int | None = None, deadline: float | None = None) -> None:
+        client = await self.run.client()
+        msg = {"op": GROUP_LOG, "key": self.run.key, "group": self.ident[2], "index": index, "deadline": deadline}
+        private.send_on_client_stream(client, msg)
+
+    def _arm(self) -> None:
+        deadline = self.group.deadline
+        assert deadline is not None
+        self.timer = self.loop.call_later(max(0.0, deadline - time.time()), self._expire)
+
+    def _expire(self) -> None:
+        self.timer = None
+        if self.group.book.closed:
+            return
+        self._stop(self.group.expire(), closing=True)
+
+    def _flush(self) -> None:
+        with self.group.lock:
+            batch, self.pending = self.pending, []
+            self.flushing = False
+        batch = [c for c in batch if c.state != CANCELLED]
+        if batch:
+            task = asyncio.ensure_future(self._submit(batch))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _submit(self, batch: list[Child]) -> None:
+        g = self.group
+        objs = [c.obj for c in batch]
+        for c in batch:
+            c.obj = None  # the task holds it now
+        try:
+            futures = await self.run.start_children(
+                objs, [(c.index,) for c in batch], self.ident,
+                {"dask_coro_deadline": g.deadline} if g.deadline is not None else None,
+            )
+        except Exception as e:  # planning failed (a bad graph, a lost Future): each child's error
+            for c in batch:
+                self._finished(c, False, e)
+            return
+        del objs
+        for c, f in zip(batch, futures, strict=True):
+            if c.state == CANCELLED:
+                self.run.release([f])
+                continue
+            self.futures[c.index] = f
+            self.watchers[c.index] = asyncio.ensure_future(self._watch(c, f))
+
+    async def _watch(self, child: Child, future: Future) -> None:
+        """Wait until the client hears that ``future`` ended (no message),
+        then gather it with every other child that ended meanwhile: one
+        ``gather`` for the children of one turn of the loop, as a yield
+        gathers its children, not one each."""
+        try:
+            await private.future_settled(future)
+        except asyncio.CancelledError:
+            return  # the group let go of it (``_stop``)
+        finally:
+            self.watchers.pop(child.index, None)
+        if child.state == CANCELLED:
+            return
+        self.settled.append((child, future))
+        if not self.gathering:
+            self.gathering = True
+            self._spawn_task(self._gather_settled())
+
+    async def _gather_settled(self) -> None:
+        try:
+            await asyncio.sleep(0)  # the children settling this turn join
+            while self.settled:
+                batch, self.settled = self.settled, []
+                batch = [(c, f) for c, f in batch if c.state != CANCELLED]
+                if not batch:
+                    continue
+                futures = [f for _, f in batch]
+                try:
+                    values = await futures[0].client.gather(futures, asynchronous=True)
+                except BaseException:  # a child's error (any class): each child on its own
+                    for c, f in batch:
+                        self._spawn_task(self._gather_one(c, f))
+                    continue
+                for (c, _), v in zip(batch, values, strict=True):
+                    self._finished(c, True, v)
+        finally:
+            self.gathering = False
+            if self.settled:  # settled while we finished
+                self.gathering = True
+                self._spawn_task(self._gather_settled())
+
+    async def _gather_one(self, child: Child, future: Future) -> None:
+        try:
+            value = await future.client.gather(future, asynchronous=True)
+        except asyncio.CancelledError:
+            if child.state == CANCELLED:
+                return
+            raise
+        except BaseException as e:  # a child's error, a BaseException too
+            if child.state == CANCELLED:
+                return  # released by the group: its error is of no one
+            if type(e) is BaseExceptionError:
+                e = e.error
+            self._finished(child, False, e)
+            return
+        self._finished(child, True, value)
+
+    def _finished(self, child: Child, ok: bool, value: Any) -> None:
+        g = self.group
+        with g.lock:
+            more = g.book.finished(child, ok, value)
+            waiter, self.waiter = self.waiter, None
+        f = self.futures.pop(child.index, None)
+        if f is not None:
+            self.run.release([f])  # consumed: held for a re-run within the budget
+        if more:
+            self.start(more)
+        _wake(waiter)
+
+    def _stop(self, children: list[Child], closing: bool) -> None:
+        """Let go of the children's tasks (the scheduler cancels those nobody
+        else wants; a coroutine child's run closes its body)."""
+        out = [f for f in (self.futures.pop(c.index, None) for c in children) if f is not None]
+        for c in children:
+            watcher = self.watchers.pop(c.index, None)
+            if watcher is not None:
+                watcher.cancel()  # a released future's state never settles
+        if out:
+            self.run.release(out)
+        if closing:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            with self.group.lock:
+                waiter, self.waiter = self.waiter, None
+            _wake(waiter)
+
+    async def _gone(self, keys: list[Any]) -> None:
+        """Until the scheduler runs none of ``keys`` (forgotten, or finished
+        before the release reached it: held for a re-run)."""
+        client = await self.run.client()
+        delay = 0.005
+        while True:
+            states = await client.scheduler.get_task_status(keys=keys)
+            keys = [k for k, s in states.items() if s not in _ENDED]
+            if not keys:
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
+_ENDED = (None, "memory", "erred", "released", "forgotten")
+
+
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is None:
+        return
+    loop = waiter.get_loop()
+
+    def wake() -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    try:
+        loop.call_soon_threadsafe(wake)
+    except RuntimeError:  # the lane's loop closed: the run is gone
+        pass
+
+
+async def _take(g: _Group) -> Child | None:
+    """The next child to deliver, waiting for one to finish; None if none is
+    left. ``TimeoutError`` once the deadline passed."""
+    backend: WorkerBackend = g.backend
+    if not backend.ready.done():
+        await asyncio.wrap_future(backend.ready)
+    while True:
+        with g.lock:
+            replayed = g.book.replayed
+            child = g.book.take()
+            if child is not None:
+                backend.delivered(child, g.book.replayed != replayed)
+            else:
+                if g.expired:
+                    raise g.timeout_error()
+                if not g.book.left:
+                    return None
+                waiter = backend.waiter = asyncio.get_running_loop().create_future()
+        if child is not None:
+            return child
+        await waiter
+
+
+async def _next(g: _Group) -> tuple[Child, Any]:
+    child = await _take(g)
+    if child is None:
+        raise g.no_child("next")
+    return g.deliver(child)
+
+
+async def _all(g: _Group) -> list[Any]:
+    out: dict[int, Any] = {}
+    while True:
+        child = await _take(g)
+        if child is None:
+            break
+        out[child.index] = g.deliver(child)[1]
+    return [out[i] for i in sorted(out)]
+
+
+async def _aclose(g: _Group) -> None:
+    """Cancel the rest, and wait until the scheduler let go of every child."""
+    backend: WorkerBackend = g.backend
+    with g.lock:
+        stop = [] if g.book.closed else g.book.cancel_all()
+    keys = [backend.futures[c.index].key for c in stop if c.index in backend.futures]
+    backend.stop(stop, closing=True)
+    if keys:
+        await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(backend._gone(keys), backend.loop)
+        )

@@ -1,0 +1,477 @@
+"""``dask_coro.group`` on a cluster, without one, and on the client:
+completion order, spawn while iterating, errors, limit, deadline, and the
+cancellation contract."""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+
+import dask
+import pytest
+from distributed import Client, Event, LocalCluster, SchedulerPlugin, Variable
+from distributed.utils_test import async_poll_for, gen_cluster
+from helpers import cluster
+
+import dask_coro
+from dask_coro import coroutine
+
+
+@coroutine
+def sq(x):
+    return x * x
+
+
+@coroutine
+def boom(x):
+    raise ValueError(f"boom {x}")
+
+
+@coroutine
+def after(name, x):
+    """``x`` once the distributed Event ``name`` is set."""
+    Event(name).wait()
+    return x
+
+
+@coroutine
+def waits_forever(name, tag):
+    """A coroutine child that waits on a child of its own until cancelled;
+    its ``finally`` records that it was closed (a Variable, so it is seen on
+    the scheduler whatever process the child ran in)."""
+    try:
+        yield after(name, tag)
+    finally:
+        Variable(f"closed-{tag}").set(True)
+
+
+class Processing(SchedulerPlugin):
+    """The most tasks of one prefix processing at once, and every key seen."""
+
+    def __init__(self, prefix):
+        self.prefix = prefix
+        self.now: set = set()
+        self.most = 0
+        self.seen: set = set()
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        if not str(key).startswith(self.prefix + "-"):
+            return
+        self.seen.add(key)
+        if finish == "processing":
+            self.now.add(key)
+            self.most = max(self.most, len(self.now))
+        else:
+            self.now.discard(key)
+
+
+# -- completion order -----------------------------------------------------------
+
+
+@coroutine
+def in_order_of_events(n):
+    """Children released one at a time in reverse spawn order: next() gives
+    them back in that order, the order they finished."""
+    out = []
+    with dask_coro.group() as g:
+        for i in range(n):
+            g.spawn(after(f"ev-{i}", i))
+        for i in reversed(range(n)):
+            Event(f"ev-{i}").set()
+            child, value = yield g.next()
+            out.append((child.index, value))
+    return out
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_next_is_completion_order(c, s, a, b):
+    assert await c.compute(in_order_of_events(3)) == [(2, 2), (1, 1), (0, 0)]
+
+
+@pytest.mark.inline
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_next_is_completion_order_with_inline_on(c, s, a, b):
+    # With calls inline, a group's children are still tasks: the order is theirs.
+    assert await c.compute(in_order_of_events(3)) == [(2, 2), (1, 1), (0, 0)]
+
+
+@coroutine
+def expand(limit):
+    """Spawn while iterating: each value below 100 spawns two more children,
+    until 15 were delivered."""
+    seen = []
+    spawned = 1
+    with dask_coro.group(limit=limit) as g:
+        g.spawn(sq(1))
+        while g:
+            _, value = yield g.next()
+            seen.append(value)
+            if value < 100 and len(seen) < 15:
+                g.spawn(sq(value + 1))
+                g.spawn(sq(value + 2))
+                spawned += 2
+    return seen, spawned
+
+
+@pytest.mark.parametrize("limit", [None, 2])
+def test_spawn_while_iterating(limit):
+    @cluster(nthreads=[("", 2), ("", 2)])
+    async def run(c, s, a, b):
+        seen, spawned = await c.compute(expand(limit))
+        # Which children are spawned depends on the order they finish in,
+        # but every child spawned was delivered once, the first is sq(1),
+        # and each value is the square of one spawned.
+        assert len(seen) == spawned
+        assert seen[0] == 1 and all(int(v**0.5) ** 2 == v for v in seen)
+        await async_poll_for(lambda: not s.tasks, timeout=10)
+
+    run()
+
+
+@coroutine
+def gathered(n):
+    with dask_coro.group() as g:
+        for i in range(n):
+            g.spawn(sq(i))
+        first = yield g.next()
+        rest = yield g.all()
+        return first[1], rest, len(g), bool(g)
+
+
+@cluster(nthreads=[("", 2)])
+async def test_all_is_spawn_order_of_what_is_left(c, s, a):
+    first, rest, left, nonempty = await c.compute(gathered(5))
+    assert sorted([first, *rest]) == [0, 1, 4, 9, 16]
+    assert rest == sorted(rest)  # spawn order: the squares increase
+    assert (left, nonempty) == (0, False)
+
+
+@coroutine
+def error_named():
+    with dask_coro.group() as g:
+        g.spawn(sq(2))
+        bad = g.spawn(boom(3))
+        got = []
+        while g:
+            try:
+                _, value = yield g.next()
+                got.append(value)
+            except ValueError as e:
+                got.append((str(e), e.dask_coro_child is bad, f"raised by {bad!r}" in e.__notes__))
+        return got
+
+
+@cluster(nthreads=[("", 2)])
+async def test_a_childs_error_is_raised_at_next_naming_its_handle(c, s, a):
+    got = await c.compute(error_named())
+    assert sorted(got, key=str) == sorted([4, ("boom 3", True, True)], key=str)
+
+
+@coroutine
+async def async_body(n):
+    out = []
+    async with dask_coro.group(limit=2) as g:
+        for i in range(n):
+            g.spawn(sq(i))
+        async for _, v in g:
+            out.append(v)
+        assert not g
+        return sorted(out)
+
+
+@coroutine
+def plain_iteration(n):
+    with dask_coro.group() as g:
+        for i in range(n):
+            g.spawn(sq(i))
+        # A for loop in a generator body waits through dask_coro.result.
+        return sorted(v for _, v in g)
+
+
+@cluster(nthreads=[("", 2)])
+async def test_async_with_and_plain_for(c, s, a):
+    assert await c.compute(async_body(5)) == [0, 1, 4, 9, 16]
+    assert await c.compute(plain_iteration(5)) == [0, 1, 4, 9, 16]
+
+
+def test_without_a_cluster_children_run_one_at_a_time_in_spawn_order():
+    ran = []
+
+    @coroutine
+    def note(i):
+        ran.append(("start", i))
+        ran.append(("end", i))
+        return i
+
+    @coroutine
+    def body():
+        out = []
+        with dask_coro.group(limit=2) as g:
+            for i in range(4):
+                g.spawn(note(i))
+            while g:
+                _, v = yield g.next()
+                out.append(v)
+                # next() ran exactly the child it returned
+                assert ran[-1] == ("end", v)
+        return out
+
+    for inline in (True, False):
+        ran.clear()
+        with dask.config.set({"coro.inline.enabled": inline}):
+            assert dask.compute(body(), scheduler="sync")[0] == [0, 1, 2, 3]
+        assert [r for r in ran if r[0] == "start"] == [("start", i) for i in range(4)]
+    assert dask.compute(error_named(), scheduler="sync")[0] == [4, ("boom 3", True, True)]
+    assert dask.compute(plain_iteration(4), scheduler="sync")[0] == [0, 1, 4, 9]
+    assert dask.compute(async_body(4), scheduler="sync")[0] == [0, 1, 4, 9]
+
+
+# -- limit ------------------------------------------------------------------------
+
+
+@coroutine
+def limited(n, limit):
+    with dask_coro.group(limit=limit) as g:
+        for i in range(n):
+            g.spawn(sq(i))
+        return sorted((yield g.all()))
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_limit_bounds_children_submitted_or_running(c, s, a, b):
+    p = Processing("sq")
+    s.add_plugin(p)
+    assert await c.compute(limited(30, 3)) == sorted(i * i for i in range(30))
+    assert len(p.seen) == 30
+    assert p.most <= 3
+    assert p.most >= 2  # they did run side by side
+
+
+def test_queued_children_cost_under_a_kib_each():
+    """10,000 children spawned under limit=8 while queued: the group's
+    memory, call objects included, measured with tracemalloc in the body."""
+    measured = {}
+
+    @coroutine
+    def body():
+        with dask_coro.group(limit=8) as g:
+            tracemalloc.start()
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(10_000):
+                g.spawn(sq(i))
+            measured["per_child"] = (tracemalloc.get_traced_memory()[0] - before) / 10_000
+            tracemalloc.stop()
+            assert len(g) == 10_000 and g.book.started == 8
+            g.close()
+        return None
+
+    dask.compute(body(), scheduler="sync")
+    assert measured["per_child"] <= 1024, measured
+
+
+# -- deadline -----------------------------------------------------------------------
+
+
+@coroutine
+def with_deadline(tag, timeout):
+    with dask_coro.group(timeout=timeout) as g:
+        g.spawn(waits_forever(f"never-{tag}", tag))
+        g.spawn(sq(3))
+        got = []
+        try:
+            while g:
+                got.append((yield g.next())[1])
+        except TimeoutError as e:
+            return got, str(e)
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_deadline_cancels_children_and_raises_at_next(c, s, a, b):
+    got, message = await c.compute(with_deadline("d1", 0.5))
+    assert got == [9]
+    assert "deadline passed" in message
+    # The coroutine child was closed at its yield (its finally ran) and no
+    # key of the group is left on the scheduler.
+    await async_poll_for(lambda: "closed-d1" in s.extensions["variables"].variables, timeout=10)
+    await async_poll_for(lambda: not s.tasks, timeout=10)
+
+
+@coroutine
+def absolute_deadline():
+    with dask_coro.group(deadline=time.time() - 1) as g:
+        g.spawn(sq(2))
+        try:
+            yield g.next()
+        except TimeoutError:
+            return "expired"
+
+
+@cluster(nthreads=[("", 1)])
+async def test_a_deadline_passed_already(c, s, a):
+    assert await c.compute(absolute_deadline()) == "expired"
+    assert dask.compute(absolute_deadline(), scheduler="sync")[0] == "expired"
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="timeout= must be a number"):
+        dask_coro.group(timeout="1s")
+    with pytest.raises(ValueError, match="timeout= must be >= 0"):
+        dask_coro.group(timeout=-1)
+    with pytest.raises(ValueError, match="positive int"):
+        dask_coro.group(limit=0)
+    g = dask_coro.group()
+    with pytest.raises(RuntimeError, match="inside its block"):
+        g.spawn(sq(1))
+
+
+# -- cancellation ---------------------------------------------------------------------
+
+
+@coroutine
+def first_of(tag):
+    with dask_coro.group() as g:
+        g.spawn(waits_forever(f"never-{tag}", tag))
+        g.spawn(sq(5))
+        _, value = yield g.next()
+        return value  # leaving the block cancels the other
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_return_cancels_the_rest(c, s, a, b):
+    assert await c.compute(first_of("r1")) == 25
+    await async_poll_for(lambda: "closed-r1" in s.extensions["variables"].variables, timeout=10)
+    await async_poll_for(lambda: not s.tasks, timeout=10)
+
+
+@coroutine
+def queued_never_start(tag):
+    with dask_coro.group(limit=1) as g:
+        g.spawn(sq(1))
+        for i in range(5):
+            g.spawn(after(f"never-{tag}", i))
+        _, v = yield g.next()
+        yield g.aclose()  # waits until the scheduler runs none of them
+        return v
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_queued_children_never_start_and_aclose_waits(c, s, a, b):
+    p = Processing("after")
+    s.add_plugin(p)
+    assert await c.compute(queued_never_start("q1")) == 1
+    # Under limit=1 the first of them started after sq finished; the rest never did.
+    assert len(p.seen) <= 1
+    assert not p.now
+    await async_poll_for(lambda: not s.tasks, timeout=10)
+
+
+@coroutine
+def parent_waits(tag):
+    with dask_coro.group() as g:
+        g.spawn(waits_forever(f"never-{tag}", f"{tag}-a"))
+        g.spawn(waits_forever(f"never-{tag}", f"{tag}-b"))
+        try:
+            yield g.next()
+        finally:
+            Variable(f"closed-{tag}-parent").set(True)
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_parent_cancelled_closes_every_child(c, s, a, b):
+    fut = c.compute(parent_waits("p1"))
+    await async_poll_for(lambda: sum(str(k).startswith("after-") for k in s.tasks) == 2, timeout=10)
+    await fut.cancel()
+    variables = s.extensions["variables"].variables
+    await async_poll_for(
+        lambda: {"closed-p1-a", "closed-p1-b", "closed-p1-parent"} <= set(variables), timeout=10
+    )
+    await async_poll_for(lambda: not s.tasks, timeout=10)
+
+
+@coroutine
+def cancel_one(tag):
+    with dask_coro.group() as g:
+        slow = g.spawn(waits_forever(f"never-{tag}", tag))
+        g.spawn(sq(4))
+        slow.cancel()
+        assert slow.done() and slow.cancelled()
+        out = yield g.all()
+        return out, len(g)
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_cancel_one_child(c, s, a, b):
+    assert await c.compute(cancel_one("c1")) == ([16], 0)
+    await async_poll_for(lambda: not any(str(k).startswith("waits_forever") for k in s.tasks), timeout=10)
+
+
+# -- on the client ------------------------------------------------------------------------
+
+
+def test_a_group_of_roots_on_the_client():
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as cluster:
+        with Client(cluster):
+            with dask_coro.group(limit=2) as g:
+                for i in range(5):
+                    g.spawn(sq(i))
+                got = sorted(v for _, v in g)
+            assert got == [0, 1, 4, 9, 16]
+            with dask_coro.group() as g:
+                g.spawn(sq(3))
+                bad = g.spawn(boom(1))
+                values = []
+                with pytest.raises(ValueError, match="boom 1") as info:
+                    while g:
+                        values.append(dask_coro.result(g.next())[1])
+                assert info.value.dask_coro_child is bad
+            with dask_coro.group(timeout=0.3) as g:
+                g.spawn(after("never-client", 1))
+                with pytest.raises(TimeoutError):
+                    dask_coro.result(g.next())
+            deadline = time.time() + 10
+            while cluster.scheduler.tasks and time.time() < deadline:
+                time.sleep(0.05)
+            assert not cluster.scheduler.tasks
+
+
+@gen_cluster(client=True, nthreads=[("", 2)])
+async def test_a_group_of_roots_with_an_asynchronous_client(c, s, a):
+    async with dask_coro.group() as g:
+        for i in range(3):
+            g.spawn(sq(i))
+        got = sorted([v async for _, v in g])
+    assert got == [0, 1, 4]
+
+
+
+@gen_cluster(client=True, nthreads=[("", 2)])
+async def test_a_childs_error_with_an_asynchronous_client(c, s, a):
+    async with dask_coro.group() as g:
+        bad = g.spawn(boom(2))
+        with pytest.raises(ValueError, match="boom 2") as info:
+            await g.next()
+    assert info.value.dask_coro_child is bad
+
+
+@coroutine
+def inner_group(timeout):
+    with dask_coro.group(timeout=timeout) as g:
+        g.spawn(sq(1))
+        yield g.next()
+        return g.deadline
+
+
+@coroutine
+def outer_group(outer, inner):
+    with dask_coro.group(timeout=outer) as g:
+        g.spawn(inner_group(inner))
+        _, got = yield g.next()
+        return got, g.deadline
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_a_coroutine_child_inherits_the_tighter_deadline(c, s, a, b):
+    got, outer = await c.compute(outer_group(600, 3600))
+    assert got == outer  # the parent's, tighter
+    got, outer = await c.compute(outer_group(3600, 600))
+    assert got < outer  # its own, tighter
