@@ -109,6 +109,22 @@ async def test_worker_task_state_and_thread_key(c, s, a):
     assert pv.thread_task_key() is None  # not inside a task here
 
 
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_worker_task_priority_and_annotations_are_the_schedulers(c, s, a):
+    def seen():
+        w = get_worker()
+        key = pv.thread_task_key()
+        return pv.worker_task_priority(w, key), pv.worker_task_annotations(w, key)
+
+    with dask.annotate(team="red"):
+        f = c.compute(dask.delayed(seen)(dask_key_name="seen"))
+    priority, annotations = await f
+    assert priority == s.tasks["seen"].priority  # the worker's own generation left off
+    assert annotations["team"] == "red"
+    assert pv.worker_task_priority(a, "no-such-key") == ()
+    assert pv.worker_task_annotations(a, "no-such-key") == {}
+
+
 def test_a_pool_seat_is_what_secede_and_rejoin_use():
     """threadpoolexecutor.secede removes the thread from the executor's
     _threads (a KeyError when it is not there) and calls _adjust_thread_count;
