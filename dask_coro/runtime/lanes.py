@@ -212,9 +212,12 @@ class Seats:
                 return
             worst = None
             for other in self._seated:
-                if other.pause is not None and other.rank > seat.rank:
-                    if worst is None or other.rank > worst.rank:
-                        worst = other
+                try:
+                    if other.pause is not None and other.rank > seat.rank:
+                        if worst is None or other.rank > worst.rank:
+                            worst = other
+                except TypeError:  # ranks that do not compare: neither is older
+                    continue
             if worst is None:
                 return
             self._seated.pop(worst)  # asked once: it gives its seat back soon
