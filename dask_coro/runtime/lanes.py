@@ -29,6 +29,12 @@ wait. Such a step holds its lane meanwhile, as a seceded task holds its
 thread: the lane is not given to new runs, and a new lane is made when every
 lane is held so (lanes beyond the cap go when their last run ends).
 
+Threads of the pool go to waiting steps by their tree's rank (``Seats``):
+an older tree's step first, and one that waits for a thread past
+``PATIENCE`` has the youngest tree's seated step pause at its next inline
+call or yield, give its thread back and ask again behind it (docs/running.md,
+fair progress between trees).
+
 Each lane thread runs an asyncio event loop of its own, and every step runs
 as a callback of that loop: an ``async def`` body may await asyncio
 awaitables (``asyncio.sleep``, a stream, a future of this loop), which the
