@@ -655,6 +655,127 @@ async def test_child_cancelled_by_someone_else_raises_at_the_yield(c, s, a):
 
 
 # --------------------------------------------------------------------------
+# a cancel of what a body waits on, or of a body that never waits
+
+
+def _waited_on(never: str) -> int:
+    Event(never).wait()
+    return 41
+
+
+def _cancel_from_worker(key) -> None:
+    """Cancel ``key`` through this worker's client, the one the body
+    submitted it with (its only wanter, as in plain Dask's own tests)."""
+    client = get_client()
+    client.cancel([Future(key, client)])
+
+
+@coroutine
+def waits_on_own_future(folder: str, never: str, how: str):
+    _append(folder, "starts", how)
+    f = get_client().submit(_waited_on, never, key=f"waited-{never}")
+    try:
+        if how == "yield":
+            x = yield f
+        elif how == "use":
+            x = yield inc(f)
+        else:
+            x = dask_coro.result(f)
+    except FutureCancelledError as e:
+        return type(e).__name__
+    return x
+
+
+@coroutine
+async def awaits_own_future(folder: str, never: str):
+    _append(folder, "starts", "gather")
+    f = get_client().submit(_waited_on, never, key=f"waited-{never}")
+    try:
+        return await dask_coro.gather(f)
+    except FutureCancelledError as e:
+        return type(e).__name__
+
+
+def worker_client_waits_on_own_future(folder: str, never: str):
+    """The same program as a plain ``worker_client`` task."""
+    from distributed import worker_client
+
+    _append(folder, "starts", "worker_client")
+    with worker_client() as client:
+        f = client.submit(_waited_on, never, key=f"waited-{never}")
+        try:
+            return f.result()
+        except FutureCancelledError as e:
+            return type(e).__name__
+
+
+@pytest.mark.parametrize("how", ["yield", "use", "gather", "result", "worker_client"])
+@cluster(nthreads=[("", 2)])
+async def test_cancel_of_a_future_a_body_waits_on_raises_at_the_yield(c, s, a, tmp_path, how):
+    """``client.cancel(f)`` of the Future a body waits on raises
+    ``FutureCancelledError`` there with the default hold, as it does in a
+    ``worker_client`` task: the hold keeps the yield's child of f (``yield
+    f`` waits through a task that depends on f), and distributed cancels a
+    dependent only for its one wanter (``Scheduler.stimulus_cancel``); the
+    hold lets go of it first (``DurablePlugin._cancelling``)."""
+    assert dask_coro._config.get("coro.durability.hold-children")
+    never = f"never-{uuid.uuid4().hex}"
+    folder = str(tmp_path)
+    waited = f"waited-{never}"
+    if how == "worker_client":
+        fut = c.submit(worker_client_waits_on_own_future, folder, never, key="root", pure=False)
+    elif how == "gather":
+        fut = c.compute(awaits_own_future(folder, never, dask_key_name="root"))
+    else:
+        fut = c.compute(waits_on_own_future(folder, never, how, dask_key_name="root"))
+
+    def waiting():
+        ts, f = s.tasks.get("root"), s.tasks.get(waited)
+        return (
+            ts is not None and f is not None and ts.processing_on is not None
+            and ts in ts.processing_on.long_running
+            and (how == "worker_client" or bool(f.dependents))
+        )
+
+    try:
+        await async_poll_for(waiting, timeout=20)
+        await c.submit(_cancel_from_worker, waited, pure=False)
+        # At once, not when f's task ends (never, until the test lets it).
+        assert await asyncio.wait_for(fut, 20) == "FutureCancelledError"
+    finally:
+        await Event(never, client=c).set()
+    assert _lines(tmp_path, "starts") == [how]  # not retried
+    del fut
+    await async_poll_for(lambda: not s.tasks, timeout=20)
+
+
+@coroutine
+def spins(folder: str, plain: bool):
+    """A loop that never waits: each yield resumes at once."""
+    try:
+        i = 0
+        while True:
+            _append(folder, "ticks", str(i))
+            yield (i if plain else tick(folder, -1))
+            i += 1
+    finally:
+        _touch(folder, "spins-finally", "ran")
+
+
+@pytest.mark.parametrize(
+    "plain", [True, False, pytest.param(True, marks=pytest.mark.inline, id="True-inline")]
+)
+@cluster(nthreads=[("", 1)])
+async def test_cancel_closes_a_body_that_yields_plain_values(c, s, a, tmp_path, plain):
+    """A cancel closes a body at its next yield whatever it yields: a plain
+    value (resumed at once, no call, no wait) as a child."""
+    fut = c.compute(spins(str(tmp_path), plain))
+    await async_poll_for(lambda: len(_lines(tmp_path, "ticks")) >= 3, timeout=20)
+    await c.cancel(fut)
+    await _assert_tree_stopped(s, [a], tmp_path, ["spins-finally"])
+
+
+# --------------------------------------------------------------------------
 # a worker dies under a waiting parent
 
 

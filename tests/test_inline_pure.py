@@ -1025,6 +1025,44 @@ def test_stop_is_read_before_every_inline_call():
     assert t.close() == []
 
 
+def test_paused_run_goes_on_with_the_call_that_was_next():
+    """A stop the caller clears is a pause (the worker runner gives the
+    thread to an older tree's step): ``run()`` goes on with the next inline
+    call, every call run once, in order, in every kind of yield."""
+    t = make()
+    calls = []
+
+    @coroutine
+    def leaf(i):
+        calls.append(i)
+        if i % 3 == 2:
+            t.stop = True  # a pause asked for from another thread
+        return i
+
+    @coroutine
+    def pair(i):
+        a, b = yield [leaf(i), leaf(i + 1)]
+        return a + b
+
+    @coroutine
+    def many():
+        total = 0
+        for i in range(0, 12, 2):
+            total += yield pair(i)
+        more = yield {"x": leaf(100), "y": [leaf(101), leaf(102)]}
+        return total, more
+
+    out = t.start(many.__wrapped__, (), {}, "root-scope")
+    stops = 0
+    while type(out) is Stopped:
+        stops += 1
+        t.stop = False
+        out = t.run()
+    assert returned(out) == (sum(range(12)), {"x": 100, "y": [101, 102]})
+    assert calls == [*range(12), 100, 101, 102]
+    assert stops == 5  # after leaf 2, 5, 8, 11 and 101 (read before the next call)
+
+
 # --------------------------------------------------------------------------
 # values computed in place, and the calls they need, handed out
 

@@ -110,13 +110,18 @@ async def test_worker_task_state_and_thread_key(c, s, a):
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
-async def test_worker_task_annotations(c, s, a):
-    def annotations_of_self():
-        return pv.worker_task_annotations(get_worker(), pv.thread_task_key())
+async def test_worker_task_priority_and_annotations_are_the_schedulers(c, s, a):
+    def seen():
+        w = get_worker()
+        key = pv.thread_task_key()
+        return pv.worker_task_priority(w, key), pv.worker_task_annotations(w, key)
 
-    with dask.annotate(dask_coro_deadline=12.5):
-        got = await c.compute(dask.delayed(annotations_of_self, pure=False)())
-    assert got.get("dask_coro_deadline") == 12.5
+    with dask.annotate(team="red"):
+        f = c.compute(dask.delayed(seen)(dask_key_name="seen"))
+    priority, annotations = await f
+    assert priority == s.tasks["seen"].priority  # the worker's own generation left off
+    assert annotations["team"] == "red"
+    assert pv.worker_task_priority(a, "no-such-key") == ()
     assert pv.worker_task_annotations(a, "no-such-key") == {}
 
 

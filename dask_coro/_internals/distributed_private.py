@@ -49,6 +49,17 @@ def worker_task_state(worker: Any, key: Key) -> str | None:
     return None if ts is None else ts.state
 
 
+def worker_task_priority(worker: Any, key: Key) -> tuple[Any, ...]:
+    """The priority the scheduler gave ``key`` (``TaskState.priority`` on the
+    worker is the scheduler's, from ``ComputeTaskEvent.priority``, plus the
+    worker's own generation, a count down by arrival, which we leave off);
+    ``()`` if the worker does not know it."""
+    ts = worker.state.tasks.get(key)
+    if ts is None or not ts.priority:
+        return ()
+    return tuple(ts.priority[:-1])
+
+
 def worker_knows(worker: Any, key: Key) -> bool:
     """Whether ``key`` is still in the worker's state machine (it is popped
     when the key leaves the worker)."""

@@ -326,7 +326,10 @@ class Submit:
 
 
 class Stopped:
-    """``cancelled()`` said so: the caller closes the trampoline."""
+    """``cancelled()`` said so, or the caller set ``stop``: the caller closes
+    the trampoline, or, after ``stop`` (with ``stop`` cleared), goes on with
+    ``run()``: a pause between two inline calls, which resumes with the call
+    that was next."""
 
     __slots__ = ()
 
@@ -447,8 +450,9 @@ class Trampoline:
         self.idle = idle or _NO_IDLE
         self.cancelled = cancelled
         self.check_every = check_every
-        #: Set by the caller when the run must stop (its task was cancelled):
-        #: read before every inline call, which then returns ``Stopped``.
+        #: Set by the caller when the run must stop (its task was cancelled)
+        #: or pause (its thread is wanted): read before every inline call,
+        #: which then returns ``Stopped``; ``run()`` goes on after a pause.
         self.stop = False
         self.localize = localize
         self.stack: list[Frame] = []
@@ -903,6 +907,11 @@ class Trampoline:
                         if top.sent < len(top.remote) or self._has_unstarted():
                             return Submit(self._promote_all(), True, top)
                         return Submit([], True, top)
+                    if self.stop:
+                        # Cancelled (or paused) at a yield that needs no call
+                        # and no wait (plain values): the body is closed at
+                        # its yield as any other; ``run()`` resumes it here.
+                        return Stopped()
                     shape = top.shape
                     value: Any
                     if shape is list:
@@ -1012,8 +1021,11 @@ class Trampoline:
                     self._to_remote(top, (pos,))
                     continue
                 if self.stop:
-                    # Cancelled: no call starts after this read (one
-                    # attribute load per call; fib(25) measures no cost).
+                    # Cancelled, or paused: no call starts after this read
+                    # (one attribute load per call; fib(25) measures no
+                    # cost). This leaf is next again, so ``run()`` goes on
+                    # from here after a pause.
+                    top.next = i
                     return Stopped()
                 countdown -= 1
                 if not countdown:

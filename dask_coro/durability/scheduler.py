@@ -96,6 +96,7 @@ class DurablePlugin(SchedulerPlugin):
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         private.wrap_stream_handler(scheduler, "client-releases-keys", self._then_released, "_dask_coro_durable")
+        private.wrap_stream_handler(scheduler, "cancel-keys", self._cancelling_first, "_dask_coro_durable")
         private.add_handlers(
             scheduler,
             rpc={GROUP_REPLAY: self._group_replay},
@@ -230,6 +231,48 @@ class DurablePlugin(SchedulerPlugin):
             return result
 
         return client_releases_keys
+
+    def _cancelling_first(self, handler: Any) -> Any:
+        def cancel_keys(**kwargs: Any) -> Any:
+            try:
+                self._cancelling(kwargs.get("keys") or (), kwargs.get("client"), kwargs.get("force"))
+            except Exception:  # a hook's error must not close the client's stream
+                logger.exception("dask_coro: DurablePlugin failed on cancel-keys")
+            return handler(**kwargs)
+
+        return cancel_keys
+
+    def _cancelling(self, keys: Any, client: str | None, force: bool | None) -> None:
+        """A client is about to cancel ``keys`` (``Scheduler.stimulus_cancel``).
+        distributed cancels a key, and then its dependents, only when that
+        client is the key's one wanter (``force``: whoever wants it). The hold
+        is no wanter of the user's: a held child that would be cancelled
+        without it is let go of first, so a body waiting on a cancelled
+        Future (``yield f``: a child of ours that depends on f) gets
+        ``FutureCancelledError`` at its yield, as a ``worker_client`` task
+        waiting on f does, instead of f's value."""
+        s = self.scheduler
+        if force or client is None or client not in s.clients:
+            return
+        book = self.book
+        todo, seen = list(keys), set()
+        while todo:
+            key = todo.pop()
+            if key in seen:
+                continue
+            seen.add(key)
+            ts = s.tasks.get(key)
+            if ts is None:
+                continue
+            parent = book.parent_of.get(key)
+            hold = holder(parent) if parent is not None and key in book.held.get(parent, ()) else None
+            wanters = {cs.client_key for cs in ts.who_wants or ()} - {hold}
+            if wanters != {client}:
+                continue  # wanted by someone else too: not cancelled, as in plain Dask
+            if hold is not None:
+                self.counts["given-up"] += 1
+                self._drop(key, "dask-coro-cancelled")
+            todo.extend(dts.key for dts in ts.dependents)
 
     def _released(self, keys: Any) -> None:
         """A client let go of ``keys`` (``Scheduler.client_releases_keys`` ran)."""

@@ -24,6 +24,7 @@ from dask.delayed import Delayed, unpack_collections
 from dask.typing import Key
 from dask.utils import key_split
 
+from .._internals.dask_private import TaskRef
 from ..core.engine import NOT_DONE, Failed, Frame
 from ..core.localize import CHEAP, Local, analyse, evaluate
 from ..core.scope import Scope
@@ -232,8 +233,12 @@ def _lazy_in(a: Any) -> Iterator[Any]:
     elif type(a) is dict:
         for b in a.values():
             yield from _lazy_in(b)
+    elif isinstance(a, TaskRef):
+        # A Future (a TaskRef to dask): its value is on the cluster, and a
+        # cancel or error of it must reach the call as it reaches a task.
+        yield None
     elif is_dask_collection(a) or (type(a) in (set, frozenset) and any(isinstance(b, Delayed) for b in a)):
-        yield None  # a collection (its graph is optimized as a whole), a Future
+        yield None  # a collection (its graph is optimized as a whole)
     elif type(a) not in _PLAIN and unpack_collections(a)[1]:
         # Another container dask unpacks in an argument (a dataclass, a
         # namedtuple, a slice; ``dask.delayed.unpack_collections``) holding

@@ -29,6 +29,12 @@ wait. Such a step holds its lane meanwhile, as a seceded task holds its
 thread: the lane is not given to new runs, and a new lane is made when every
 lane is held so (lanes beyond the cap go when their last run ends).
 
+Threads of the pool go to waiting steps by their tree's rank (``Seats``):
+an older tree's step first, and one that waits for a thread past
+``PATIENCE`` has the youngest tree's seated step pause at its next inline
+call or yield, give its thread back and ask again behind it (docs/running.md,
+fair progress between trees).
+
 Each lane thread runs an asyncio event loop of its own, and every step runs
 as a callback of that loop: an ``async def`` body may await asyncio
 awaitables (``asyncio.sleep``, a stream, a future of this loop), which the
@@ -40,6 +46,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import heapq
+import itertools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -102,35 +110,34 @@ class Lane:
 class _Seat:
     """A thread of the pool held for a step: a job on the pool that waits
     until the step lets go of it (``leave``), as a task's own thread is held
-    while it runs."""
+    while it runs. Steps wait for seats in the order of their ``rank``
+    (``Seats``)."""
 
-    __slots__ = ("pool", "lane", "release")
+    __slots__ = ("seats", "lane", "rank", "pause", "release", "got")
 
-    def __init__(self, pool: concurrent.futures.Executor, lane: Lane):
-        self.pool = pool
+    def __init__(self, seats: Seats, lane: Lane, rank: Any, pause: Callable[[], None] | None):
+        self.seats = seats
         self.lane = lane
+        self.rank = rank
+        self.pause = pause  # asks the step to give its seat back at its next inline call
         self.release: threading.Event | None = None
+        self.got: threading.Event | None = None  # set once a pool thread serves us
 
     def take(self, started: threading.Event | None = None) -> None:
         """Hold a thread of the pool: wait for one, or, with ``started``,
         set it once one is held (``rejoin`` waits for it)."""
-        release = threading.Event()
-        got = started if started is not None else threading.Event()
-
-        def seat() -> None:
-            got.set()
-            release.wait()
-
-        self.release = release
-        self.pool.submit(seat)
+        self.release = threading.Event()
+        self.got = started if started is not None else threading.Event()
+        self.seats.want(self)
         if started is None:
-            got.wait()
+            self.seats.wait(self)
 
     def leave(self) -> None:
         release = self.release
         if release is None:
             raise KeyError("seceded already")  # as threadpoolexecutor.secede says it
         self.release = None
+        self.seats.left(self)
         release.set()
         self.lane.held += 1
 
@@ -147,7 +154,85 @@ class _Seat:
             self.lane.held -= 1
         else:
             self.release = None
+            self.seats.left(self)
             release.set()
+
+
+#: s a step waits for a thread of the pool before it asks a step of a
+#: younger tree to give one back (a free thread takes a job at once; this
+#: only saves a needless pause when the pool is slow to start it).
+PATIENCE = 0.01
+
+
+class Seats:
+    """The threads of the pool, handed to waiting steps in the order of their
+    rank (lowest first): each step that wants one submits one job to the
+    pool, and a job that starts serves the best-ranked step waiting then, so
+    a step of an older tree is never served after a younger tree's step
+    that asked at the same time. A step that waited ``PATIENCE`` without
+    being served asks the worst-ranked seated step of a younger tree (a
+    higher rank) to pause: that step gives its seat back at its next inline
+    call and asks for one again, behind the older step. Steps of one tree
+    (equal ranks) never pause each other; ordinary tasks are never paused
+    (they run as distributed runs them)."""
+
+    def __init__(self, pool: concurrent.futures.Executor):
+        self.pool = pool
+        self._lock = threading.Lock()
+        self._waiting: list[tuple[Any, int, _Seat]] = []  # a heap by (rank, order of asking)
+        self._seated: dict[_Seat, None] = {}  # seats held by steps
+        self._order = itertools.count()
+        #: Pauses asked for (for tests and benchmarks).
+        self.pauses = 0
+
+    def want(self, seat: _Seat) -> None:
+        with self._lock:
+            heapq.heappush(self._waiting, (seat.rank, next(self._order), seat))
+        self.pool.submit(self._serve)
+
+    def _serve(self) -> None:
+        # A job of the pool, on a pool thread: serve the best-ranked step
+        # waiting now, and hold this thread until it lets go.
+        with self._lock:
+            _, _, seat = heapq.heappop(self._waiting)
+            self._seated[seat] = None
+            release = seat.release
+            got = seat.got
+        assert release is not None and got is not None
+        got.set()
+        release.wait()
+
+    def wait(self, seat: _Seat) -> None:
+        got = seat.got
+        assert got is not None
+        if got.wait(PATIENCE):
+            return
+        self._preempt(seat)
+        got.wait()
+
+    def _preempt(self, seat: _Seat) -> None:
+        """``seat``'s step still waits: ask the seated step of the youngest
+        tree, if younger than ``seat``'s, to pause (one per waiting step)."""
+        with self._lock:
+            if seat.got is None or seat.got.is_set():
+                return
+            worst = None
+            for other in self._seated:
+                try:
+                    if other.pause is not None and other.rank > seat.rank:
+                        if worst is None or other.rank > worst.rank:
+                            worst = other
+                except TypeError:  # ranks that do not compare: neither is older
+                    continue
+            if worst is None:
+                return
+            self._seated.pop(worst)  # asked once: it gives its seat back soon
+            self.pauses += 1
+        worst.pause()  # type: ignore[misc]
+
+    def left(self, seat: _Seat) -> None:
+        with self._lock:
+            self._seated.pop(seat, None)
 
 
 class Lanes:
@@ -163,6 +248,7 @@ class Lanes:
         # no other body unless more than this many are alive at once.
         self.cap = n * LANES_PER_THREAD
         self.pool = pool
+        self.seats = Seats(pool)
         self.name = name
         self._made = 0
         self.lanes = [self._lane() for _ in range(n)]
@@ -194,16 +280,35 @@ class Lanes:
             lane.close()
 
     async def run(
-        self, lane: Lane, key: Key, start: float, fn: Callable[..., Any], *args: Any
+        self,
+        lane: Lane,
+        key: Key,
+        start: float,
+        fn: Callable[..., Any],
+        *args: Any,
+        rank: Any = (),
+        pause: Callable[[], None] | None = None,
     ) -> Any:
         """``fn(*args)`` on ``lane`` as a step of task ``key`` (started at
-        ``start``), holding a thread of the pool meanwhile."""
-        return await asyncio.wrap_future(lane.submit(self._seated, lane, key, start, fn, args))
+        ``start``), holding a thread of the pool meanwhile: served in the
+        order of ``rank`` among the steps waiting for one (``Seats``);
+        ``pause()`` (called from another thread) asks the step to give its
+        thread back to a step of a lower rank."""
+        return await asyncio.wrap_future(
+            lane.submit(self._seated, lane, key, start, fn, args, rank, pause)
+        )
 
     def _seated(
-        self, lane: Lane, key: Key, start: float, fn: Callable[..., Any], args: tuple[Any, ...]
+        self,
+        lane: Lane,
+        key: Key,
+        start: float,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        rank: Any,
+        pause: Callable[[], None] | None,
     ) -> Any:
-        seat = _Seat(self.pool, lane)
+        seat = _Seat(self.seats, lane, rank, pause)
         seat.take()
         set_task_thread(key, start, PoolSeat(seat.leave, seat.join))
         try:

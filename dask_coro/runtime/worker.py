@@ -90,6 +90,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("dask_coro")
 
 _RUNNING_STATES = ("executing", "long-running")
+#: The annotation that gives a child its tree's rank (``_Run._rank``).
+RANK = "dask_coro_rank"
 _QUIET = 1.0  # s without an inline run before a worker stops hearing of idle threads
 # s a push is kept at least. A trampoline reads the count between inline
 # calls only, so a push held for less than one call lasts is never read: with
@@ -378,6 +380,8 @@ class _Run:
         self.seceded = False
         self.reported: dict[str, tuple[int, int, int]] = {}  # inline calls sent, by name
         self.idents: dict[str, int] = {}  # ``ident``: names given, per kind
+        # Where our steps wait for a thread of the pool: our tree's rank (``_rank``).
+        self.rank: tuple[Any, ...] = ()
 
     # -- helpers -------------------------------------------------------------
 
@@ -390,7 +394,18 @@ class _Run:
         lane = self.lane
         if lane is None:
             lane = self.lane = lanes.pick()
-        return await lanes.run(lane, self.key, self.start, self._on_lane, tramp, fn, args)
+        return await lanes.run(
+            lane, self.key, self.start, self._on_lane, tramp, fn, args,
+            rank=self.rank, pause=self._pause,
+        )
+
+    def _pause(self) -> None:
+        """A step of an older tree waits for a thread of the pool (``Seats``,
+        from its lane's thread): give ours back before our next inline call;
+        ``main`` steps on once we have one again."""
+        tramp = self.tramp
+        if tramp is not None:
+            tramp.stop = True
 
     def _on_lane(self, tramp: Trampoline, fn: Any, args: tuple[Any, ...]) -> Any:
         """A step, on the lane (a callback of its event loop). After an
@@ -501,6 +516,21 @@ class _Run:
         private.own_scheduler_rpc(client, self.worker)
         return client
 
+    def _rank(self) -> tuple[Any, ...]:
+        """Our tree's rank: its root's, which our parent gave us (``RANK``),
+        or, for a root, its priority on the scheduler then the time it
+        started here. Steps of a lower rank are served a thread first, and
+        pause steps of a higher one (``lanes.Seats``): a tree submitted
+        earlier is never ordered behind one submitted later. (The scheduler
+        ranks a child just ahead of its parent's generation,
+        ``Scheduler._set_priorities``: a younger tree's grandchildren ahead of
+        an older tree's children; roots submitted within ``fifo_timeout`` of
+        each other share a generation.)"""
+        given = private.worker_task_annotations(self.worker, self.key).get(RANK)
+        if given is not None:
+            return tuple(given)
+        return (*private.worker_task_priority(self.worker, self.key), self.start)
+
     async def _child_annotations(self) -> dict[str, Any]:
         """Annotations for our children: our key, which the scheduler's
         TreePlugin records as their parent (unless ``coro.tree.enabled`` is
@@ -529,7 +559,8 @@ class _Run:
             except Exception:
                 continue  # logged once, by _install
             installed = True
-        return {ANNOTATION: self.key} if installed else {}
+        own = {RANK: self.rank}
+        return {ANNOTATION: self.key, **own} if installed else own
 
     # -- the run -------------------------------------------------------------
 
@@ -542,6 +573,7 @@ class _Run:
                 "graph optimization? Compute coroutine calls without low-level fusion."
             )
         watcher = self.watcher = _watcher(self.worker)
+        self.rank = self._rank()
         inline = bool(_config.get("coro.inline.enabled"))
         if inline:
             watcher.inline_started(self.worker)  # raises on a bad setting
@@ -566,6 +598,14 @@ class _Run:
                 if type(out) is Done:
                     step = out.step
                     break
+                if type(out) is Stopped and self._alive():
+                    # Paused (``_pause``): the stop is not a cancel (``changed``
+                    # sets it only when our task no longer runs here, on this
+                    # loop, and clears it when it runs again). Go on from the
+                    # next inline call, behind the older tree's steps.
+                    tramp.stop = False
+                    out = await self._step(tramp, tramp.run)
+                    continue
                 if type(out) is Stopped or not self._alive():
                     raise Released
                 if type(out) is Await:
