@@ -53,7 +53,7 @@ WORKER_CONTAINING = [
     ("plan: Structure, classify, plan_yield, result cache",
      r"\(dask_coro/core/(structure|classify|plan|cache)\.py"),
     ("driver: body steps on the thread pool, through the trampoline (incl. Delayed construction)",
-     r"\(dask_coro/core/engine\.py"),
+     r"\(dask_coro/core/(engine|calls|stealing|counts|greenlets)\.py"),
     ("submission: client.get, graph to futures, pickling the graph",
      r"^(Client\.get|Client\._graph_to_futures|Client\._send_to_scheduler) \("),
     ("runner: handing each step to the thread pool (run_in_executor)", r"^_Run\._in_pool \("),

@@ -10,7 +10,10 @@ import dask as _dask
 if _TYPE_CHECKING:
     from typing import Any
 
-from . import _config
+from . import (
+    _config,  # noqa: F401  (adds the coro.* defaults to dask's config)
+    _features,  # noqa: F401  (registers each feature's extension)
+)
 from ._context import current_key as current_key
 from ._exceptions import BadYieldError as BadYieldError
 from ._exceptions import BaseExceptionError as BaseExceptionError
@@ -66,28 +69,13 @@ def __getattr__(name: str) -> Any:  # PEP 562
 
 async def dask_setup(server: Any) -> None:
     """Preload hook: ``dask scheduler --preload dask_coro`` installs the
-    scheduler plugins; ``dask worker --preload dask_coro`` asks its scheduler
-    to install them. Installing them again later (first use) is a no-op."""
-    from distributed import Scheduler
-    from distributed.protocol.pickle import dumps
+    scheduler plugins of every enabled extension (``runtime/extensions.py``);
+    ``dask worker --preload dask_coro`` asks its scheduler to install them.
+    Installing them again later (first use) is a no-op."""
+    from .runtime.extensions import preload
 
-    from .diagnostics.scheduler import TreePlugin
-    from .durability.scheduler import DurablePlugin
-    from .lifetimes.scheduler import LifetimesPlugin
-    from .promise.scheduler import PromisePlugin
-    from .release.scheduler import ReleasePlugin
-    from .runtime.scheduler import InlinePlugin
+    await preload(server)
 
-    plugins: tuple[Any, ...] = (PromisePlugin(), LifetimesPlugin(), TreePlugin(), DurablePlugin(), InlinePlugin())
-    if _config.get("coro.worker-release.enabled"):
-        plugins += (ReleasePlugin(),)
-    for plugin in plugins:
-        if isinstance(server, Scheduler):
-            server.add_plugin(plugin, idempotent=True)
-        else:
-            await server.scheduler.register_scheduler_plugin(
-                plugin=dumps(plugin), name=plugin.name, idempotent=True
-            )
 
 __all__ = [
     "BadYieldError",

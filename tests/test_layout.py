@@ -81,7 +81,8 @@ def test_no_import_circles_between_feature_folders():
 
     def folder(m: str) -> str:
         parts = m.split(".")
-        return parts[1] if len(parts) > 2 else m  # dask_coro.core.x -> core
+        # dask_coro.core.x -> core; a folder's __init__ (dask_coro.core) is in it
+        return parts[1] if len(parts) > 2 or (PKG / parts[-1]).is_dir() else m
 
     folders: dict[str, set[str]] = {}
     for name, deps in graph.items():
@@ -123,3 +124,32 @@ def test_private_api_only_in_the_seam():
             if PRIVATE.search(" ".join(toks).replace(" . ", ".").replace(" .", ".").replace(". ", ".")):
                 offenders.append(f"{path.relative_to(PKG)}:{n}: {' '.join(toks)}")
     assert offenders == []
+
+
+FEATURES = ("diagnostics", "durability", "lifetimes", "promise", "release")
+
+
+def test_the_runtime_and_the_core_name_no_feature():
+    """Features plug into the runtime (``runtime/extensions.py``); the
+    runtime and the core import none of them, so a new feature is added
+    without editing either."""
+    offenders = {
+        name: sorted(d for d in deps if d.split(".")[1:2] in ([f] for f in FEATURES))
+        for name, deps in _graph().items()
+        if name.split(".")[1:2] in (["runtime"], ["core"])
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_features_register_only_from_the_top():
+    """One module names the features, above the runtime: ``_features``,
+    imported by the package's ``__init__``; each feature's registration is
+    its ``extension`` module."""
+    graph = _graph()
+    importers = {name for name, deps in graph.items() if "dask_coro._features" in deps}
+    assert importers == {"dask_coro"}
+    registrations = {d for d in graph["dask_coro._features"] if d.endswith(".extension")}
+    assert registrations == {f"dask_coro.{f}.extension" for f in FEATURES}
+    for name, deps in graph.items():
+        if name.endswith(".extension"):
+            assert "dask_coro.runtime.worker" not in deps, name

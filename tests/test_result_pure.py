@@ -424,13 +424,13 @@ def test_a_call_waited_for_twice_runs_once():
 
 
 def test_loop_greenlets_are_reused():
-    from dask_coro.core import engine
+    from dask_coro.core import greenlets
 
     start(rfib, 12)
-    pool = list(engine._pool())
+    pool = list(greenlets._pool())
     start(rfib, 12)
-    assert engine._pool() and set(map(id, engine._pool())) <= set(map(id, pool)) | set(
-        map(id, engine._pool())
+    assert greenlets._pool() and set(map(id, greenlets._pool())) <= set(map(id, pool)) | set(
+        map(id, greenlets._pool())
     )
-    assert len(engine._pool()) <= engine._POOL_SIZE
+    assert len(greenlets._pool()) <= greenlets._POOL_SIZE
     assert getcurrent().parent is None  # the test runs on the thread's main greenlet

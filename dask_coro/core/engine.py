@@ -40,156 +40,54 @@ from a plain call. A parked greenlet can only be resumed on the thread that
 made it: while ``parked`` is non-zero, every call into the trampoline must
 come from that thread. Code that never calls ``wait`` parks nothing and
 costs one greenlet switch per call into the trampoline.
+
+This module is the stepping: ``Trampoline._steps`` is kept whole, as trio's
+``Runner`` and distributed's ``WorkerState`` keep theirs, since a call per
+inline call would cost more than the call itself. What is not stepping lives
+beside it, where the loop reaches it only off the hot path: ``calls.py``
+(what the engine needs of a call, ``Request``), ``stealing.py`` (which
+unstarted calls are handed out, and when; ``Idle``), ``counts.py`` (calls
+counted for progress) and ``greenlets.py`` (parked bodies, the loop
+greenlets). ``Trampoline`` inherits the methods of the two policies, so the
+loop calls them as before.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import sys
-import threading
 import types
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from typing import Any, ClassVar, Protocol
+from typing import Any
 
 from dask.typing import Key
-from greenlet import GreenletExit, getcurrent, greenlet
+from greenlet import GreenletExit, getcurrent
 
-from .._exceptions import BadYieldError
+from .calls import EMPTY as _EMPTY
+from .calls import NOT_DONE as NOT_DONE
+from .calls import Failed as Failed
+from .calls import InlineCall as InlineCall
+from .calls import InPlace as InPlace
+from .calls import Request as Request
+from .calls import fail as _fail
+from .calls import foreign_await as foreign_await
+from .calls import unwrap as _unwrap
+from .counts import Counting
+from .greenlets import (
+    _ATTR,
+    _CONTINUE,
+    _dispatch,
+    _is_running,
+    _kill,
+    _Parked,
+    _pool,
+    _resumed,
+    _Transfer,
+)
 from .scope import Scope
+from .stealing import _NO_IDLE, Stealing, _needs_handed_out
+from .stealing import Idle as Idle
 from .structure import Path, Structure
-
-
-class _NotDone:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "NOT_DONE"
-
-
-#: ``InlineCall.__dask_coro_value__`` of a call not computed inline (yet).
-NOT_DONE: Any = _NotDone()
-
-
-class Failed:
-    """``InlineCall.__dask_coro_value__`` of a call that raised ``error``
-    inline. A computed key keeps its outcome (dask's rule, as a task's error
-    stays with its key): yielding the same call again raises ``error`` again
-    instead of running it again, and a graph built on the call raises it."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException):
-        self.error = error
-
-    def __repr__(self) -> str:
-        return f"Failed({self.error!r})"
-
-
-def _fail(leaf: Any, error: BaseException) -> None:
-    """Call ``leaf`` raised ``error``: its outcome, kept on it."""
-    leaf.__dask_coro_value__ = Failed(error)
-    leaf.__dask_coro_inline__ = None
-
-
-class InlineCall(Protocol):
-    """What the engine needs of a call object (``Trampoline(call_type=...)``)
-    to run it inline. ``runtime.call.CoroutineCall`` implements it. Plain
-    slots, no tuple: the engine reads them once per call, and making a tuple
-    per call costs more than the reads (fine-grained recursion makes one
-    call object per call).
-
-    ``__dask_coro_inline__``
-        What to call if the call may run here, with ``*__dask_coro_args__``
-        (keyword arguments bound in a ``functools.partial``), else None: it
-        has a key (compute it as a task), or it was computed inline.
-    ``__dask_coro_value__``
-        The value, once the call computed it inline (the engine sets it, and
-        clears ``__dask_coro_inline__``), so yielding the same call object
-        again reuses it; ``NOT_DONE`` before.
-
-    Read ``__dask_coro_inline__`` first: a call that may run inline is not
-    done. (A ``dask.delayed.Delayed`` has ``__getattr__``, so each read of a
-    ``CoroutineCall`` slot goes through it, some 250 machine instructions.)
-    """
-
-    __dask_coro_inline__: Callable[..., Any] | None
-    __dask_coro_args__: tuple[Any, ...]
-    __dask_coro_value__: Any
-
-
-class Request:
-    """What ``await dask_coro.gather(x)`` hands to the engine: compute ``x``.
-
-    Generators and ``async def`` bodies share one protocol: awaiting a dask_coro
-    awaitable goes through ``Request.__await__``, which yields the ``Request``
-    itself, so the engine sees the same thing from ``yield x`` and
-    ``await gather(x)``.
-    """
-
-    __slots__ = ("value",)
-
-    #: ``in_task(request)``: what to await instead when an asyncio ``Task``
-    #: (not the engine) drives the await: a body's ``asyncio.wait_for``,
-    #: ``asyncio.wait``, ``create_task``. Set by the runtime (``runtime.aio``);
-    #: None: ``BadYieldError``.
-    in_task: ClassVar[Callable[[Request], Any] | None] = None
-
-    def __init__(self, value: Any):
-        self.value = value
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        try:
-            return (yield self)
-        except RuntimeError as e:
-            # Only an asyncio Task refuses a Request, throwing this error in
-            # at the yield (``Task.__step``: "Task got bad yield"); the engine
-            # throws a child's error in here, and never drives a Task.
-            if not _refused_by_task(e):
-                raise
-        in_task = Request.in_task
-        if in_task is None:
-            raise BadYieldError(
-                f"{self!r} was awaited in an asyncio Task: await dask_coro.gather(...) "
-                "in the coroutine's body itself"
-            )
-        return (yield from in_task(self).__await__())
-
-    def __repr__(self) -> str:
-        return f"gather({self.value!r})"
-
-
-def _refused_by_task(e: RuntimeError) -> bool:
-    """Whether ``e`` is asyncio's refusal of a Request, thrown into a
-    coroutine that an asyncio Task runs (which no body is)."""
-    if not (e.args and type(e.args[0]) is str and e.args[0].startswith("Task got bad yield: gather(")):
-        return False
-    asyncio = sys.modules.get("asyncio")
-    try:
-        return asyncio is not None and asyncio.current_task() is not None
-    except RuntimeError:  # no running loop
-        return False
-
-
-class InPlace:
-    """A request to run ``fn(*args)`` here, as a call of the body that yields
-    it (alone, or awaits it), whatever else the trampoline runs inline: its
-    value is the yield's. A feature's own step that must share this process
-    and this stack (a group's wait for its next child, ``dask_coro.group``),
-    never a task. Neither handed out nor promoted: it runs as soon as it is
-    yielded, so nothing can steal it, and a yield under ``dask.annotate``
-    runs it here too."""
-
-    __slots__ = ("__dask_coro_inline__", "__dask_coro_args__", "__dask_coro_value__")
-
-    def __init__(self, fn: Callable[..., Any], *args: Any):
-        self.__dask_coro_inline__: Callable[..., Any] | None = fn
-        self.__dask_coro_args__ = args
-        self.__dask_coro_value__: Any = NOT_DONE
-
-    def __await__(self) -> Generator[Request, Any, Any]:
-        return (yield Request(self))
 
 
 class Returned:
@@ -354,20 +252,7 @@ Outcome = Done | Submit | Stopped | Await
 _OUTCOMES = (Done, Submit, Stopped, Await)
 
 
-class Idle:
-    """Idle capacity elsewhere, as the caller last learned it: ``n`` leaves
-    may be promoted now. The trampoline only reads it."""
-
-    __slots__ = ("n",)
-
-    def __init__(self, n: int = 0):
-        self.n = n
-
-
-_NO_IDLE = Idle(0)
-
-
-class Trampoline:
+class Trampoline(Counting, Stealing):
     """Drives a root body and the calls it runs inline.
 
     Parameters
@@ -486,35 +371,6 @@ class Trampoline:
         if not now or now is own or now == own:
             return None
         return now
-
-    def call_counts(self) -> dict[Any, tuple[int, int, int]]:
-        """``{func: (started, done, failed)}`` of the calls run inline (not
-        the root): done is started, less failed, less those on the stack.
-        Safe to read from another thread while the loop runs (the figures
-        then trail by up to ``check_every`` calls, done never below 0);
-        exact once it stopped.
-        A body closed before it ended (``close``) counts as failed."""
-        calls = self.calls
-        if calls is None:
-            return {}
-        running: dict[Any, int] = {}
-        for frame in self.stack[1:]:  # a copy (atomic): the loop may push meanwhile
-            func = _unwrap(frame.func)
-            running[func] = running.get(func, 0) + 1
-        return {
-            f: (c[0], max(c[0] - c[1] - running.get(f, 0), 0), c[1])
-            for f, c in list(calls.items())
-        }
-
-    def _failed(self, func: Any) -> None:
-        """A call of ``func`` run inline raised (or was closed)."""
-        calls = self.calls
-        if calls is not None:
-            func = _unwrap(func)
-            c = calls.get(func)
-            if c is None:
-                c = calls[func] = [0, 0]
-            c[1] += 1
 
     # -- the caller's side ---------------------------------------------------
 
@@ -728,15 +584,6 @@ class Trampoline:
         finally:
             if run[1]:
                 self._started(run[0], run[1])
-
-    def _started(self, func: Any, n: int) -> None:
-        calls = self.calls
-        assert calls is not None
-        func = _unwrap(func)
-        c = calls.get(func)
-        if c is None:
-            c = calls[func] = [0, 0]
-        c[0] += n
 
     def _steps(self, method: Callable[[Any], Any] | None, arg: Any, run: list[Any] | None) -> Outcome:
         """``method(arg)`` steps the top frame's body (its ``send`` or
@@ -1236,128 +1083,6 @@ class Trampoline:
         frame.remote = remote
         return None
 
-    def _running(self) -> set[int]:
-        """The calls being run by frames on the stack, by id: the same call
-        object at another, unstarted position must not be handed out (it
-        would run twice); it reuses the value when its turn comes. A value
-        computed in place that is running (``__dask_coro_needs__``) runs its
-        calls itself: those also yielded, or needed, elsewhere on the stack
-        count as running too (handed out there, or from its own frame, they
-        would be planned at two places, under two keys)."""
-        out: set[int] = set()
-        call_type = self.call_type
-        evaluating: list[tuple[Frame, Any, Sequence[Any]]] = []
-        for f in self.stack[1:]:
-            if f.up is None:
-                continue
-            leaf = f.up.leaves[f.at]
-            out.add(id(leaf))
-            if type(leaf) is not call_type:
-                needs = getattr(leaf, "__dask_coro_needs__", ())
-                if needs:
-                    evaluating.append((f, leaf, needs))
-        if evaluating:
-            out.update(self._shared(evaluating))
-        return out
-
-    def _shared(self, evaluating: list[tuple[Frame, Any, Sequence[Any]]]) -> set[int]:
-        """The calls of running values computed in place (``(frame, leaf,
-        needs)``) that another frame's yield, or another value computed in
-        place, holds too, by id."""
-        call_type = self.call_type
-        holders: dict[int, set[int]] = {}  # id(call) -> ids of frames and leaves holding it
-        for f in self.stack:
-            for leaf in getattr(f, "leaves", ()):
-                holders.setdefault(id(leaf), set()).add(id(f))
-                if type(leaf) is not call_type:
-                    for c in getattr(leaf, "__dask_coro_needs__", ()):
-                        holders.setdefault(id(c), set()).add(id(leaf))
-        out: set[int] = set()
-        for f, leaf, needs in evaluating:
-            mine = {id(f), id(leaf)}
-            for c in needs:
-                if holders.get(id(c), mine) - mine:
-                    out.add(id(c))
-        return out
-
-    def _kept(self, leaf: Any, running: set[int]) -> bool:
-        """Whether ``leaf`` must not be handed out now: it is running (see
-        ``_running``), or it is a value computed in place that needs a call
-        that is (handed out, it would plan that call as a task: a second
-        run)."""
-        if id(leaf) in running:
-            return True
-        if type(leaf) is self.call_type:
-            return False
-        return any(id(c) in running for c in getattr(leaf, "__dask_coro_needs__", ()))
-
-    def _steal(self, n: int) -> list[tuple[Frame, list[int]]]:
-        """Promote up to ``n`` unstarted leaves, the oldest frames' first (the
-        biggest work, as Cilk's thieves take), from the end of each frame's
-        list; never the top frame's next leaf, which this stack is about to
-        run (handing it out would only make the stack wait for it)."""
-        batches = []
-        running = self._running()
-        top = self.stack[-1]
-        for frame in self.stack:
-            start = frame.next + 1 if frame is top else frame.next
-            if len(frame.todo) <= start:
-                continue
-            todo = list(frame.todo)
-            rest = todo[start:]
-            taken = [p for p in rest if not self._kept(frame.leaves[p], running)][-n:]
-            if not taken:
-                continue
-            frame.todo = todo[:start] + [p for p in rest if p not in taken]
-            n -= self._to_remote(frame, taken)
-            if frame.sent < len(frame.remote):
-                batches.append((frame, list(frame.remote[frame.sent :])))
-                frame.sent = len(frame.remote)
-            if n <= 0:
-                break
-        return batches
-
-    def _has_unstarted(self) -> bool:
-        running = self._running()
-        return any(
-            not self._kept(f.leaves[p], running) for f in self.stack for p in f.todo[f.next :]
-        )
-
-    def _promote_all(self) -> list[tuple[Frame, list[int]]]:
-        """Turn every unstarted inline leaf remote; the leaves not handed out
-        yet, by frame."""
-        batches = []
-        running = self._running()
-        for frame in self.stack:
-            rest = frame.todo[frame.next :]
-            if rest:
-                keep = [p for p in rest if self._kept(frame.leaves[p], running)]
-                frame.todo = [*frame.todo[: frame.next], *keep]
-                self._to_remote(frame, [p for p in rest if p not in keep])
-            if frame.sent < len(frame.remote):
-                batches.append((frame, list(frame.remote[frame.sent :])))
-                frame.sent = len(frame.remote)
-        return batches
-
-    @staticmethod
-    def _to_remote(frame: Frame, positions: Sequence[int]) -> int:
-        """Hand ``positions`` to the caller, but for calls computed already
-        (one that raised is handed out: its task raises its error); how many
-        were handed."""
-        if frame.remote is _EMPTY:
-            frame.remote = []
-        remote = frame.remote
-        assert isinstance(remote, list)
-        n = 0
-        for p in positions:
-            done = frame.leaves[p].__dask_coro_value__
-            if done is not NOT_DONE and type(done) is not Failed:
-                frame.results[p] = done
-            else:
-                remote.append(p)
-                n += 1
-        return n
-
     def _abandon(self, frame: Frame) -> None:
         """``frame``'s current yield ends in an error: start nothing more of it."""
         frame.leaves = _EMPTY
@@ -1372,179 +1097,11 @@ class Trampoline:
             self._ended(frame)
 
 
-def _needs_handed_out(leaf: Any) -> bool:
-    """Whether a call that ``leaf`` (a value computed in place) would run
-    itself has been handed out as a task: it has a key now (no function to
-    run here) and no value."""
-    for c in getattr(leaf, "__dask_coro_needs__", ()):
-        if c.__dask_coro_inline__ is None and c.__dask_coro_value__ is NOT_DONE:
-            return True
-    return False
-
-
-def _unwrap(func: Any) -> Any:
-    """The function of a call with keyword arguments (a ``functools.partial``)."""
-    while type(func) is functools.partial:
-        func = func.func
-    return func
-
-
-def foreign_await(func: Any, obj: Any) -> BadYieldError:
-    name = func if type(func) is str else getattr(func, "__name__", "coroutine")
-    return BadYieldError(
-        f"coroutine {name!r} awaited {obj!r}, which only an asyncio event loop "
-        "can wait for; a dask_coro coroutine may await dask_coro.gather(...) or "
-        "a coroutine call. Run asyncio code in a separate task."
-    )
-
-
-# -- greenlets ----------------------------------------------------------------
-
-_ATTR = "dask_coro_trampoline"  # on a loop greenlet: the trampoline it runs
-_POOL_SIZE = 16  # idle loop greenlets kept per thread
-_LOCAL = threading.local()
-_CONTINUE: Any = object()  # from wait(): make a loop greenlet, go on there
-
-
 def current_trampoline() -> Trampoline | None:
     """The trampoline whose loop runs here, or None outside any body."""
     return getattr(getcurrent(), _ATTR, None)
 
 
-class _Parked:
-    """A frame's body while it waits in ``wait``: its stack is in ``glet``.
-
-    Stepping it (``send``/``throw``, as the loop steps any body) raises
-    ``_Transfer``: the loop returns it, and ``_enter`` switches to ``glet``."""
-
-    __slots__ = ("glet", "body")
-
-    def __init__(self, glet: greenlet, body: Any):
-        self.glet = glet
-        self.body = body  # the frame's generator or coroutine; None for a call
-
-    def send(self, value: Any) -> Any:
-        raise _Transfer(self, value, None)
-
-    def throw(self, error: BaseException) -> Any:
-        raise _Transfer(self, None, error)
-
-
-class _Transfer(BaseException):
-    """Internal, never raised out of the engine: resume a parked body."""
-
-    def __init__(self, parked: _Parked, value: Any, error: BaseException | None):
-        self.parked = parked
-        self.value = value
-        self.error = error
-
-
-def _is_running(body: Any) -> bool:
-    typ = type(body)
-    if typ is _GENERATOR:
-        return bool(body.gi_running)
-    if typ is _COROUTINE:
-        return bool(body.cr_running)
-    return False
-
-
-def _pool() -> list[greenlet]:
-    try:
-        return _LOCAL.pool  # type: ignore[no-any-return]
-    except AttributeError:
-        _LOCAL.pool = []
-        return _LOCAL.pool  # type: ignore[no-any-return]
-
-
-def _dispatch(hub: greenlet, tramp: Trampoline, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    """Run ``fn(*args)`` on an idle loop greenlet of this thread (or a new
-    one), in the caller's context (context variables: ``current_key``)."""
-    pool = _pool()
-    glet = pool.pop() if pool else greenlet(_serve)
-    glet.parent = hub
-    glet.gr_context = hub.gr_context
-    out = glet.switch((tramp, fn, args))
-    return out.take() if type(out) is _Handoff else out
-
-
-def _serve(job: Any) -> Any:
-    """A loop greenlet: runs one job after another, idle in the pool between.
-
-    Idle, it is suspended in a ``switch`` call, and a suspended frame keeps
-    its locals and the call's arguments: so it holds nothing of the job it
-    ran. What it hands on travels in a ``_Handoff`` the receiver empties.
-    Otherwise an idle greenlet would keep the last trampoline, the values a
-    body was resumed with, and the Futures among them (their keys then stay
-    on the scheduler) until the greenlet is next used."""
-    me = getcurrent()
-    pool = _pool()
-    while True:
-        tramp, fn, args = job
-        job = None
-        setattr(me, _ATTR, tramp)
-        try:
-            out = fn(*args)
-        finally:
-            setattr(me, _ATTR, None)
-        tramp = fn = args = None
-        if type(out) is _Transfer:
-            # Hand back to the parked body straight away (its outcomes go to
-            # our caller); idle in the pool meanwhile.
-            glet = out.parked.glet
-            glet.parent = me.parent
-            glet.gr_context = me.gr_context
-            pool.append(me)
-            hand = _Handoff(out.value, out.error)  # the error with its traceback: the child's frames
-            out = None
-            job = glet.switch(hand)
-            del glet, hand
-            continue
-        if len(pool) >= _POOL_SIZE:
-            return out
-        pool.append(me)
-        hand = _Handoff(out, None)
-        out = None
-        job = me.parent.switch(hand)
-        del hand
-
-
-class _Handoff:
-    """A value (or an error to raise) handed from one greenlet to another;
-    the receiver's ``take`` empties it, so the suspended sender keeps nothing."""
-
-    __slots__ = ("value", "error")
-
-    def __init__(self, value: Any, error: BaseException | None):
-        self.value = value
-        self.error = error
-
-    def take(self) -> Any:
-        value, error = self.value, self.error
-        self.value = self.error = None
-        if error is not None:
-            raise error
-        return value
-
-
-def _resumed(got: Any) -> Any:
-    """What a parked ``wait`` was resumed with: the yield's results, or its error raised."""
-    return got.take() if type(got) is _Handoff else got
-
-
-def _kill(parked: _Parked, label: str) -> BaseException | None:
-    """Unwind a parked body: ``GreenletExit`` at its ``wait``."""
-    glet = parked.glet
-    try:
-        glet.parent = getcurrent()
-        glet.throw(GreenletExit)
-    except BaseException as e:  # it raised something else unwinding, or another thread's
-        return e
-    if not glet.dead:
-        return RuntimeError(f"coroutine {label!r} ignored GreenletExit at dask_coro.result()")
-    return None
-
-
-_EMPTY: Any = ()
 _PENDING: Any = object()
 _FOLD = 100  # levels of a frame name nested before it is folded
 _GENERATOR = types.GeneratorType

@@ -23,15 +23,11 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from .. import _config
 from .._internals.distributed_private import add_handlers, drop_stale_queue_entries
 from . import dashboard
-from .book import TreeBook
+from .book import ANNOTATION, CALLS_OP, TreeBook
 
 logger = logging.getLogger("dask_coro")
 
 NAME = "dask-coro-tree"
-ANNOTATION = "dask_coro_parent"
-#: Worker stream op: ``{"key": task, "calls": {func_name: [started, done, failed]}}``,
-#: the inline calls a run counted since its last report.
-CALLS_OP = "dask_coro_calls"
 
 
 def children_by_parent(annotations: dict[str, dict[Key, Any]] | None) -> dict[Key, list[Key]]:
@@ -66,7 +62,7 @@ class TreePlugin(SchedulerPlugin):
         if getattr(scheduler, "validate", False):
             self._left_queue = weakref.WeakValueDictionary()
         # Raises a ValueError naming the setting, failing the install and so
-        # the coroutine task whose worker installs it (runtime.worker._install).
+        # the coroutine task whose worker installs it (the runner, at first use).
         self.book.max_nodes = int(_config.get_checked("coro.tree.max-nodes"))
         add_handlers(
             scheduler,

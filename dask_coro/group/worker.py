@@ -108,7 +108,7 @@ class WorkerBackend:
             inherited = self.run.annotations().get("dask_coro_deadline")
             if inherited is not None and (g.deadline is None or inherited < g.deadline):
                 g.deadline = inherited
-            self.durable = await self.run.durable()
+            self.durable = self.run.installed("durability")
             if self.durable:
                 log = await self.run.worker.scheduler.dask_coro_group_replay(key=self.run.key, group=self.ident[2])
                 with g.lock:
@@ -128,7 +128,7 @@ class WorkerBackend:
             _wake(waiter)
 
     async def _log(self, index: int | None = None, deadline: float | None = None) -> None:
-        client = await self.run.client()
+        client = await self.run.submitting_client()
         msg = {"op": GROUP_LOG, "key": self.run.key, "group": self.ident[2], "index": index, "deadline": deadline}
         private.send_on_client_stream(client, msg)
 
@@ -265,7 +265,7 @@ class WorkerBackend:
     async def _gone(self, keys: list[Any]) -> None:
         """Until the scheduler runs none of ``keys`` (forgotten, or finished
         before the release reached it: held for a re-run)."""
-        client = await self.run.client()
+        client = await self.run.submitting_client()
         delay = 0.005
         while True:
             states = await client.scheduler.get_task_status(keys=keys)

@@ -26,10 +26,9 @@ distributed awaits ``CoroutineTask.__call__`` on the worker's event loop
 6. while any run on the worker runs calls inline, hears from the scheduler
    how many threads are idle (``InlinePlugin``: pushed to a subscribed
    worker, or polled), which trampolines read to hand work out;
-7. with ``coro.tree.enabled``, counts the calls it runs inline per function
-   and sends what changed to the scheduler's ``TreePlugin`` every
-   ``_CALLS_INTERVAL`` s and at the end, on the worker's stream (ahead of the
-   task's own end), so progress and tree count inline calls too.
+7. calls the hooks of the extensions enabled when it started
+   (``extensions.py``): the features (the tree, durability, workers
+   releasing keys, ...) plug in there, and the runner names none of them.
 """
 
 from __future__ import annotations
@@ -39,7 +38,6 @@ import concurrent.futures
 import contextvars
 import logging
 import sys
-from collections.abc import Callable
 from time import time
 from typing import TYPE_CHECKING, Any
 
@@ -67,20 +65,17 @@ from ..core.engine import (
     Submit,
     Trampoline,
 )
-from ..core.localize import evaluate
 from ..core.plan import plan_yield
 from ..core.scope import Scope
-from ..diagnostics.scheduler import ANNOTATION, CALLS_OP, TreePlugin
-from ..durability.scheduler import RUN_LEFT, DurablePlugin
-from ..lifetimes.tie import hold_segments
-from ..release.scheduler import ReleasePlugin
-from ..release.worker import ReleaseWorkerPlugin
 from ..resources.worker import lent
+from . import extensions
 from .aio import check, gathered
 from .call import trampoline
+from .extensions import Active, Extension
 from .inplace import localizer
 from .lanes import Lane, Lanes
-from .scheduler import IDLE, MODES, SUBSCRIBE, UNSUBSCRIBE, InlinePlugin
+from .scheduler import IDLE, MODES, SUBSCRIBE, UNSUBSCRIBE
+from .stealing import STEALING
 
 if TYPE_CHECKING:
     from distributed import Client, Worker
@@ -98,7 +93,6 @@ _QUIET = 1.0  # s without an inline run before a worker stops hearing of idle th
 # 20 ms calls and a 20 ms hold, a tree ran on one worker of two. A count kept
 # too long costs at most that many calls handed out to threads busy again.
 _MIN_HOLD = 0.25
-_CALLS_INTERVAL = 0.5  # s between two reports of the inline calls of a run
 
 
 class _SwitchInterval:
@@ -154,10 +148,11 @@ def run_if_on_worker(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[st
 
 
 async def _started(worker: Worker, task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Run ``task`` once the scheduler plugins this worker's settings ask
-    for are installed: a plugin that cannot be fails the task, before its
-    body runs (``_KeyWatcher.install_plugins``)."""
-    if await _watcher(worker).install_plugins(worker):
+    """Run ``task`` once the plugins of the extensions its settings enable
+    are installed: a plugin that cannot be fails the task, before its body
+    runs (``_KeyWatcher.install_plugins``)."""
+    active = extensions.active()  # raises on a bad setting, failing the task
+    if await _watcher(worker).install_plugins(worker, active):
         # We waited (the first coroutine here): the key may have been
         # released meanwhile, and perhaps asked for again.
         state = private.worker_task_state(worker, task.key)
@@ -165,7 +160,7 @@ async def _started(worker: Worker, task: CoroutineTask, args: tuple[Any, ...], k
             raise Reschedule()
         if state != "executing":
             raise CoroutineCancelledError(f"coroutine {task.key!r} was cancelled")
-    return await _Run(worker, task).main(args, kwargs)
+    return await _Run(worker, task, active).main(args, kwargs)
 
 
 class _KeyWatcher(WorkerPlugin):
@@ -181,9 +176,8 @@ class _KeyWatcher(WorkerPlugin):
     def __init__(self) -> None:
         self.runs: dict[Key, _Run] = {}
         self.client: Client | None = None
-        self.tree: asyncio.Future[None] | None = None  # TreePlugin installed
-        self.durable: asyncio.Future[None] | None = None  # DurablePlugin installed
-        self.release: asyncio.Future[None] | None = None  # ReleasePlugin installed
+        # The install of each extension's plugins (by its name), once per worker.
+        self.installs: dict[str, asyncio.Future[None]] = {}
         # Inline runs: idle threads in the cluster as the scheduler last told
         # (pushed, or polled) while any run on this worker runs calls inline;
         # trampolines read it.
@@ -191,7 +185,6 @@ class _KeyWatcher(WorkerPlugin):
         self.inline_runs = 0
         self.inline_ended_at = 0.0  # when the last inline run ended
         self.stealer: asyncio.Task[None] | None = None  # subscribed, or polling
-        self.inline_plugin: asyncio.Future[None] | None = None  # InlinePlugin installed
         self.handler_added = False  # our handler of the scheduler's IDLE pushes
         self.pushes = 0  # pushes received
         self.interval = 0.0  # coro.inline.interval, read when subscribing
@@ -237,24 +230,16 @@ class _KeyWatcher(WorkerPlugin):
         self.idle.n = max(0, self.idle.n - n)
         self.handed_out = time()
 
-    async def install_plugins(self, worker: Worker) -> bool:
-        """Install the scheduler plugins the settings ask for, each once per
-        worker (a failed install is tried again by the next task); raise
-        what stops one (``_install``). Nothing to wait for once they are;
-        whether it waited."""
+    async def install_plugins(self, worker: Worker, active: Active) -> bool:
+        """Install the plugins of the ``active`` extensions installed at
+        first use, each once per worker (a failed install is tried again by
+        the next task); raise what stops one (``_install``). Nothing to wait
+        for once they are; whether it waited."""
         wanted = []
-        if _config.get("coro.inline.enabled"):
-            self.inline_plugin = _installing(self.inline_plugin, worker, InlinePlugin)
-            wanted.append(self.inline_plugin)
-        if _config.get("coro.tree.enabled"):
-            self.tree = _installing(self.tree, worker, TreePlugin)
-            wanted.append(self.tree)
-        if _config.get("coro.durability.hold-children"):
-            self.durable = _installing(self.durable, worker, DurablePlugin)
-            wanted.append(self.durable)
-        if _config.get("coro.worker-release.enabled"):
-            self.release = _installing(self.release, worker, ReleasePlugin)
-            wanted.append(self.release)
+        installs = self.installs
+        for ext in active.at_first_use:
+            fut = installs[ext.name] = _installing(installs.get(ext.name), worker, ext)
+            wanted.append(fut)
         waited = False
         for fut in wanted:
             if not fut.done() or fut.cancelled() or fut.exception() is not None:
@@ -263,10 +248,8 @@ class _KeyWatcher(WorkerPlugin):
         return waited
 
     async def _installed(self, worker: Worker) -> bool:
-        fut = self.inline_plugin
-        if fut is None or (fut.done() and (fut.cancelled() or fut.exception() is not None)):
-            # Not installed yet, or it failed: try again.
-            fut = self.inline_plugin = _installing(fut, worker, InlinePlugin)
+        # InlinePlugin: not installed yet, or it failed: try again.
+        fut = self.installs[STEALING.name] = _installing(self.installs.get(STEALING.name), worker, STEALING)
         try:
             await asyncio.shield(fut)
         except Exception:
@@ -352,9 +335,16 @@ def _secede_after() -> float | None:
 
 
 class _Run:
-    def __init__(self, worker: Worker, task: CoroutineTask):
+    """One run of a coroutine task on this worker; what extensions' hooks
+    read of it is ``extensions.Run``."""
+
+    def __init__(self, worker: Worker, task: CoroutineTask, active: Active):
         self.worker = worker
         self.key = task.key
+        #: The extensions enabled when it started, whose hooks it calls.
+        self.active = active
+        #: Per extension (by name), what it keeps for this run.
+        self.notes: dict[str, Any] = {}
         self.func = task.func
         self.keep_resources = task.keep_resources
         self.name = funcname(task.func)
@@ -378,10 +368,18 @@ class _Run:
         self.scopes: dict[int, Scope[Future]] = {id(self.root): self.root}
         self.start = time()
         self.seceded = False
-        self.reported: dict[str, tuple[int, int, int]] = {}  # inline calls sent, by name
         self.idents: dict[str, int] = {}  # ``ident``: names given, per kind
         # Where our steps wait for a thread of the pool: our tree's rank (``_rank``).
         self.rank: tuple[Any, ...] = ()
+
+    @property
+    def trampoline(self) -> Trampoline | None:
+        return self.tramp
+
+    @property
+    def client(self) -> Client | None:
+        """The worker's client our children are submitted through, once made."""
+        return self.watcher.client
 
     # -- helpers -------------------------------------------------------------
 
@@ -468,7 +466,7 @@ class _Run:
         gathering: asyncio.Future[Any] | None = None
         try:
             client = await self._client()
-            annotations = await self._child_annotations()
+            annotations = self._child_annotations()
             with private.submitting_as(self.key), dask.annotate(**annotations):
                 future = client.compute(gathered(value))
             gathering = asyncio.ensure_future(client.gather(future, asynchronous=True))
@@ -531,36 +529,23 @@ class _Run:
             return tuple(given)
         return (*private.worker_task_priority(self.worker, self.key), self.start)
 
-    async def _child_annotations(self) -> dict[str, Any]:
-        """Annotations for our children: our key, which the scheduler's
-        TreePlugin records as their parent (unless ``coro.tree.enabled`` is
-        off) and DurablePlugin holds them for (unless
-        ``coro.durability.hold-children`` is off); each installed once per
-        worker. (Their span is ours already: we run in
-        the context Worker.execute annotates with our task's span, so the whole
-        tree lives in the span its root was computed in.)"""
-        watcher = self.watcher
-        wanted = []
-        if _config.get("coro.tree.enabled"):
-            if watcher.tree is None:
-                watcher.tree = asyncio.ensure_future(_install(self.worker, TreePlugin()))
-            wanted.append(watcher.tree)
-        if _config.get("coro.worker-release.enabled") and watcher.release is None:
-            # Not waited for: it only frees memory sooner.
-            watcher.release = asyncio.ensure_future(_install(self.worker, ReleasePlugin()))
-        if _config.get("coro.durability.hold-children"):
-            if watcher.durable is None:
-                watcher.durable = asyncio.ensure_future(_install(self.worker, DurablePlugin()))
-            wanted.append(watcher.durable)
-        installed = False
-        for fut in wanted:
+    def _child_annotations(self) -> dict[str, Any]:
+        """Annotations for our children: what the enabled extensions ask
+        (our key, which the scheduler's TreePlugin records as their parent
+        and DurablePlugin holds them for). (Their span is ours already: we
+        run in the context Worker.execute annotates with our task's span, so
+        the whole tree lives in the span its root was computed in.)"""
+        out: dict[str, Any] = {}
+        for ext in self.active.annotations:
             try:
-                await asyncio.shield(fut)
+                more = ext.annotations(self)
             except Exception:
-                continue  # logged once, by _install
-            installed = True
-        own = {RANK: self.rank}
-        return {ANNOTATION: self.key, **own} if installed else own
+                extensions.logger.exception("dask_coro extension %r failed in annotations", ext.name)
+                continue
+            if more:
+                out.update(more)
+        out[RANK] = self.rank
+        return out
 
     # -- the run -------------------------------------------------------------
 
@@ -574,11 +559,12 @@ class _Run:
             )
         watcher = self.watcher = _watcher(self.worker)
         self.rank = self._rank()
+        active = self.active
         inline = bool(_config.get("coro.inline.enabled"))
         if inline:
             watcher.inline_started(self.worker)  # raises on a bad setting
         watcher.runs[self.key] = self
-        count = inline and bool(_config.get("coro.tree.enabled"))
+        count = inline and active.counts_calls
         tramp = trampoline(
             self.name,
             inline=inline,
@@ -590,7 +576,8 @@ class _Run:
         )
         self.tramp = tramp
         tramp.host = self  # for features that start children of their own
-        reporter = asyncio.ensure_future(self._report_calls(tramp)) if count else None
+        if active.run_started:
+            extensions.notify(active.run_started, "run_started", self)
         step: Returned | Raised | None = None
         try:
             out = await self._step(tramp, tramp.start, self.func, args, kwargs, self.root)
@@ -653,17 +640,17 @@ class _Run:
             # distributed reschedules the task (Worker._run_task_async: an
             # async task cancelled while its worker closes): a lost worker,
             # whose children a re-run finds, not a parent giving them up.
-            self._leaving()
+            # Extensions hear of it first (DurablePlugin keeps the children).
+            extensions.notify(active.run_left, "run_left", self)
             try:
                 tramp.close()
             except ValueError as e:  # "generator already executing"
                 logger.debug("coroutine %r not closed: %r", self.key, e)
             raise
         finally:
-            if reporter is not None:
-                reporter.cancel()
-                if step is not None:  # the last counts, ahead of our own end
-                    await self._send_calls(tramp, final=True)
+            if active.run_ended:
+                # Ahead of our own end; with None (cancelled) they do not wait.
+                await extensions.notify_async(active.run_ended, "run_ended", self, step)
             self.ended = True
             for side in list(self.sides):
                 side.cancel()  # a Task of the body still waits: nobody will read it
@@ -703,7 +690,7 @@ class _Run:
         wanted = Scope.wanted(plan.outputs, plan.keep, plan.graph)
         new: dict[Key, Future] = {}
         if wanted:
-            ann = {**(await self._child_annotations()), **(annotations or {})}
+            ann = {**self._child_annotations(), **(annotations or {})}
             with private.submitting_as(self.key), dask.annotate(**ann):
                 full = private.annotated_graph(plan.graph, plan.annotations)
                 new = dict(zip(wanted, client.get(full, wanted, sync=False)))
@@ -716,33 +703,19 @@ class _Run:
         """Let go of children ``start_children`` made (thread-safe)."""
         self._release(futures)
 
-    async def client(self) -> Client:
-        """The worker's client this run submits with."""
+    async def submitting_client(self) -> Client:
+        """The worker's client this run submits with (made on first use)."""
         return await self._client()
 
-    async def durable(self) -> bool:
-        """Whether ``DurablePlugin`` holds this run's children (installed)."""
-        await self._child_annotations()
-        fut = self.watcher.durable
+    def installed(self, name: str) -> bool:
+        """Whether the plugins of extension ``name`` are installed on this
+        worker's scheduler (installed at first use, before the run starts)."""
+        fut = self.watcher.installs.get(name)
         return fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None
 
     def annotations(self) -> dict[str, Any]:
         """The annotations of this run's own task (on the loop)."""
         return private.worker_task_annotations(self.worker, self.key)
-
-    def _leaving(self) -> None:
-        """Before the run lets go of its children as its worker closes: tell
-        DurablePlugin on the client's stream, ahead of those releases, so it
-        keeps them for the re-run (a killed worker's client sends nothing)."""
-        client, durable = self.watcher.client, self.watcher.durable
-        if client is None or durable is None or not durable.done() or durable.cancelled():
-            return
-        if durable.exception() is not None or not private.worker_is_closing(self.worker):
-            return
-        try:
-            private.send_on_client_stream(client, {"op": RUN_LEFT, "key": self.key, "address": self.worker.address})
-        except Exception as e:  # the client closed first: it sends no release either
-            logger.debug("coroutine %r: %s not sent: %r", self.key, RUN_LEFT, e)
 
     def _scope_of(self, frame: Frame) -> Scope[Future]:
         """The frame's scope, made the first time it needs one (on the loop,
@@ -767,54 +740,6 @@ class _Run:
             return None
         return None if found is None else dict(zip(keys, found))
 
-    async def _report_calls(self, tramp: Trampoline) -> None:
-        """Send the counts of inline calls now and then while we run."""
-        try:
-            while True:
-                await asyncio.sleep(_CALLS_INTERVAL)
-                await self._send_calls(tramp)
-        except asyncio.CancelledError:
-            pass
-        except Exception as e:  # never fail the task for its diagnostics
-            logger.debug("coroutine %r: reporting inline calls failed: %r", self.key, e)
-
-    async def _send_calls(self, tramp: Trampoline, final: bool = False) -> None:
-        """Send what changed in the counts of inline calls, by function name,
-        to the scheduler's TreePlugin (once it is installed: a stream message
-        nobody handles closes the stream)."""
-        totals: dict[str, tuple[int, int, int]] = {}
-        for func, (started, done, failed) in tramp.call_counts().items():
-            if func is evaluate:
-                continue  # a value computed in place: its calls are counted, not it
-            name = funcname(func)
-            s, d, f = totals.get(name, (0, 0, 0))
-            totals[name] = (s + started, d + done, f + failed)
-        delta = {}
-        for name, now in totals.items():
-            before = self.reported.get(name, (0, 0, 0))
-            if now != before:
-                delta[name] = [a - b for a, b in zip(now, before, strict=True)]
-        if not delta:
-            return
-        watcher = self.watcher
-        if watcher.tree is None:
-            watcher.tree = asyncio.ensure_future(_install(self.worker, TreePlugin()))
-        if not watcher.tree.done():
-            if not final:
-                return  # sent with the next report
-            try:
-                await asyncio.shield(watcher.tree)
-            except Exception:
-                return  # logged once, by _install
-        if watcher.tree.cancelled() or watcher.tree.exception() is not None:
-            return
-        if not private.scheduler_stream_open(self.worker):
-            return
-        self.reported.update(totals)
-        private.send_on_worker_stream(
-            self.worker, {"op": CALLS_OP, "key": self.key, "calls": delta}
-        )
-
     def _cancelled(self) -> bool:
         # Asked from the thread pool between inline calls: a dict lookup.
         return not self._alive()
@@ -833,19 +758,14 @@ class _Run:
             self._release(scope.end_body())
 
     def _release(self, futures: Any) -> None:
-        """Let go of ``futures`` (thread-safe); with worker release on, the
-        children among them marked for our client are released here at once
-        (``ReleaseWorkerPlugin.let_go``, after the client's own reference
-        counting on its loop)."""
+        """Let go of ``futures`` (thread-safe), then tell the extensions
+        (with worker release on, the children among them marked for our
+        client are released at once)."""
         futures = list(futures)
         for f in futures:
             f.release()
-        if not futures:
-            return
-        plugin = private.worker_plugin(self.worker, ReleaseWorkerPlugin.name)
-        if plugin is not None:
-            client = futures[0].client
-            client.loop.add_callback(plugin.let_go, client, [f.key for f in futures])
+        if futures and self.active.released:
+            extensions.notify(self.active.released, "released", self, futures)
 
     async def _submit(self, batches: list[tuple[Frame, list[int]]], own: Any,
                       now: bool = False) -> None:
@@ -890,7 +810,7 @@ class _Run:
         if wanted:
             # Children get priority over unrelated queued work: the scheduler
             # ranks a graph by its submitting task.
-            annotations = await self._child_annotations()
+            annotations = self._child_annotations()
             with private.submitting_as(self.key), dask.annotate(**annotations):
                 full = private.annotated_graph(graph, annotated)
                 if now:
@@ -919,8 +839,10 @@ class _Run:
                 raise scope.error
             client = await self._client()
             results = await self._lent(self._wait(client, scope.handles(frame.remote)))
-            # Before the children go: segments in their results are ours now.
-            await hold_segments(self.worker, self.key, results)
+            # Before the children go (shared-memory segments in their
+            # results are ours now); what it raises is raised at the yield.
+            for ext in self.active.results_received:
+                await ext.results_received(self, results)
         except Released:
             raise
         except _NOT_A_CHILD_S:
@@ -1006,21 +928,13 @@ class _Run:
             self.stopped = False
 
 
-def _installing(fut: asyncio.Future[None] | None, worker: Worker, plugin: Callable[[], Any]) -> asyncio.Future[None]:
-    """``fut``, the install of a plugin, unless it failed: then a new one."""
+def _installing(fut: asyncio.Future[None] | None, worker: Worker, ext: Extension) -> asyncio.Future[None]:
+    """``fut``, the install of an extension's plugins, unless it failed (or
+    there is none yet): then a new one."""
     if fut is None or (fut.done() and (fut.cancelled() or fut.exception() is not None)):
-        fut = asyncio.ensure_future(_install(worker, plugin()))
+        fut = asyncio.ensure_future(_install(worker, ext))
         fut.add_done_callback(_retrieve)  # raised where it is awaited
     return fut
-
-
-#: What each scheduler plugin does for coroutines, and the setting that asks for it.
-_PLUGINS = {
-    TreePlugin.name: ("records the coroutine trees progress and tree show", "coro.tree.enabled"),
-    DurablePlugin.name: ("holds children for a coroutine re-run", "coro.durability.hold-children"),
-    InlinePlugin.name: ("hands calls run inline out to idle threads", "coro.inline.enabled"),
-    ReleasePlugin.name: ("lets workers release keys themselves", "coro.worker-release.enabled"),
-}
 
 
 #: Not a child's error when ``_join`` sees it: distributed passes these on
@@ -1045,8 +959,9 @@ def _deliverable(error: BaseException) -> BaseException:
     return out
 
 
-async def _install(worker: Worker, plugin: Any) -> None:
-    """Install a scheduler plugin of ours from a worker (idempotent).
+async def _install(worker: Worker, ext: Extension) -> None:
+    """Install an extension's scheduler plugin, and its worker plugin on
+    every worker, from a worker (idempotent).
 
     What stops it fails the task that needs it, with an error that says what
     to do: a ``ValueError`` (a setting the plugin read on the scheduler when
@@ -1055,28 +970,32 @@ async def _install(worker: Worker, plugin: Any) -> None:
     ``DaskCoroError``. distributed would only log an error raised in a
     plugin's hook (``Scheduler.register_scheduler_plugin`` does raise to the
     caller)."""
-    try:
-        await worker.scheduler.register_scheduler_plugin(
-            plugin=dumps(plugin), name=plugin.name, idempotent=True
-        )
-    except Exception as e:
-        what, setting = _PLUGINS[plugin.name]
-        logger.warning(
-            "dask_coro cannot install %s from worker %s: %r; coroutine tasks "
-            "fail until it can be (or %s is turned off)",
-            plugin.name,
-            worker.address,
-            e,
-            setting,
-        )
-        if isinstance(e, ValueError):
-            raise ValueError(f"{e} (on the scheduler, starting dask_coro's {plugin.name} plugin)") from e
-        raise DaskCoroError(
-            f"dask_coro cannot install its scheduler plugin {plugin.name!r} from "
-            f"worker {worker.address}: {e!r}. The plugin {what}; check that the "
-            "scheduler can import dask_coro, the same version as the workers, or "
-            f"set {setting}: false"
-        ) from e
+    for kind, plugin, register in (
+        ("scheduler", ext.scheduler_plugin(), worker.scheduler.register_scheduler_plugin),
+        # The scheduler adds it to every worker (``Scheduler.register_worker_plugin``).
+        ("worker", ext.worker_plugin(), worker.scheduler.register_worker_plugin),
+    ):
+        if plugin is None:
+            continue
+        try:
+            await register(plugin=dumps(plugin), name=plugin.name, idempotent=True)
+        except Exception as e:
+            turn_off = f"set {ext.setting}: false" if ext.setting else "use no coroutine"
+            logger.warning(
+                "dask_coro cannot install %s from worker %s: %r; coroutine tasks "
+                "fail until it can be (or %s)",
+                plugin.name,
+                worker.address,
+                e,
+                turn_off,
+            )
+            if isinstance(e, ValueError):
+                raise ValueError(f"{e} (on the scheduler, starting dask_coro's {plugin.name} plugin)") from e
+            raise DaskCoroError(
+                f"dask_coro cannot install its {kind} plugin {plugin.name!r} from "
+                f"worker {worker.address}: {e!r}. The plugin {ext.what}; check that the "
+                f"scheduler can import dask_coro, the same version as the workers, or {turn_off}"
+            ) from e
 
 
 async def _local_data(worker: Worker, keys: list[Key]) -> list[Any] | None:

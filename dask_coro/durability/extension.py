@@ -1,0 +1,49 @@
+"""Durability's hooks into the runtime (``runtime/extensions.py``).
+
+With ``coro.durability.hold-children``: the first coroutine on each worker
+installs ``DurablePlugin``; every child a coroutine submits carries its key
+(the tree's ``ANNOTATION``), for which the plugin holds it; and a run let go
+of because its worker closes says so (``RUN_LEFT``) on its client's stream,
+ahead of its releases, so the plugin keeps its children for the re-run (a
+killed worker's client sends nothing).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..diagnostics.book import ANNOTATION
+from ..runtime.extensions import Extension, Run, register
+
+logger = logging.getLogger("dask_coro")
+
+
+class DurableExtension(Extension):
+    name = "durability"
+    setting = "coro.durability.hold-children"
+    what = "holds children for a coroutine re-run"
+    at_first_use = True
+
+    def scheduler_plugin(self) -> Any:
+        from .scheduler import DurablePlugin
+
+        return DurablePlugin()
+
+    def annotations(self, run: Run) -> dict[str, Any]:
+        return {ANNOTATION: run.key}
+
+    def run_left(self, run: Run) -> None:
+        from .._internals import distributed_private as private
+        from .scheduler import RUN_LEFT
+
+        client = run.client
+        if client is None or not private.worker_is_closing(run.worker):
+            return
+        try:
+            private.send_on_client_stream(client, {"op": RUN_LEFT, "key": run.key, "address": run.worker.address})
+        except Exception as e:  # the client closed first: it sends no release either
+            logger.debug("coroutine %r: %s not sent: %r", run.key, RUN_LEFT, e)
+
+
+DURABLE = register(DurableExtension())

@@ -1,0 +1,31 @@
+"""Lifetimes' hooks into the runtime (``runtime/extensions.py``).
+
+``LifetimesPlugin`` is installed by the preload, or by ``tie`` on first use;
+a coroutine ties the shared-memory segments in its children's results to its
+own key before it lets the children go (``hold_segments``), since its body
+now holds them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..runtime.extensions import Extension, Run, register
+
+
+class LifetimesExtension(Extension):
+    name = "lifetimes"
+    what = "releases resources tied to keys"
+
+    def scheduler_plugin(self) -> Any:
+        from .scheduler import LifetimesPlugin
+
+        return LifetimesPlugin()
+
+    async def results_received(self, run: Run, results: list[Any]) -> None:
+        from .tie import hold_segments
+
+        await hold_segments(run.worker, run.key, results)
+
+
+LIFETIMES = register(LifetimesExtension())

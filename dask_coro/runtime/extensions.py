@@ -1,0 +1,261 @@
+"""Features plug into the runtime here; the runtime names none of them.
+
+A feature (a folder beside ``runtime/``: ``diagnostics``, ``durability``,
+``release``, ...) ships one subclass of ``Extension`` beside its book, in its
+``extension.py``, and registers an instance with ``register``.
+``dask_coro/_features.py`` imports each of those modules once, so
+``import dask_coro`` fills the table; this module imports no feature. As with
+distributed's ``DEFAULT_EXTENSIONS`` the table is a name -> object mapping the
+server side builds from, and, as with trio's ``Instruments``, each hook is
+called only on the extensions that override it: where no extension listens,
+a call site costs one truth test of an empty tuple.
+
+Two readers of the table:
+
+- the preload hook (``dask_coro.dask_setup``, ``preload`` here) installs the
+  scheduler plugin and the worker plugin of every enabled extension;
+- the worker runner, on the first coroutine task a worker runs, installs the
+  plugins of every enabled extension with ``at_first_use`` (before the
+  task's body runs: one that cannot be installed fails the task, with an
+  error naming its ``setting``), then calls each run's hooks.
+
+An extension (every method a no-op here; override what the feature needs)
+
+``name``, ``setting``, ``what``
+    Its name in the table; the ``coro.*`` setting that turns it on (None:
+    always on); what its scheduler plugin does, for the error a worker
+    raises when it cannot install it.
+``enabled()``
+    Whether it is on, from the settings (``setting`` by default). Read once
+    per run, at the run's start, and at preload.
+``scheduler_plugin()``, ``worker_plugin()``
+    A new plugin to install (each with ``name`` and ``idempotent = True``),
+    or None. Import the plugin's module inside the method: ``import
+    dask_coro`` does not import distributed.
+``at_first_use``
+    The runner installs the plugins before the first coroutine task on each
+    worker runs (else only the preload does, or the feature itself on first
+    use of its API, as ``Promise`` and ``tie`` do).
+``counts_calls``
+    Its runs count their inline calls per function
+    (``run.trampoline.call_counts()``).
+
+and its hooks on a run (``Run`` below), called on the worker's event loop
+unless said otherwise, only for a run during which it was enabled, once its
+plugins are installed:
+
+``run_started(run)``
+    Before the body's first step.
+``annotations(run)``
+    Annotations (a dict, or None) for the children of each of the run's
+    yields; merged with every other extension's.
+``async results_received(run, results)``
+    The results of a yield, before the children are let go of. What it
+    raises is raised at the yield, as a child's error would be.
+``released(run, futures)``
+    The run let go of these children's futures (from any thread: the body's
+    or the event loop's).
+``run_left(run)``
+    The run is let go of because its worker closes; before its children are
+    released (the scheduler reruns it elsewhere).
+``async run_ended(run, outcome)``
+    The run ended: ``outcome`` is the engine's ``Returned`` or ``Raised``,
+    or None if it was cancelled (then do not wait: the worker may be
+    closing). Before its futures are released, ahead of the task's end.
+
+An exception raised by a hook other than ``results_received`` is logged,
+naming the extension, and the run goes on (as distributed does with its
+plugins' hooks): a feature's failure never fails a user's task.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .. import _config
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from dask.typing import Key
+
+logger = logging.getLogger("dask_coro")
+
+
+class Run(Protocol):
+    """What a hook may read of a run on a worker."""
+
+    #: The distributed ``Worker`` it runs on.
+    worker: Any
+    #: Its task's key.
+    key: Key
+    #: Per extension (by name), what it keeps for this run.
+    notes: dict[str, Any]
+
+    @property
+    def trampoline(self) -> Any:
+        """The engine stepping it (``call_counts()``); None before its start."""
+
+    @property
+    def client(self) -> Any:
+        """The worker's client the run submits through, or None before its first submission."""
+
+
+class Extension:
+    """A feature's hooks into the runtime: see the module's docstring."""
+
+    name: str = ""
+    setting: str | None = None
+    what: str = ""
+    at_first_use: bool = False
+    counts_calls: bool = False
+
+    def enabled(self) -> bool:
+        return self.setting is None or bool(_config.get(self.setting))
+
+    def scheduler_plugin(self) -> Any:
+        return None
+
+    def worker_plugin(self) -> Any:
+        return None
+
+    # -- hooks on a run ------------------------------------------------------
+
+    def run_started(self, run: Run) -> None:
+        pass
+
+    def annotations(self, run: Run) -> dict[str, Any] | None:
+        return None
+
+    async def results_received(self, run: Run, results: list[Any]) -> None:
+        pass
+
+    def released(self, run: Run, futures: list[Any]) -> None:
+        pass
+
+    def run_left(self, run: Run) -> None:
+        pass
+
+    async def run_ended(self, run: Run, outcome: Any) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+#: The hooks on a run, in the order a run calls them.
+HOOKS = ("run_started", "annotations", "results_received", "released", "run_left", "run_ended")
+
+_TABLE: dict[str, Extension] = {}
+_ACTIVE: dict[tuple[Extension, ...], Active] = {}
+
+
+def register(extension: Extension) -> Extension:
+    """Add ``extension`` to the table (once: registering the same name again
+    with another type is an error). Returns it."""
+    name = extension.name
+    if not name:
+        raise ValueError(f"{extension!r} has no name: set Extension.name")
+    old = _TABLE.get(name)
+    if old is not None and type(old) is not type(extension):
+        raise ValueError(f"a dask_coro extension named {name!r} is registered already: {old!r}")
+    _TABLE[name] = extension
+    _ACTIVE.clear()
+    return extension
+
+
+def unregister(name: str) -> Extension | None:
+    """Take the extension ``name`` out of the table (for tests)."""
+    _ACTIVE.clear()
+    return _TABLE.pop(name, None)
+
+
+def registered() -> tuple[Extension, ...]:
+    """Every extension in the table, in the order they registered."""
+    return tuple(_TABLE.values())
+
+
+def get(name: str) -> Extension | None:
+    return _TABLE.get(name)
+
+
+class Active:
+    """The extensions enabled for one run, and per hook the ones that
+    override it (a tuple each, empty when none does)."""
+
+    __slots__ = ("all", "at_first_use", "counts_calls", *HOOKS)
+
+    all: tuple[Extension, ...]
+    at_first_use: tuple[Extension, ...]
+    counts_calls: bool
+    run_started: tuple[Extension, ...]
+    annotations: tuple[Extension, ...]
+    results_received: tuple[Extension, ...]
+    released: tuple[Extension, ...]
+    run_left: tuple[Extension, ...]
+    run_ended: tuple[Extension, ...]
+
+    def __init__(self, extensions: Iterable[Extension]):
+        self.all = tuple(extensions)
+        self.at_first_use = tuple(e for e in self.all if e.at_first_use)
+        self.counts_calls = any(e.counts_calls for e in self.all)
+        for hook in HOOKS:
+            base = getattr(Extension, hook)
+            setattr(self, hook, tuple(e for e in self.all if getattr(type(e), hook) is not base))
+
+
+def active() -> Active:
+    """The extensions enabled now (each one's ``enabled()``, read here),
+    with their hooks; the same object for the same set."""
+    on = tuple(e for e in _TABLE.values() if e.enabled())
+    found = _ACTIVE.get(on)
+    if found is None:
+        found = _ACTIVE[on] = Active(on)
+    return found
+
+
+def notify(listeners: tuple[Extension, ...], hook: str, *args: Any) -> None:
+    """Call ``hook`` of each of ``listeners``, logging one that raises."""
+    for ext in listeners:
+        try:
+            getattr(ext, hook)(*args)
+        except Exception:
+            logger.exception("dask_coro extension %r failed in %s", ext.name, hook)
+
+
+async def notify_async(listeners: tuple[Extension, ...], hook: str, *args: Any) -> None:
+    """Await ``hook`` of each of ``listeners``, logging one that raises."""
+    for ext in listeners:
+        try:
+            await getattr(ext, hook)(*args)
+        except Exception:
+            logger.exception("dask_coro extension %r failed in %s", ext.name, hook)
+
+
+async def preload(server: Any) -> None:
+    """Install the scheduler and worker plugins of every enabled extension
+    from a scheduler's or a worker's preload (``dask_setup``); a worker asks
+    its scheduler. Installing them again later (first use) is a no-op."""
+    from distributed import Scheduler
+    from distributed.protocol.pickle import dumps
+
+    on_scheduler = isinstance(server, Scheduler)
+    for ext in registered():
+        if not ext.enabled():
+            continue
+        plugin = ext.scheduler_plugin()
+        if plugin is not None:
+            if on_scheduler:
+                server.add_plugin(plugin, idempotent=True)
+            else:
+                await server.scheduler.register_scheduler_plugin(
+                    plugin=dumps(plugin), name=plugin.name, idempotent=True
+                )
+        plugin = ext.worker_plugin()
+        if plugin is not None:
+            # The scheduler adds it to every worker, now and to come
+            # (``Scheduler.register_worker_plugin``).
+            register_worker = server.register_worker_plugin if on_scheduler else server.scheduler.register_worker_plugin
+            args = (None,) if on_scheduler else ()
+            await register_worker(*args, plugin=dumps(plugin), name=plugin.name, idempotent=True)

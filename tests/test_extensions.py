@@ -1,0 +1,248 @@
+"""The table of extensions (``dask_coro/runtime/extensions.py``): a feature
+added from outside ``runtime/`` and ``core/`` gets its plugins installed
+(at first use and by the preload) and its hooks called on a real cluster;
+a failing hook is logged, never the task's error."""
+
+from __future__ import annotations
+
+import pytest
+from distributed import Scheduler, Worker
+from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
+from distributed.utils_test import async_poll_for, captured_logger, gen_cluster, gen_test
+
+from dask_coro import coroutine
+from dask_coro.runtime import extensions
+from dask_coro.runtime.extensions import Extension, register, unregister
+
+NAME = "test-recorder"
+
+
+class RecorderSchedulerPlugin(SchedulerPlugin):
+    name = f"{NAME}-scheduler"
+    idempotent = True
+
+    def __init__(self) -> None:
+        self.annotations: list[dict] = []
+
+    def update_graph(self, scheduler, *, annotations=None, **kwargs):
+        self.annotations.append(annotations or {})
+
+
+class RecorderWorkerPlugin(WorkerPlugin):
+    name = f"{NAME}-worker"
+    idempotent = True
+
+
+class Recorder(Extension):
+    """A feature of the test's own: what the runtime tells it."""
+
+    name = NAME
+    what = "records what the runtime tells it"
+    at_first_use = True
+
+    def __init__(self, fail: str | None = None) -> None:
+        self.events: list[tuple] = []
+        self.fail = fail
+
+    def _event(self, hook: str, *what) -> None:
+        self.events.append((hook, *what))
+        if hook == self.fail:
+            raise RuntimeError(f"the recorder fails in {hook}")
+
+    def scheduler_plugin(self):
+        return RecorderSchedulerPlugin()
+
+    def worker_plugin(self):
+        return RecorderWorkerPlugin()
+
+    def run_started(self, run):
+        self._event("run_started", run.key)
+        run.notes[self.name] = "mine"
+
+    def annotations(self, run):
+        self._event("annotations", run.key)
+        return {"test_recorder_parent": run.key}
+
+    async def results_received(self, run, results):
+        self._event("results_received", run.key, list(results))
+
+    def released(self, run, futures):
+        self._event("released", run.key, sorted(f.key for f in futures))
+
+    async def run_ended(self, run, outcome):
+        self._event("run_ended", run.key, run.notes.get(self.name), outcome)
+
+
+@pytest.fixture
+def recorder(request):
+    ext = register(Recorder(getattr(request, "param", None)))
+    try:
+        yield ext
+    finally:
+        unregister(NAME)
+
+
+@coroutine
+def add(x, y):
+    return x + y
+
+
+@coroutine
+def parent(n):
+    a, b = yield [add(n, 1), add(n, 2)]
+    return a + b
+
+
+def _hooks(ext: Recorder, key) -> list[str]:
+    return [e[0] for e in ext.events if e[1] == key]
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config={"coro.inline.enabled": False})
+async def test_a_registered_extension_gets_its_plugins_and_hooks(c, s, a, recorder):
+    root = parent(10)
+    assert await c.compute(root) == 23
+    key = root.key
+    # Its plugins, installed by the first coroutine on the worker.
+    assert isinstance(s.plugins[RecorderSchedulerPlugin.name], RecorderSchedulerPlugin)
+    assert isinstance(a.plugins[RecorderWorkerPlugin.name], RecorderWorkerPlugin)
+    # Its annotation went with the children, to the scheduler.
+    seen = s.plugins[RecorderSchedulerPlugin.name].annotations
+    parents = {k: v for ann in seen for k, v in ann.get("test_recorder_parent", {}).items()}
+    children = [k for k, v in parents.items() if v == key]
+    assert len(children) == 2
+    # The root's hooks, in order (its results are kept while a lazy value
+    # of the body may use them: let go of at its end); the children ran no
+    # yield and returned.
+    assert _hooks(recorder, key) == ["run_started", "annotations", "results_received", "run_ended", "released"]
+    (results,) = [e[2] for e in recorder.events if e[:2] == ("results_received", key)]
+    assert results == [11, 12]
+    (released,) = [e[2] for e in recorder.events if e[:2] == ("released", key)]
+    assert released == sorted(children)
+    for child in children:
+        assert _hooks(recorder, child) == ["run_started", "run_ended"]
+    (ended,) = [e for e in recorder.events if e[:2] == ("run_ended", key)]
+    assert ended[2] == "mine"  # what run_started kept for the run
+    assert type(ended[3]).__name__ == "Returned" and ended[3].value == 23
+
+
+@pytest.mark.inline
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_with_calls_inline_an_extension_sees_the_root_run(c, s, a, recorder):
+    # Inline, the children are plain calls (or tasks, handed out to an idle
+    # thread): the root's run starts and ends once; a call run inline is no run.
+    root = parent(1)
+    assert await c.compute(root) == 5
+    hooks = _hooks(recorder, root.key)
+    assert hooks[0] == "run_started" and hooks.count("run_started") == 1
+    assert hooks.count("run_ended") == 1
+    assert all(e[0] in ("run_started", "run_ended") for e in recorder.events if e[1] != root.key)
+
+
+@pytest.mark.parametrize(
+    "recorder", ["run_started", "annotations", "released", "run_ended"], indirect=True
+)
+@gen_cluster(client=True, nthreads=[("", 1)], config={"coro.inline.enabled": False})
+async def test_a_failing_hook_is_logged_and_the_task_goes_on(c, s, a, recorder):
+    with captured_logger("dask_coro") as log:
+        assert await c.compute(parent(2)) == 7
+    assert f"dask_coro extension {NAME!r} failed in {recorder.fail}" in log.getvalue()
+    assert f"the recorder fails in {recorder.fail}" in log.getvalue()
+
+
+@pytest.mark.parametrize("recorder", ["results_received"], indirect=True)
+@gen_cluster(client=True, nthreads=[("", 1)], config={"coro.inline.enabled": False})
+async def test_an_error_on_results_received_is_raised_at_the_yield(c, s, a, recorder):
+    @coroutine
+    def catches():
+        try:
+            yield [add(1, 1)]
+        except RuntimeError as e:
+            return f"caught: {e}"
+
+    assert await c.compute(catches()) == "caught: the recorder fails in results_received"
+
+
+class Off(Recorder):
+    name = f"{NAME}-off"
+
+    def enabled(self) -> bool:
+        return False
+
+    def scheduler_plugin(self):
+        return OffPlugin()
+
+
+class OffPlugin(SchedulerPlugin):
+    name = f"{NAME}-off-scheduler"
+    idempotent = True
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config={"coro.inline.enabled": False})
+async def test_a_disabled_extension_is_neither_installed_nor_called(c, s, a):
+    ext = register(Off())
+    try:
+        assert await c.compute(parent(0)) == 3
+        assert ext.events == []
+        assert OffPlugin.name not in s.plugins
+    finally:
+        unregister(Off.name)
+
+
+@gen_test()
+async def test_the_preload_installs_every_enabled_extensions_plugins(recorder):
+    register(Off())
+    try:
+        async with (
+            Scheduler(dashboard_address=":0", preload=["dask_coro"]) as s,
+            Worker(s.address, nthreads=1, preload=["dask_coro"]) as a,
+        ):
+            assert RecorderSchedulerPlugin.name in s.plugins
+            # The scheduler adds it to every worker, this one too.
+            await async_poll_for(lambda: RecorderWorkerPlugin.name in a.plugins, timeout=10)
+            assert OffPlugin.name not in s.plugins
+            # And the features' own, as the preload always did; those of
+            # settings that are off are not (tests run with inline off).
+            for name in ("dask-coro-promises", "dask-coro-lifetimes", "dask-coro-tree", "dask-coro-durable"):
+                assert name in s.plugins
+            assert "dask-coro-inline" not in s.plugins
+            assert "dask-coro-release" not in s.plugins
+    finally:
+        unregister(Off.name)
+
+
+def test_each_hook_lists_only_the_extensions_that_override_it():
+    class Quiet(Extension):
+        name = "quiet"
+
+    class Ending(Extension):
+        name = "ending"
+
+        async def run_ended(self, run, outcome):
+            pass
+
+    quiet, ending = Quiet(), Ending()
+    active = extensions.Active([quiet, ending])
+    assert active.all == (quiet, ending)
+    assert active.run_ended == (ending,)
+    for hook in ("run_started", "annotations", "results_received", "released", "run_left"):
+        assert getattr(active, hook) == ()
+    assert active.at_first_use == () and not active.counts_calls
+
+
+def test_the_features_are_registered_in_install_order():
+    names = [e.name for e in extensions.registered()]
+    assert names[:6] == ["promise", "lifetimes", "diagnostics", "durability", "inline", "release"]
+
+
+def test_a_name_is_registered_once():
+    class Nameless(Extension):
+        pass
+
+    with pytest.raises(ValueError, match="has no name"):
+        register(Nameless())
+
+    class Other(Extension):
+        name = "diagnostics"
+
+    with pytest.raises(ValueError, match="'diagnostics' is registered already"):
+        register(Other())
