@@ -72,6 +72,7 @@ from ..core.plan import plan_yield
 from ..core.scope import Scope
 from ..diagnostics.scheduler import ANNOTATION, CALLS_OP, TreePlugin
 from ..durability.scheduler import RUN_LEFT, DurablePlugin
+from ..lifetimes.passed import pass_on
 from ..lifetimes.tie import hold_segments
 from ..release.scheduler import ReleasePlugin
 from ..release.worker import ReleaseWorkerPlugin
@@ -740,6 +741,9 @@ class _Run:
             plans.append((scope, positions, plan))
         new: dict[Key, Future] = {}
         if wanted:
+            # Shared arrays the body passes on as values go as keys of this
+            # worker, as between tasks: they reach other hosts (lifetimes.passed).
+            passed_on = await pass_on(client, self.worker.address, graph)
             # Children get priority over unrelated queued work: the scheduler
             # ranks a graph by its submitting task.
             annotations = await self._child_annotations()
@@ -756,6 +760,7 @@ class _Run:
             new = dict(zip(wanted, futures))
             if now:
                 private.flush_client_stream(client)
+            del passed_on  # released after the graph: its tasks hold them now
         for scope, positions, plan in plans:
             # Delayed results are held until no live lazy value needs them; the
             # rest (finalized collections) only until the body has them.
