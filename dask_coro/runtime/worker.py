@@ -743,7 +743,12 @@ class _Run:
         if wanted:
             # Shared arrays the body passes on as values go as keys of this
             # worker, as between tasks: they reach other hosts (lifetimes.passed).
-            passed_on = await pass_on(client, self.worker.address, graph)
+            try:
+                passed_on = await pass_on(client, self.worker.address, graph)
+            except Exception as e:  # nothing sent: raised at the yields, as a planning error
+                for scope, _, _ in plans:
+                    scope.error = e
+                return
             # Children get priority over unrelated queued work: the scheduler
             # ranks a graph by its submitting task.
             annotations = await self._child_annotations()
