@@ -72,7 +72,7 @@ from ..core.plan import plan_yield
 from ..core.scope import Scope
 from ..diagnostics.scheduler import ANNOTATION, CALLS_OP, TreePlugin
 from ..durability.scheduler import RUN_LEFT, DurablePlugin
-from ..lifetimes.passed import pass_on
+from ..lifetimes.passed import any_shared, pass_on
 from ..lifetimes.tie import hold_segments
 from ..release.scheduler import ReleasePlugin
 from ..release.worker import ReleaseWorkerPlugin
@@ -743,12 +743,14 @@ class _Run:
         if wanted:
             # Shared arrays the body passes on as values go as keys of this
             # worker, as between tasks: they reach other hosts (lifetimes.passed).
-            try:
-                passed_on = await pass_on(client, self.worker.address, graph)
-            except Exception as e:  # nothing sent: raised at the yields, as a planning error
-                for scope, _, _ in plans:
-                    scope.error = e
-                return
+            passed_on: list[Future] = []
+            if any_shared():  # this process maps a segment the cluster manages
+                try:
+                    passed_on = await pass_on(client, self.worker.address, graph)
+                except Exception as e:  # nothing sent: raised at the yields, as a planning error
+                    for scope, _, _ in plans:
+                        scope.error = e
+                    return
             # Children get priority over unrelated queued work: the scheduler
             # ranks a graph by its submitting task.
             annotations = await self._child_annotations()
