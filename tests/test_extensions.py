@@ -63,6 +63,10 @@ class Recorder(Extension):
         self._event("annotations", run.key)
         return {"test_recorder_parent": run.key}
 
+    async def submitting(self, run, client, graph):
+        self._event("submitting", run.key)
+        return []
+
     async def results_received(self, run, results):
         self._event("results_received", run.key, list(results))
 
@@ -113,7 +117,7 @@ async def test_a_registered_extension_gets_its_plugins_and_hooks(c, s, a, record
     # The root's hooks, in order (its results are kept while a lazy value
     # of the body may use them: let go of at its end); the children ran no
     # yield and returned.
-    assert _hooks(recorder, key) == ["run_started", "annotations", "results_received", "run_ended", "released"]
+    assert _hooks(recorder, key) == ["run_started", "submitting", "annotations", "results_received", "run_ended", "released"]
     (results,) = [e[2] for e in recorder.events if e[:2] == ("results_received", key)]
     assert results == [11, 12]
     (released,) = [e[2] for e in recorder.events if e[:2] == ("released", key)]
@@ -149,9 +153,9 @@ async def test_a_failing_hook_is_logged_and_the_task_goes_on(c, s, a, recorder):
     assert f"the recorder fails in {recorder.fail}" in log.getvalue()
 
 
-@pytest.mark.parametrize("recorder", ["results_received"], indirect=True)
+@pytest.mark.parametrize("recorder", ["submitting", "results_received"], indirect=True)
 @gen_cluster(client=True, nthreads=[("", 1)], config={"coro.inline.enabled": False})
-async def test_an_error_on_results_received_is_raised_at_the_yield(c, s, a, recorder):
+async def test_an_error_on_submitting_or_results_received_is_raised_at_the_yield(c, s, a, recorder):
     @coroutine
     def catches():
         try:
@@ -159,7 +163,7 @@ async def test_an_error_on_results_received_is_raised_at_the_yield(c, s, a, reco
         except RuntimeError as e:
             return f"caught: {e}"
 
-    assert await c.compute(catches()) == "caught: the recorder fails in results_received"
+    assert await c.compute(catches()) == f"caught: the recorder fails in {recorder.fail}"
 
 
 class Off(Recorder):

@@ -52,6 +52,17 @@ def test_task_spec_nodes_rename_and_report_dependencies():
     assert isinstance(legacy, dp.GraphNode) and legacy.dependencies == {"a"}
 
 
+def test_parse_input_makes_containers_of_references_nodes():
+    # lifetimes.passed: an Alias in an argument's list or dict is a dependency
+    # of the task rebuilt over it, evaluated when it runs.
+    args = dp.parse_input([dp.Alias("a"), 1]), dp.parse_input({"x": dp.Alias("b")})
+    assert all(isinstance(a, dp.GraphNode) for a in args)
+    assert dp.parse_input([1, 2]) == [1, 2]  # nothing to refer to: left as it is
+    t = dp.Task("t", lambda xs, d: sum(xs) + d["x"], *args)
+    assert t.dependencies == {"a", "b"}
+    assert get_sync({"a": dp.DataNode("a", 5), "b": dp.DataNode("b", 7), "t": t}, "t") == 13
+
+
 def test_finalized_graph_computes_a_collection():
     da = pytest.importorskip("dask.array")
     x = da.ones((4, 4), chunks=2).sum()

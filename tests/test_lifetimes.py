@@ -7,6 +7,7 @@ a module-level list; separate processes and /dev/shm are in test_shm_faults.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import subprocess
@@ -355,9 +356,25 @@ def record_anywhere(rid: str) -> None:
 
 @pytest.fixture
 def own_registry(tmp_path):
-    """A registry of this test's own (under dask's temporary-directory)."""
-    with dask.config.set({"temporary-directory": str(tmp_path)}):
+    """A registry of this test's own (under dask's temporary-directory). Not
+    for a gen_cluster test: gen_cluster resets dask's config to what it was
+    at import (``config_for_cluster_tests`` calls ``reset_config``), which
+    drops this setting; such a test sets it in its body (``registry_in``)."""
+    with registry_in(tmp_path):
         yield tmp_path
+
+
+@contextlib.contextmanager
+def registry_in(folder):
+    """The release registry of this process under ``folder``, not the host's
+    shared one (under the system's temporary directory), where every
+    cluster of the host keeps its records: release_abandoned there would run
+    those of any dead cluster of another process, another test run's too."""
+    from dask_coro.lifetimes.registry import registry_root
+
+    with dask.config.set({"temporary-directory": str(folder)}):
+        assert registry_root().startswith(str(folder))
+        yield
 
 
 def test_release_abandoned_runs_releases_of_a_dead_cluster(own_registry):
@@ -374,19 +391,22 @@ def test_release_abandoned_runs_releases_of_a_dead_cluster(own_registry):
     assert dask_coro.release_abandoned(timeout=2) == []  # nothing left
 
 
-@pytest.mark.usefixtures("own_registry")
 @gen_cluster(client=True, nthreads=[("", 1)])
-async def test_release_abandoned_keeps_live_clusters(c, s, a):
-    fut = c.submit(tie_and_return, "live", 1)
-    await fut
-    # the same address answering with another identity is another cluster
-    stale = _record_for("Scheduler-stale-test", s.address, "stale")
-    released = await asyncio.to_thread(dask_coro.release_abandoned, 5)
-    assert released == ["stale"] and not os.path.exists(stale)
-    assert released_ids() == ["stale"]
-    del fut
-    await async_poll_for(lambda: len(RELEASED) == 2, 10)
-    assert released_ids() == ["stale", "live"]
+async def test_release_abandoned_keeps_live_clusters(c, s, a, tmp_path):
+    # Set here, not by the own_registry fixture: gen_cluster resets the
+    # config, and release_abandoned then swept the host's shared registry,
+    # running the records of other processes' dead clusters too.
+    with registry_in(tmp_path):
+        fut = c.submit(tie_and_return, "live", 1)
+        await fut
+        # the same address answering with another identity is another cluster
+        stale = _record_for("Scheduler-stale-test", s.address, "stale")
+        released = await asyncio.to_thread(dask_coro.release_abandoned, 5)
+        assert released == ["stale"] and not os.path.exists(stale)
+        assert released_ids() == ["stale"]
+        del fut
+        await async_poll_for(lambda: len(RELEASED) == 2, 10)
+        assert released_ids() == ["stale", "live"]
 
 
 def test_release_abandoned_from_the_command_line(own_registry):

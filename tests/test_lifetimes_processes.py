@@ -180,3 +180,38 @@ def test_worker_preload_installs_the_scheduler_plugins(tmp_path):
         f = client.compute(fib(6))
         assert f.result(timeout=60) == 8
         assert len(dask_coro.tree(f)) == 25
+
+
+def test_a_shared_array_a_body_passes_on_is_not_copied_on_its_host():
+    """A body holds a shared array and passes it on as a value to a child on
+    another worker process of its host: it goes as a key of the body's
+    worker (lifetimes.passed), which the child maps without a copy; nothing
+    is left once the body is done."""
+    from dask_coro import coroutine
+
+    @coroutine
+    def body(n, here, there):
+        with dask.annotate(workers=[here], allow_other_workers=False):
+            arr = yield dask.delayed(produce)(n)
+        with dask.annotate(workers=[there], allow_other_workers=False):
+            got = yield dask.delayed(total)(arr)
+            listed = yield dask.delayed(lambda xs: [total(x) for x in xs])([arr, arr[1:]])
+        return got, listed, arr.segment_name, os.getpid()
+
+    n = 1000
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2, timeout=60)
+        workers = sorted(client.run(os.getpid))
+        here, there = workers
+        pids = client.run(os.getpid)
+        (got, listed, name, body_pid) = client.compute(
+            body(n, here, there), workers=[here], allow_other_workers=False
+        ).result(timeout=60)
+        assert body_pid == pids[here]
+        assert got == (n * (n - 1) // 2, pids[there], name)  # the same segment, mapped there
+        assert [x[0] for x in listed] == [n * (n - 1) // 2, n * (n - 1) // 2] and {x[2] for x in listed} == {name}
+        wait_until(lambda: name not in shm.segments(), what=f"{name} released")
+        assert not any(k.startswith("dask-coro-shared-") for k in client.run_on_scheduler(
+            lambda dask_scheduler: list(dask_scheduler.tasks)))

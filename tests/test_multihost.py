@@ -355,3 +355,70 @@ def test_a_host_with_another_dask_coro_version_fails_its_tasks_naming_both(tmp_p
         assert f"worker {B[0]}" in message
     finally:
         h.close()
+
+
+def total_of(a):
+    return float(a.sum())
+
+
+def totals_of(arrays, scale=1):
+    return [float(a.sum()) * scale for a in arrays]
+
+
+def test_a_shared_array_a_body_passes_on_reaches_another_host(hosts):
+    """A body holds a shared array a child made on host A and passes it on,
+    as a value, to a child pinned to host B: the bytes cross to B once (as
+    for an array passed between tasks as a key), and nothing is left on
+    either host once the keys are gone."""
+    import dask
+
+    from dask_coro import coroutine
+
+    c = hosts.client
+    A, B = hosts.workers_of(0), hosts.workers_of(1)
+    before = c.run(copies_and_bytes)
+
+    @coroutine
+    def body(n):
+        with dask.annotate(workers=A[:1], allow_other_workers=False):
+            arr = yield dask.delayed(produce)(n)
+        with dask.annotate(workers=B, allow_other_workers=False):
+            got = yield dask.delayed(total_of)(arr)
+        return got, float(arr.sum())
+
+    fut = c.compute(body(100_000), workers=A[:1], allow_other_workers=False)
+    assert fut.result(timeout=60) == (100_000.0, 100_000.0)
+    after = c.run(copies_and_bytes)
+    made = {w: (after[w][0] - before[w][0], after[w][1] - before[w][1]) for w in after}
+    assert sum(made[w][0] for w in B) == 1 and sum(made[w][0] for w in A) == 0
+    assert sum(made[w][1] for w in A) == 100_000 * 8  # the bytes crossed once
+    del fut
+    assert wait_until(lambda: hosts.shm_of(0) == [] and hosts.shm_of(1) == []), (hosts.shm_of(0), hosts.shm_of(1))
+
+
+def test_shared_arrays_a_body_passes_on_in_containers_and_to_coroutines(hosts):
+    """The same inside a list, a dict, to a coroutine child, and an array
+    the body holds as its host's copy passed back to the array's own host."""
+    import dask
+
+    from dask_coro import coroutine
+
+    c = hosts.client
+    A, B = hosts.workers_of(0), hosts.workers_of(1)
+    totals = coroutine(totals_of)
+
+    @coroutine
+    def body(n):
+        with dask.annotate(workers=B[:1], allow_other_workers=False):
+            arr = yield dask.delayed(produce)(n)  # made on B: the body holds A's copy
+        with dask.annotate(workers=B, allow_other_workers=False):
+            back = yield dask.delayed(read)(arr)  # to B: its own segment again
+            listed = yield dask.delayed(totals_of)([arr, arr[10:]], scale={"x": 2}["x"])
+            called = yield totals([arr[:5]], scale=3)
+            keyed = yield dask.delayed(lambda d: float(d["a"].sum()))({"a": arr})
+        return back, listed, called, keyed
+
+    back, listed, called, keyed = c.compute(body(1000), workers=A[:1], allow_other_workers=False).result(timeout=60)
+    assert back[:2] == (1000.0, True) and not back[2].endswith("-c")  # B's own segment
+    assert listed == [2000.0, 1980.0] and called == [15.0] and keyed == 1000.0
+    assert wait_until(lambda: hosts.shm_of(0) == [] and hosts.shm_of(1) == []), (hosts.shm_of(0), hosts.shm_of(1))

@@ -19,6 +19,7 @@ from dask._task_spec import NestedContainer as NestedContainer
 from dask._task_spec import Task as Task
 from dask._task_spec import TaskRef as TaskRef
 from dask._task_spec import convert_legacy_task as convert_legacy_task
+from dask._task_spec import parse_input as parse_input
 from dask.base import _annotations
 from dask.delayed import Delayed
 from dask.delayed import _swap as swap  # noqa: F401

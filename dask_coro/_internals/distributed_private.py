@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import heapq
 import math
 import sys
@@ -27,6 +28,7 @@ from dask.utils import parse_timedelta
 from distributed.comm import CommClosedError
 from distributed.core import PooledRPCCall, Status, error_message
 from distributed.threadpoolexecutor import thread_state as pool_thread_state
+from distributed.utils import iscoroutinefunction
 from distributed.worker import _worker_cvar, thread_state
 from distributed.worker_state_machine import SecedeEvent, StateMachineEvent, WorkerState
 
@@ -190,11 +192,11 @@ def seceding_waits(worker: Any, secede_after: Callable[[], float | None]) -> Non
     def _get_client(*args: Any, **kwargs: Any) -> Any:
         client = get(*args, **kwargs)
         if not getattr(client, "_dask_coro_seceding", False):
-            client.sync = _seceding(client, client.sync, secede_after)
+            client.sync = keeping_contract(client.sync, _seceding(client, client.sync, secede_after))
             client._dask_coro_seceding = True
         return client
 
-    worker._get_client = _get_client
+    worker._get_client = keeping_contract(get, _get_client)
     worker._dask_coro_seceding = True
     _seceding_as_completed()
 
@@ -648,13 +650,42 @@ def add_handlers(
         server.stream_handlers.update(stream)
 
 
+def keeping_contract(original: Callable[..., Any], wrapper: Callable[..., Any]) -> Callable[..., Any]:
+    """``wrapper``, which stands in for ``original`` (a handler or a method
+    of distributed), made to look like it to distributed: the same signature
+    (``inspect.signature`` follows ``__wrapped__``), name and docstring.
+
+    distributed decides how to call a handler by inspecting it:
+    ``Server.handle_comm`` passes the comm if its first parameter is named
+    ``comm`` (``distributed.core._expects_comm``) and passes the asking side's
+    ``serializers`` back in only if it has that keyword
+    (``distributed.utils.has_keyword``); ``Server.handle_stream`` awaits a
+    stream handler only if it is a coroutine function
+    (``distributed.utils.iscoroutinefunction``). A wrapper taking
+    ``**kwargs`` would hide ``serializers``, and a client that refuses pickle
+    would get its results pickled. So the signature is the original's, and a
+    wrapper that is not async where the original is (or the reverse) is
+    refused. ``updated=()``: the original's attributes (another wrapper's
+    mark) are not copied onto this one."""
+    if _is_async(wrapper) != _is_async(original):
+        raise TypeError(
+            f"{wrapper!r} stands in for {original!r}: both must be coroutine functions, or neither"
+        )
+    return functools.update_wrapper(wrapper, original, updated=())
+
+
+def _is_async(f: Callable[..., Any]) -> bool:
+    return bool(iscoroutinefunction(f))
+
+
 def _wrap_handler(table: dict[str, Any], op: str, wrap: Callable[[Any], Any], mark: str) -> None:
     """Replace ``table[op]`` by ``wrap(table[op])``, once (``mark`` names the
-    attribute that says it is wrapped already)."""
+    attribute that says it is wrapped already), keeping the handler's
+    contract (``keeping_contract``)."""
     handler = table.get(op)
     if handler is None or getattr(handler, mark, False):
         return
-    wrapped = wrap(handler)
+    wrapped = keeping_contract(handler, wrap(handler))
     setattr(wrapped, mark, True)
     table[op] = wrapped
 

@@ -46,6 +46,10 @@ plugins are installed:
 
 ``run_started(run)``
     Before the body's first step.
+``async submitting(run, client, graph)``
+    Before a yield's graph is sent: futures of what the extension submitted
+    for it to depend on (it may rewrite ``graph``), held until it is sent.
+    What it raises is raised at the yield, and nothing is sent.
 ``annotations(run)``
     Annotations (a dict, or None) for the children of each of the run's
     yields; merged with every other extension's.
@@ -63,7 +67,8 @@ plugins are installed:
     or None if it was cancelled (then do not wait: the worker may be
     closing). Before its futures are released, ahead of the task's end.
 
-An exception raised by a hook other than ``results_received`` is logged,
+An exception raised by a hook other than ``submitting`` and
+``results_received`` is logged,
 naming the extension, and the run goes on (as distributed does with its
 plugins' hooks): a feature's failure never fails a user's task.
 """
@@ -128,6 +133,13 @@ class Extension:
     def annotations(self, run: Run) -> dict[str, Any] | None:
         return None
 
+    async def submitting(self, run: Run, client: Any, graph: dict[Any, Any]) -> list[Any]:
+        """Before a yield's graph is sent: what the graph must depend on that
+        the extension submits itself (it may rewrite ``graph`` in place); the
+        futures it returns are held until the graph is sent. What it raises is
+        raised at the yield, and nothing is sent."""
+        return []
+
     async def results_received(self, run: Run, results: list[Any]) -> None:
         pass
 
@@ -145,7 +157,7 @@ class Extension:
 
 
 #: The hooks on a run, in the order a run calls them.
-HOOKS = ("run_started", "annotations", "results_received", "released", "run_left", "run_ended")
+HOOKS = ("run_started", "submitting", "annotations", "results_received", "released", "run_left", "run_ended")
 
 _TABLE: dict[str, Extension] = {}
 _ACTIVE: dict[tuple[Extension, ...], Active] = {}
@@ -191,6 +203,7 @@ class Active:
     counts_calls: bool
     run_started: tuple[Extension, ...]
     annotations: tuple[Extension, ...]
+    submitting: tuple[Extension, ...]
     results_received: tuple[Extension, ...]
     released: tuple[Extension, ...]
     run_left: tuple[Extension, ...]

@@ -808,6 +808,16 @@ class _Run:
             plans.append((scope, positions, plan))
         new: dict[Key, Future] = {}
         if wanted:
+            # What the extensions submit for the graph to depend on (shared
+            # arrays the body passes on as values, as keys of this worker).
+            passed_on: list[Future] = []
+            try:
+                for ext in self.active.submitting:
+                    passed_on += await ext.submitting(self, client, graph)
+            except Exception as e:  # nothing sent: raised at the yields, as a planning error
+                for scope, _, _ in plans:
+                    scope.error = e
+                return
             # Children get priority over unrelated queued work: the scheduler
             # ranks a graph by its submitting task.
             annotations = self._child_annotations()
@@ -824,6 +834,7 @@ class _Run:
             new = dict(zip(wanted, futures))
             if now:
                 private.flush_client_stream(client)
+            del passed_on  # released after the graph: its tasks hold them now
         for scope, positions, plan in plans:
             # Delayed results are held until no live lazy value needs them; the
             # rest (finalized collections) only until the body has them.
