@@ -68,7 +68,7 @@ from ..core.engine import (
     Trampoline,
 )
 from ..core.localize import evaluate
-from ..core.plan import plan_yield
+from ..core.plan import Plan, plan_yield
 from ..core.scope import Scope
 from ..diagnostics.scheduler import ANNOTATION, CALLS_OP, TreePlugin
 from ..durability.scheduler import RUN_LEFT, DurablePlugin
@@ -342,6 +342,22 @@ def _watcher(worker: Worker) -> _KeyWatcher:
     return w
 
 
+class _Planned:
+    """One step's batches, planned (``_Run._plan``): the graph of their
+    ``Delayed`` leaves and the keys to ask for, and per frame with
+    collections its yield's annotations, its serialized message and the keys
+    of its results."""
+
+    __slots__ = ("graph", "wanted", "annotated", "plans", "computes")
+
+    def __init__(self) -> None:
+        self.graph: dict[Key, Any] = {}
+        self.wanted: dict[Key, None] = {}
+        self.annotated: dict[Key, dict[str, Any]] = {}
+        self.plans: list[tuple[Scope[Future], list[int], Plan]] = []
+        self.computes: list[tuple[dict[str, Any] | None, Any, list[Key]]] = []
+
+
 class _Run:
     def __init__(self, worker: Worker, task: CoroutineTask):
         self.worker = worker
@@ -364,6 +380,7 @@ class _Run:
         self.start = time()
         self.seceded = False
         self.reported: dict[str, tuple[int, int, int]] = {}  # inline calls sent, by name
+        self.planned: _Planned | None = None  # the last step's batches, planned on the lane
 
     # -- helpers -------------------------------------------------------------
 
@@ -391,6 +408,10 @@ class _Run:
             awaited.cancel()
         self.awaited = None
         out = self.ctx.run(fn, *args)
+        if (type(out) is Submit or type(out) is Await) and out.batches:
+            # Planned here, in the body's thread, as a worker_client task
+            # builds its graph in its own: a big one never blocks the loop.
+            self.planned = self.ctx.run(self._plan, out.batches, tramp.own_annotations)
         if type(out) is Await:
             out.obj = self._watch(out)
         return out
@@ -699,18 +720,13 @@ class _Run:
             client = futures[0].client
             client.loop.add_callback(plugin.let_go, client, [f.key for f in futures])
 
-    async def _submit(self, batches: list[tuple[Frame, list[int]]], own: Any,
-                      now: bool = False) -> None:
+    def _plan(self, batches: list[tuple[Frame, list[int]]], own: Any) -> _Planned:
         """Plan the remote leaves of each frame (keys derived from the frame's
         place under our key, annotated as the frame's yield was, ``own`` the
-        run's own annotations) and submit them all in one message; with
-        ``now`` (calls handed out to idle threads, which wait for them) sent
-        on the loop's next turn, not at the end of the client's batch."""
-        client = await self._client()
-        graph: dict[Key, Any] = {}
-        wanted: dict[Key, None] = {}
-        annotated: dict[Key, dict[str, Any]] = {}
-        plans = []
+        run's own annotations), and serialize each frame's collections as
+        ``Client.compute`` would; off the event loop (``_on_lane``). A
+        frame whose planning fails gets the error, raised at its yield."""
+        planned = _Planned()
         for frame, positions in batches:
             scope = self._scope_of(frame)
             try:
@@ -731,32 +747,57 @@ class _Run:
                         "its own key: it would wait for itself; give the child "
                         "another dask_key_name"
                     )
+                compute = plan.compute
+                if compute is not None:
+                    message = private.collections_message(compute.expr, compute.graph, compute.collections)
+                    planned.computes.append((frame.ann, message, list(dict.fromkeys(compute.outputs))))
             except Exception as e:  # raised at the yield when the frame waits
                 scope.error = e
                 continue
-            graph.update(plan.graph)
-            annotated.update(plan.annotations)
-            wanted.update(dict.fromkeys(Scope.wanted(plan.outputs, plan.keep, plan.graph)))
-            plans.append((scope, positions, plan))
+            planned.graph.update(plan.graph)
+            planned.annotated.update(plan.annotations)
+            planned.wanted.update(dict.fromkeys(Scope.wanted(plan.outputs, plan.keep, plan.graph)))
+            planned.plans.append((scope, positions, plan))
+        return planned
+
+    async def _submit(self, batches: list[tuple[Frame, list[int]]], own: Any,
+                      now: bool = False) -> None:
+        """Submit what the last step planned (``_plan``) in one message, and
+        each frame's collections in one message of their own, as
+        ``Client.compute`` sends them; with ``now`` (calls handed out to idle
+        threads, which wait for them) sent on the loop's next turn, not at
+        the end of the client's batch."""
+        planned, self.planned = self.planned, None
+        if planned is None:
+            planned = self._plan(batches, own)
+        client = await self._client()
+        graph, wanted, annotated = planned.graph, planned.wanted, planned.annotated
         new: dict[Key, Future] = {}
-        if wanted:
+        if wanted or planned.computes:
             # Children get priority over unrelated queued work: the scheduler
             # ranks a graph by its submitting task.
             annotations = await self._child_annotations()
             with private.submitting_as(self.key), dask.annotate(**annotations):
-                full = private.annotated_graph(graph, annotated)
-                if now:
-                    # Calls handed out to idle threads: a few tasks, in the
-                    # order they were handed out (the oldest, biggest, first);
-                    # the scheduler need not order them, and the message goes
-                    # at once.
-                    futures = private.get_in_order(client, full, list(wanted))
-                else:
-                    futures = client.get(full, list(wanted), sync=False)
-            new = dict(zip(wanted, futures))
+                if wanted:
+                    full = private.annotated_graph(graph, annotated)
+                    if now:
+                        # Calls handed out to idle threads: a few tasks, in the
+                        # order they were handed out (the oldest, biggest, first);
+                        # the scheduler need not order them, and the message goes
+                        # at once.
+                        futures = private.get_in_order(client, full, list(wanted))
+                    else:
+                        futures = client.get(full, list(wanted), sync=False)
+                    new.update(zip(wanted, futures))
+                for ann, message, outputs in planned.computes:
+                    # The yield's annotations for every task of its
+                    # collections, under those dask gives them, as
+                    # Client.compute under dask.annotate.
+                    with dask.annotate(**(ann or {})):
+                        new.update(zip(outputs, private.send_collections(client, message, outputs)))
             if now:
                 private.flush_client_stream(client)
-        for scope, positions, plan in plans:
+        for scope, positions, plan in planned.plans:
             # Delayed results are held until no live lazy value needs them; the
             # rest (finalized collections) only until the body has them.
             scope.record(positions, plan.outputs, plan.keep, plan.layers, new)
