@@ -19,8 +19,8 @@ from dask.local import get_sync
 from dask.utils import key_split
 
 from dask_coro import coroutine
-from dask_coro.core.keys import slot_of
 from dask_coro._internals.dask_private import expression_graph
+from dask_coro.core.keys import slot_of
 from dask_coro.core.plan import derive_key, plan_yield
 from dask_coro.runtime.call import CoroutineTask
 
