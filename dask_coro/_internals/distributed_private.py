@@ -372,7 +372,7 @@ def get_in_order(client: Any, graph: Any, keys: list[Key]) -> list[Any]:
 def collections_message(expr: Any, graph: dict[Key, Any], collections: list[Any]) -> tuple[Any, Any]:
     """What ``Client.compute(collections)`` sends, built where the caller
     runs (a coroutine's lane, as a ``worker_client`` task builds it in its
-    own thread), for ``send_collections`` to send from the event loop:
+    own thread), for ``send_serialized`` to send from the event loop:
     ``expr`` (the finalized, optimized expression of the collections) with
     the tasks of ``graph`` beside it, in one ``_ExprSequence``, already
     serialized (``Client._graph_to_futures`` serializes ``to_serialize(expr)``;
@@ -390,8 +390,21 @@ def collections_message(expr: Any, graph: dict[Key, Any], collections: list[Any]
     return ser, SpanMetadata(collections=[get_collections_metadata(c) for c in collections])
 
 
-def send_collections(client: Any, message: tuple[Any, Any], keys: list[Key]) -> list[Any]:
-    """Send a ``collections_message`` as ``Client.compute`` sends its
+def serialized_graph(graph: Any) -> Any:
+    """``graph`` (a dict, or a ``HighLevelGraph`` from ``annotated_graph``)
+    as ``Client.get`` would send it, serialized where the caller runs
+    (``collections_message``), with ``Client.get``'s span metadata."""
+    from dask._expr import HLGExpr, LLGExpr
+    from distributed.protocol.serialize import Serialized, serialize, to_serialize
+    from distributed.spans import SpanMetadata
+
+    expr = HLGExpr(graph) if isinstance(graph, HighLevelGraph) else LLGExpr(graph)
+    ser = Serialized(*serialize(to_serialize(expr), on_error="raise"))
+    return ser, SpanMetadata(collections=[{"type": "low-level-graph"}])
+
+
+def send_serialized(client: Any, message: tuple[Any, Any], keys: list[Key]) -> list[Any]:
+    """Send a ``collections_message`` (or a ``serialized_graph``) as ``Client.compute`` sends its
     expression (``Client._graph_to_futures``: the ``dask.annotate`` in effect,
     ``thread_state.key`` as the submitting task, ``fifo_timeout`` 60 s);
     the futures of ``keys``."""

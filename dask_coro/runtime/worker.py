@@ -96,6 +96,9 @@ _QUIET = 1.0  # s without an inline run before a worker stops hearing of idle th
 # too long costs at most that many calls handed out to threads busy again.
 _MIN_HOLD = 0.25
 _CALLS_INTERVAL = 0.5  # s between two reports of the inline calls of a run
+# Tasks of a step's graph past which it is serialized on the lane, not on the
+# event loop (some 10-30 us a task: a few ms here).
+_SERIALIZE_HERE = 200
 
 
 class _SwitchInterval:
@@ -348,9 +351,10 @@ class _Planned:
     collections its yield's annotations, its serialized message and the keys
     of its results."""
 
-    __slots__ = ("graph", "wanted", "annotated", "plans", "computes")
+    __slots__ = ("graph", "wanted", "annotated", "plans", "computes", "message")
 
     def __init__(self) -> None:
+        self.message: Any = None  # the graph, serialized (a big one)
         self.graph: dict[Key, Any] = {}
         self.wanted: dict[Key, None] = {}
         self.annotated: dict[Key, dict[str, Any]] = {}
@@ -758,6 +762,10 @@ class _Run:
             planned.annotated.update(plan.annotations)
             planned.wanted.update(dict.fromkeys(Scope.wanted(plan.outputs, plan.keep, plan.graph)))
             planned.plans.append((scope, positions, plan))
+        if len(planned.graph) > _SERIALIZE_HERE:
+            # A big graph: serialized here too, not on the loop.
+            full = private.annotated_graph(planned.graph, planned.annotated)
+            planned.message = private.serialized_graph(full)
         return planned
 
     async def _submit(self, batches: list[tuple[Frame, list[int]]], own: Any,
@@ -778,7 +786,10 @@ class _Run:
             # ranks a graph by its submitting task.
             annotations = await self._child_annotations()
             with private.submitting_as(self.key), dask.annotate(**annotations):
-                if wanted:
+                if planned.message is not None:
+                    futures = private.send_serialized(client, planned.message, list(wanted))
+                    new.update(zip(wanted, futures))
+                elif wanted:
                     full = private.annotated_graph(graph, annotated)
                     if now:
                         # Calls handed out to idle threads: a few tasks, in the
@@ -794,7 +805,7 @@ class _Run:
                     # collections, under those dask gives them, as
                     # Client.compute under dask.annotate.
                     with dask.annotate(**(ann or {})):
-                        new.update(zip(outputs, private.send_collections(client, message, outputs)))
+                        new.update(zip(outputs, private.send_serialized(client, message, outputs)))
             if now:
                 private.flush_client_stream(client)
         for scope, positions, plan in planned.plans:
