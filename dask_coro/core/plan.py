@@ -16,7 +16,18 @@ A key the user chose in a yielded ``Delayed`` (``dask_key_name=``, a
 ``Client.compute`` keeps it: another client's ``Future("my-inc")`` finds it,
 and two coroutines yielding it share one task. Tasks below such a key take
 their slot from it, not from the parent, so every coroutine that yields it
-submits the same graph. Collections' keys are all renamed.
+submits the same graph.
+
+Collections. The collections of one yield (anything but a ``Delayed`` or a
+Future) are computed together as ``dask.compute`` and ``Client.compute``
+compute them: one finalized, optimized expression (``Compute``), not
+materialized here, with dask's own keys (tokens of what they compute: the
+same on a re-run that builds the collection again; P2P operations find their
+barrier by them). Each result is handed on by one small task under a
+derived key, since dask names an array's finalized result anew each time. A
+collection whose graph holds a key an earlier yield computed (``known``) or
+computed in place (``values``) must refer to it under its new key: it is
+planned as a ``Delayed`` is, every task renamed.
 
 Annotations. What a task gets is what the scheduler would give it had the
 leaf been computed with ``Client.compute`` under the annotations in effect
