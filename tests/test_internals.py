@@ -82,6 +82,35 @@ def test_finalized_gives_the_annotations_the_scheduler_reads():
     assert set(by_type["retries"]) <= set(graph)
 
 
+def test_finalized_together_is_client_computes_expression_and_keys():
+    # One expression for several collections, a key per collection in order,
+    # shared tasks once (distributed.Client.compute).
+    da = pytest.importorskip("dask.array")
+    x = da.arange(8, chunks=2)
+    expr, keys = dp.finalized_together([x.sum(), x.mean()])
+    assert len(keys) == 2
+    graph = dp.expression_graph(expr)
+    assert get_sync(graph, keys) == (28, 3.5)
+    assert sum(1 for k in graph if isinstance(k, tuple) and k[0].startswith("arange")) <= 4
+
+
+def test_holds_any_finds_a_delayeds_task_in_a_collection_without_building_it():
+    da = pytest.importorskip("dask.array")
+    dd = pytest.importorskip("dask.dataframe")
+    pd = pytest.importorskip("pandas")
+    L = dask.delayed(lambda: [1, 2, 3])()
+    arr = da.from_delayed(L, shape=(3,), dtype=int) + 1
+    assert dp.holds_any(arr.sum(), {L.key})
+    assert not dp.holds_any(arr.sum(), {"other-key"})
+    assert not dp.holds_any(arr, set())
+    frame = dd.from_delayed([dask.delayed(pd.DataFrame)({"a": [1]})], meta={"a": "i8"})
+    inner = [k for k in frame.__dask_graph__() if not isinstance(k, tuple)]
+    assert inner and dp.holds_any(frame.a.sum(), set(inner))
+    mapped = frame.map_partitions(lambda df, v: df + v, L[0], meta=frame._meta)
+    assert dp.holds_any(mapped, {L.key})
+    assert not dp.holds_any(dd.from_pandas(pd.DataFrame({"a": [1]}), npartitions=1), {L.key})
+
+
 def test_task_is_coro_honours_the_tornado_flag():
     # CoroutineTask marks itself with __tornado_coroutine__ so a worker runs it
     # on its event loop (Task.is_coro -> distributed.utils.iscoroutinefunction).
@@ -105,6 +134,26 @@ async def test_annotated_graph_gives_each_task_its_own_annotations(c, s, a):
     assert s.tasks["x"].retries == 2
     assert s.tasks["y"].annotations == {"team": "blue"}  # no None from dict.get
     assert pv.annotated_graph(graph, {}) is graph
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_a_serialized_message_is_sent_as_client_compute_sends_its_expression(c, s, a):
+    # Client._graph_to_futures serializes to_serialize(expr); a Serialized
+    # one goes as it is (distributed.protocol.serialize), so it can be made
+    # in another thread; the dask.annotate in effect reaches every task.
+    da = pytest.importorskip("dask.array")
+    x = da.arange(8, chunks=2)
+    expr, keys = dp.finalized_together([x.sum()])
+    extra = {"out": dp.Task("out", operator.add, dp.TaskRef(keys[0]), 1)}
+    message = pv.collections_message(expr, extra, [x.sum()])
+    assert type(message[0]).__name__ == "Serialized"
+    with dask.annotate(retries=2):
+        (fut,) = pv.send_serialized(c, message, ["out"])
+    assert await fut == 29
+    assert s.tasks["out"].retries == 2
+    graph = {"y": dp.Task("y", operator.mul, 6, 7)}
+    (fut,) = pv.send_serialized(c, pv.serialized_graph(graph), ["y"])
+    assert await fut == 42
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])

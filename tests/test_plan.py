@@ -19,6 +19,7 @@ from dask.local import get_sync
 from dask.utils import key_split
 
 from dask_coro import coroutine
+from dask_coro._internals.dask_private import expression_graph
 from dask_coro.core.keys import slot_of
 from dask_coro.core.plan import derive_key, plan_yield
 from dask_coro.runtime.call import CoroutineTask
@@ -270,29 +271,93 @@ def test_known_is_not_mutated():
     assert known == before
 
 
+def computed(p):
+    """The plan's outputs computed in this thread, its collections' tasks as
+    the scheduler would build them."""
+    graph = dict(p.graph)
+    if p.compute is not None:
+        graph.update(expression_graph(p.compute.expr))
+        graph.update(p.compute.graph)
+    return get_sync(graph, p.outputs)
+
+
 def test_dask_array_leaf():
+    # A collection keeps dask's keys (Client.compute's): nothing renamed, no
+    # task built here, the same keys for the same collection anywhere.
     x = da.ones(10, chunks=5).sum()
     p = plan_yield([x], [()], {}, "par", 0)
-    assert len(p.outputs) == 1
+    assert p.graph == {}
+    assert p.compute is not None
     (out,) = p.outputs
-    assert out in p.graph
-    assert all(CHILD_RE.match(k) for k in p.graph)
+    # The result is handed on under a key of ours (dask names an array's
+    # finalized result anew each time), at the leaf's place.
+    assert p.compute.outputs == [out]
+    assert out[:-17] == derive_key(key_split(x.name), "par", 0, ())
+    (name,) = p.compute.keys
+    assert p.compute.graph[out].dependencies == {name}
+    assert key_split(name) == key_split(client_compute_keys([x])[0])
     # Collections are not kept for later yields.
     assert p.keep == []
     assert p.layers == []
-    (value,) = get_sync(dict(p.graph), p.outputs)
-    assert value == 10.0
-    # Deterministic: same again, different index -> different keys.
+    assert computed(p) == (10.0,)
+    # Deterministic: the same collection built again, the same key.
     again = plan_yield([da.ones(10, chunks=5).sum()], [()], {}, "par", 0)
-    assert sorted(again.graph) == sorted(p.graph)
+    assert again.outputs == p.outputs
     other = plan_yield([x], [()], {}, "par", 1)
-    assert not set(other.graph) & set(p.graph)
+    assert other.outputs != p.outputs
+    # Tasks below keep dask's keys, as Client.compute sends them.
+    # (dask names the finalized aggregation anew each time, "...-<uuid>".)
+    ours = {k for k in expression_graph(p.compute.expr) if type(k) is tuple}
+    theirs = {k for k in expression_graph(client_compute_expr([x])) if type(k) is tuple}
+    assert ours == theirs and len(ours) == 2
+
+
+def client_compute_expr(colls):
+    """The expression ``Client.compute(colls)`` sends (distributed.Client.compute)."""
+    from dask._expr import FinalizeCompute
+    from dask.base import collections_to_expr
+
+    return FinalizeCompute(collections_to_expr(colls, optimize_graph=True)).optimize()
+
+
+def client_compute_keys(colls, expr=None):
+    """The keys ``Client.compute(colls)`` asks for."""
+    from dask.core import flatten
+
+    return list(flatten((expr or client_compute_expr(colls)).__dask_keys__()))
+
+
+def test_collections_of_one_yield_are_one_computation():
+    # As dask.compute(x.sum(), x.mean()): one expression, shared tasks once.
+    x = da.arange(8, chunks=2)
+    p = plan_yield([x.sum(), x.mean()], [(0,), (1,)], {}, "par", 0)
+    assert p.compute is not None and len(p.compute.keys) == 2
+    graph = expression_graph(p.compute.expr)
+    arange = [k for k in graph if key_split(k) == "arange"]
+    assert len(arange) == 4  # once, for both
+    assert computed(p) == (28, 3.5)
+
+
+def test_a_collection_on_an_earlier_result_is_renamed():
+    # Built on a Delayed an earlier yield computed: its graph refers to that
+    # result's original key, which lives under a derived key; the collection
+    # is planned as a Delayed is, its keys derived from the parent's.
+    L = dask.delayed(lambda: [1, 2, 3, 4])()
+    p1 = plan_yield([L], [()], {}, "par", 0)
+    known = known_from(p1)
+    arr = da.from_delayed(L, shape=(4,), dtype=int).sum()
+    p2 = plan_yield([arr], [()], known, "par", 1)
+    assert p2.compute is None
+    assert all(CHILD_RE.match(k) for k in p2.graph)
+    graph = dict(p2.graph)
+    graph.update(p1.graph)
+    assert get_sync(graph, p2.outputs) == (10,)
 
 
 def test_dask_array_non_scalar_leaf():
     x = da.arange(6, chunks=2) * 2
     p = plan_yield([x], [()], {}, "par", 0)
-    (value,) = get_sync(dict(p.graph), p.outputs)
+    (value,) = computed(p)
     assert value.tolist() == [0, 2, 4, 6, 8, 10]
 
 
@@ -357,7 +422,7 @@ def test_mixed_leaves():
     p = plan_yield([x, arr], [(0,), (1, "k")], {}, "par", 2)
     assert p.outputs[0][:-17] == derive_key("fib", "par", 2, (0,))
     assert p.keep == [p.outputs[0]]
-    assert get_sync(dict(p.graph), p.outputs) == (4, 4.0)
+    assert computed(p) == (4, 4.0)
 
 
 def test_keys_independent_of_hash_seed():

@@ -59,3 +59,75 @@ def finalized(coll: Any, *, optimize: bool) -> tuple[Any, dict[Any, Any], dict[s
     expr = FinalizeCompute(collections_to_expr([coll], optimize_graph=optimize)).optimize()
     (out,) = flatten(expr.__dask_keys__())
     return out, dict(expr.__dask_graph__()), dict(expr.__dask_annotations__())
+
+
+def finalized_together(colls: list[Any]) -> tuple[Any, list[Any]]:
+    """The expression ``Client.compute(colls)`` sends, and the key of each
+    collection's result in it: ``FinalizeCompute(collections_to_expr(colls,
+    optimize_graph=True)).optimize()``, its keys ``flatten(__dask_keys__())``,
+    one per collection in order (``distributed.Client.compute``). Not
+    materialized: the scheduler builds the tasks (``_materialize_graph``)."""
+    from dask._expr import FinalizeCompute
+    from dask.base import collections_to_expr
+    from dask.core import flatten
+
+    expr = FinalizeCompute(collections_to_expr(list(colls), optimize_graph=True)).optimize()
+    return expr, list(flatten(expr.__dask_keys__()))
+
+
+def expression_graph(expr: Any) -> dict[Any, Any]:
+    """The tasks of ``expr`` as the scheduler materializes them
+    (``distributed.scheduler._materialize_graph``: ``__dask_graph__``, then
+    ``convert_legacy_graph``)."""
+    from dask._task_spec import convert_legacy_graph
+
+    return convert_legacy_graph(dict(expr.__dask_graph__()))
+
+
+def holds_any(coll: Any, keys: Any) -> bool:
+    """Whether ``coll``'s graph holds a task of one of ``keys`` (a set-like
+    of keys of ``Delayed`` objects), without building its tasks.
+
+    A ``Delayed``'s tasks enter a collection as a graph of their own, which
+    the collection's expression keeps as an operand: a ``HighLevelGraph``
+    (an ``HLGExpr``'s ``dsk``: arrays, bags, ``da.from_delayed``), a
+    ``Delayed`` (dask-expr's ``_DelayedExpr.obj``: ``dd.from_delayed``,
+    ``map_partitions`` with a ``Delayed`` argument), a collection (whose
+    graph is looked at the same way) or a plain dict (``FromGraph``'s
+    layer). In a ``HighLevelGraph`` only materialized layers hold tasks of a
+    ``Delayed`` (``Delayed`` layers are ``MaterializedLayer``s); a
+    ``Blockwise`` layer only refers to them."""
+    if not keys:
+        return False
+    from dask._expr import Expr
+    from dask.base import collections_to_expr, is_dask_collection
+    from dask.highlevelgraph import HighLevelGraph
+
+    seen: set[int] = set()
+
+    def in_graph(graph: Any) -> bool:
+        if id(graph) in seen:
+            return False
+        seen.add(id(graph))
+        if isinstance(graph, HighLevelGraph):
+            return any(
+                layer.is_materialized() and not keys.isdisjoint(layer.keys())
+                for layer in graph.layers.values()
+            )
+        if isinstance(graph, dict):
+            return not keys.isdisjoint(graph.keys())
+        return False
+
+    def in_operand(op: Any) -> bool:
+        if isinstance(op, (HighLevelGraph, dict)):
+            return in_graph(op)
+        if isinstance(op, (list, tuple)):
+            return any(in_operand(o) for o in op)
+        if not isinstance(op, Expr) and is_dask_collection(op):
+            if hasattr(op, "expr") and isinstance(op.expr, Expr):
+                return holds_any(op, keys)
+            return in_graph(op.__dask_graph__())
+        return False
+
+    expr = collections_to_expr([coll], optimize_graph=False)
+    return any(in_operand(op) for e in expr.walk() for op in e.operands)

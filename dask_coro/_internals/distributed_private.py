@@ -583,6 +583,52 @@ def get_in_order(client: Any, graph: Any, keys: list[Key]) -> list[Any]:
     return [futures[k] for k in keys]
 
 
+def collections_message(expr: Any, graph: dict[Key, Any], collections: list[Any]) -> tuple[Any, Any]:
+    """What ``Client.compute(collections)`` sends, built where the caller
+    runs (a coroutine's lane, as a ``worker_client`` task builds it in its
+    own thread), for ``send_serialized`` to send from the event loop:
+    ``expr`` (the finalized, optimized expression of the collections) with
+    the tasks of ``graph`` beside it, in one ``_ExprSequence``, already
+    serialized (``Client._graph_to_futures`` serializes ``to_serialize(expr)``;
+    ``distributed.protocol.serialize`` hands a ``Serialized`` back as it is),
+    and the span metadata ``Client.compute`` gives it
+    (``get_collections_metadata``). The scheduler materializes the tasks
+    (``_materialize_graph``), as for ``Client.compute``."""
+    from dask._expr import LLGExpr, _ExprSequence
+    from distributed.client import get_collections_metadata
+    from distributed.protocol.serialize import Serialized, serialize, to_serialize
+    from distributed.spans import SpanMetadata
+
+    whole = _ExprSequence(expr, LLGExpr(graph))
+    ser = Serialized(*serialize(to_serialize(whole), on_error="raise"))
+    return ser, SpanMetadata(collections=[get_collections_metadata(c) for c in collections])
+
+
+def serialized_graph(graph: Any) -> Any:
+    """``graph`` (a dict, or a ``HighLevelGraph`` from ``annotated_graph``)
+    as ``Client.get`` would send it, serialized where the caller runs
+    (``collections_message``), with ``Client.get``'s span metadata."""
+    from dask._expr import HLGExpr, LLGExpr
+    from distributed.protocol.serialize import Serialized, serialize, to_serialize
+    from distributed.spans import SpanMetadata
+
+    expr = HLGExpr(graph) if isinstance(graph, HighLevelGraph) else LLGExpr(graph)
+    ser = Serialized(*serialize(to_serialize(expr), on_error="raise"))
+    return ser, SpanMetadata(collections=[{"type": "low-level-graph"}])
+
+
+def send_serialized(client: Any, message: tuple[Any, Any], keys: list[Key]) -> list[Any]:
+    """Send a ``collections_message`` (or a ``serialized_graph``) as ``Client.compute`` sends its
+    expression (``Client._graph_to_futures``: the ``dask.annotate`` in effect,
+    ``thread_state.key`` as the submitting task, ``fifo_timeout`` 60 s);
+    the futures of ``keys``."""
+    ser, metadata = message
+    futures = client._graph_to_futures(
+        expr=ser, keys=set(keys), span_metadata=metadata, fifo_timeout="60s"
+    )
+    return [futures[k] for k in keys]
+
+
 def flush_client_stream(client: Any) -> None:
     """Send what the client's batched stream holds on the event loop's next
     turn, not at the end of its batch interval (``flush_stream``)."""

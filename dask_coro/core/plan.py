@@ -16,7 +16,18 @@ A key the user chose in a yielded ``Delayed`` (``dask_key_name=``, a
 ``Client.compute`` keeps it: another client's ``Future("my-inc")`` finds it,
 and two coroutines yielding it share one task. Tasks below such a key take
 their slot from it, not from the parent, so every coroutine that yields it
-submits the same graph. Collections' keys are all renamed.
+submits the same graph.
+
+Collections. The collections of one yield (anything but a ``Delayed`` or a
+Future) are computed together as ``dask.compute`` and ``Client.compute``
+compute them: one finalized, optimized expression (``Compute``), not
+materialized here, with dask's own keys (tokens of what they compute: the
+same on a re-run that builds the collection again; P2P operations find their
+barrier by them). Each result is handed on by one small task under a
+derived key, since dask names an array's finalized result anew each time. A
+collection whose graph holds a key an earlier yield computed (``known``) or
+computed in place (``values``) must refer to it under its new key: it is
+planned as a ``Delayed`` is, every task renamed.
 
 Annotations. What a task gets is what the scheduler would give it had the
 leaf been computed with ``Client.compute`` under the annotations in effect
@@ -55,10 +66,40 @@ from .._internals.dask_private import (
     TaskRef,
     convert_legacy_task,
     finalized,
+    finalized_together,
+    holds_any,
 )
 from .keys import child_key, derive_key, named_by_user
 
-__all__ = ["Plan", "collection_graph", "derive_key", "func_token", "plan_yield"]
+__all__ = ["Compute", "Plan", "collection_graph", "derive_key", "func_token", "plan_yield"]
+
+
+@dataclass(slots=True)
+class Compute:
+    """The collections of one yield, computed together as ``dask.compute``
+    computes them: one expression, optimized as a whole, sent as it is
+    (``Client.compute``), with dask's own keys.
+
+    expr
+        The finalized, optimized expression (not materialized).
+    keys
+        Its output keys, one per collection, in order.
+    graph
+        One task per leaf that hands the collection's result on under a key
+        derived from the parent's (``outputs``): dask names an array's or a
+        bag's finalized result anew each time (``finalize-hlg...-<uuid>``),
+        and a re-run parent must find its result by key.
+    outputs
+        The keys of ``graph``, one per collection, in order.
+    collections
+        The collections (for the submission's span metadata).
+    """
+
+    expr: Any = field(repr=False)
+    keys: list[Key]
+    graph: dict[Key, GraphNode]
+    outputs: list[Key]
+    collections: list[Any]
 
 
 @dataclass(slots=True)
@@ -77,6 +118,11 @@ class Plan:
     annotations
         Renamed key -> the annotations of its task, for the tasks that have
         any (see the module's docstring).
+    compute
+        The yield's collections computed together, if any (``Compute``):
+        their outputs are among ``outputs``, their tasks are not in
+        ``graph``. The yield's annotations are for the submitter to put in
+        effect around it, as ``Client.compute`` under ``dask.annotate``.
     """
 
     graph: dict[Key, GraphNode] = field(default_factory=dict)
@@ -84,6 +130,7 @@ class Plan:
     keep: list[Key] = field(default_factory=list)
     layers: list[tuple[Any, dict[Key, Key]]] = field(default_factory=list)
     annotations: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    compute: Compute | None = None
 
 
 def _identity(x: Any) -> Any:
@@ -110,12 +157,33 @@ def plan_yield(
     values = values or {}
     rename: dict[Key, Key] = dict(known)
     seen: set[str] = set()
+    # Collections that need no key renamed: computed together, as dask.compute.
+    together: dict[int, Any] = {}
+    ours = known.keys() | values.keys() if values else known.keys()
+    for i, leaf in enumerate(leaves):
+        if not isinstance(leaf, (Delayed, TaskRef)) and not holds_any(leaf, ours):
+            together[i] = leaf
+    if together:
+        expr, keys = finalized_together(list(together.values()))
+        compute = plan.compute = Compute(expr, keys, {}, [], list(together.values()))
+        by_leaf = dict(zip(together, keys, strict=True))
     for i, (leaf, path) in enumerate(zip(leaves, paths)):
         # Keys are derived from repr(path); dict keys that print alike (two
         # objects with one repr, two NaNs) would give two leaves one key.
         while repr(path) in seen:
             path = (*path, ("#", i))
         seen.add(repr(path))
+        if i in together:
+            # Handed on under a key of ours, named by the collection's token
+            # (dask's: the same collection built again has the same one).
+            name = by_leaf[i]
+            own_name = getattr(leaf, "_name", None)  # an array's, a frame's; the prefix
+            prefix = key_split(own_name if isinstance(own_name, str) else name)
+            k = child_key(derive_key(prefix, parent, index, path), tokenize(leaf))
+            compute.graph[k] = Task(k, _identity, TaskRef(name))
+            compute.outputs.append(k)
+            plan.outputs.append(k)
+            continue
         nodes: Mapping[Key, tuple[Any, Any]] = {}
         graph = None
         if isinstance(leaf, Delayed):

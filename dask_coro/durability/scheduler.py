@@ -117,11 +117,17 @@ class DurablePlugin(SchedulerPlugin):
             # run, and not consumed.
             book.ask(k)
             budget.discharge(k)
+        # Only what the parent asks for is held: a re-run finds its results,
+        # and the tasks below them (a collection's chunks) go as they would
+        # for client.compute, once their dependents ran.
+        asked = keys if isinstance(keys, (set, frozenset, dict)) else set(keys or ())
         for parent, children in children_by_parent(annotations).items():
             ts = scheduler.tasks.get(parent)
             if ts is None or ts.state in _ENDED:
                 continue  # a parent that ended meanwhile holds nothing
-            held = self.book.adopt(parent, [k for k in children if k in scheduler.tasks], self._state)
+            held = self.book.adopt(
+                parent, [k for k in children if k in asked and k in scheduler.tasks], self._state
+            )
             if held:
                 # Held before this graph's transitions run: from now on the
                 # worker's client is not their only holder.

@@ -26,7 +26,7 @@ from dask.utils import funcname
 
 from .. import _config
 from .._context import gather_in_task, running_key
-from .._internals.dask_private import DataNode, Task, TaskRef
+from .._internals.dask_private import DataNode, Task, TaskRef, expression_graph
 from ..core.engine import Await, Done, Failed, Frame, Raised, Returned, Submit
 from ..core.localize import arguments
 from ..core.plan import Plan, plan_yield
@@ -224,6 +224,9 @@ def _compute(plan: Plan, values: dict[Any, Any], leaves: list[Any]) -> Generator
     """The values of the plan's outputs and kept keys; ``values`` holds those
     of keys computed by earlier yields."""
     graph: dict[Any, Any] = dict(plan.graph)
+    if plan.compute is not None:  # the yield's collections, as dask.compute
+        graph.update(expression_graph(plan.compute.expr))
+        graph.update(plan.compute.graph)
     for k in values.keys() & _needed(plan):
         v = values[k]
         graph[k] = Task(k, _reraise, DataNode(None, v.error)) if type(v) is Failed else DataNode(k, v)

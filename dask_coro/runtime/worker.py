@@ -65,7 +65,7 @@ from ..core.engine import (
     Submit,
     Trampoline,
 )
-from ..core.plan import plan_yield
+from ..core.plan import Plan, plan_yield
 from ..core.scope import Scope
 from ..resources.worker import lent
 from . import extensions
@@ -93,6 +93,9 @@ _QUIET = 1.0  # s without an inline run before a worker stops hearing of idle th
 # 20 ms calls and a 20 ms hold, a tree ran on one worker of two. A count kept
 # too long costs at most that many calls handed out to threads busy again.
 _MIN_HOLD = 0.25
+# Tasks of a step's graph past which it is serialized on the lane, not on the
+# event loop (some 10-30 us a task: a few ms here).
+_SERIALIZE_HERE = 200
 
 
 class _SwitchInterval:
@@ -334,6 +337,23 @@ def _secede_after() -> float | None:
     return _config.get_timedelta("coro.secede-after", allow_none=True)
 
 
+class _Planned:
+    """One step's batches, planned (``_Run._plan``): the graph of their
+    ``Delayed`` leaves and the keys to ask for, and per frame with
+    collections its yield's annotations, its serialized message and the keys
+    of its results."""
+
+    __slots__ = ("graph", "wanted", "annotated", "plans", "computes", "message")
+
+    def __init__(self) -> None:
+        self.message: Any = None  # the graph, serialized (a big one)
+        self.graph: dict[Key, Any] = {}
+        self.wanted: dict[Key, None] = {}
+        self.annotated: dict[Key, dict[str, Any]] = {}
+        self.plans: list[tuple[Scope[Future], list[int], Plan]] = []
+        self.computes: list[tuple[dict[str, Any] | None, Any, list[Key]]] = []
+
+
 class _Run:
     """One run of a coroutine task on this worker; what extensions' hooks
     read of it is ``extensions.Run``."""
@@ -371,6 +391,8 @@ class _Run:
         self.idents: dict[str, int] = {}  # ``ident``: names given, per kind
         # Where our steps wait for a thread of the pool: our tree's rank (``_rank``).
         self.rank: tuple[Any, ...] = ()
+
+        self.planned: _Planned | None = None  # the last step's batches, planned on the lane
 
     @property
     def trampoline(self) -> Trampoline | None:
@@ -418,6 +440,10 @@ class _Run:
             awaited.cancel()
         self.awaited = None
         out = self.ctx.run(fn, *args)
+        if (type(out) is Submit or type(out) is Await) and out.batches:
+            # Planned here, in the body's thread, as a worker_client task
+            # builds its graph in its own: a big one never blocks the loop.
+            self.planned = self.ctx.run(self._plan, out.batches, tramp.own_annotations)
         if type(out) is Await:
             out.obj = self._watch(out)
         return out
@@ -687,13 +713,18 @@ class _Run:
         tramp = self.tramp
         own = tramp.own_annotations if tramp is not None else None
         plan = plan_yield(leaves, paths, {}, ident, 0, None, own=own)
-        wanted = Scope.wanted(plan.outputs, plan.keep, plan.graph)
+        compute = plan.compute  # collections, computed together as in a yield
+        computed = list(dict.fromkeys(compute.outputs)) if compute is not None else []
+        wanted = [k for k in Scope.wanted(plan.outputs, plan.keep, plan.graph) if k not in computed]
         new: dict[Key, Future] = {}
-        if wanted:
-            ann = {**self._child_annotations(), **(annotations or {})}
-            with private.submitting_as(self.key), dask.annotate(**ann):
+        ann = {**self._child_annotations(), **(annotations or {})}
+        with private.submitting_as(self.key), dask.annotate(**ann):
+            if wanted:
                 full = private.annotated_graph(plan.graph, plan.annotations)
-                new = dict(zip(wanted, client.get(full, wanted, sync=False)))
+                new.update(zip(wanted, client.get(full, wanted, sync=False)))
+            if compute is not None:
+                message = private.collections_message(compute.expr, compute.graph, compute.collections)
+                new.update(zip(computed, private.send_serialized(client, message, computed)))
         kept = {k: f for k, f in new.items() if k not in plan.outputs}
         if kept:
             self._release(kept.values())  # intermediate keys: the outputs need them, not us
@@ -767,18 +798,13 @@ class _Run:
         if futures and self.active.released:
             extensions.notify(self.active.released, "released", self, futures)
 
-    async def _submit(self, batches: list[tuple[Frame, list[int]]], own: Any,
-                      now: bool = False) -> None:
+    def _plan(self, batches: list[tuple[Frame, list[int]]], own: Any) -> _Planned:
         """Plan the remote leaves of each frame (keys derived from the frame's
         place under our key, annotated as the frame's yield was, ``own`` the
-        run's own annotations) and submit them all in one message; with
-        ``now`` (calls handed out to idle threads, which wait for them) sent
-        on the loop's next turn, not at the end of the client's batch."""
-        client = await self._client()
-        graph: dict[Key, Any] = {}
-        wanted: dict[Key, None] = {}
-        annotated: dict[Key, dict[str, Any]] = {}
-        plans = []
+        run's own annotations), and serialize each frame's collections as
+        ``Client.compute`` would; off the event loop (``_on_lane``). A
+        frame whose planning fails gets the error, raised at its yield."""
+        planned = _Planned()
         for frame, positions in batches:
             scope = self._scope_of(frame)
             try:
@@ -799,15 +825,37 @@ class _Run:
                         "its own key: it would wait for itself; give the child "
                         "another dask_key_name"
                     )
+                compute = plan.compute
+                if compute is not None:
+                    message = private.collections_message(compute.expr, compute.graph, compute.collections)
+                    planned.computes.append((frame.ann, message, list(dict.fromkeys(compute.outputs))))
             except Exception as e:  # raised at the yield when the frame waits
                 scope.error = e
                 continue
-            graph.update(plan.graph)
-            annotated.update(plan.annotations)
-            wanted.update(dict.fromkeys(Scope.wanted(plan.outputs, plan.keep, plan.graph)))
-            plans.append((scope, positions, plan))
+            planned.graph.update(plan.graph)
+            planned.annotated.update(plan.annotations)
+            planned.wanted.update(dict.fromkeys(Scope.wanted(plan.outputs, plan.keep, plan.graph)))
+            planned.plans.append((scope, positions, plan))
+        if len(planned.graph) > _SERIALIZE_HERE:
+            # A big graph: serialized here too, not on the loop.
+            full = private.annotated_graph(planned.graph, planned.annotated)
+            planned.message = private.serialized_graph(full)
+        return planned
+
+    async def _submit(self, batches: list[tuple[Frame, list[int]]], own: Any,
+                      now: bool = False) -> None:
+        """Submit what the last step planned (``_plan``) in one message, and
+        each frame's collections in one message of their own, as
+        ``Client.compute`` sends them; with ``now`` (calls handed out to idle
+        threads, which wait for them) sent on the loop's next turn, not at
+        the end of the client's batch."""
+        planned, self.planned = self.planned, None
+        if planned is None:
+            planned = self._plan(batches, own)
+        client = await self._client()
+        graph, wanted, annotated = planned.graph, planned.wanted, planned.annotated
         new: dict[Key, Future] = {}
-        if wanted:
+        if wanted or planned.computes:
             # What the extensions submit for the graph to depend on (shared
             # arrays the body passes on as values, as keys of this worker).
             passed_on: list[Future] = []
@@ -815,27 +863,39 @@ class _Run:
                 for ext in self.active.submitting:
                     passed_on += await ext.submitting(self, client, graph)
             except Exception as e:  # nothing sent: raised at the yields, as a planning error
-                for scope, _, _ in plans:
+                for scope, _, _ in planned.plans:
                     scope.error = e
                 return
+            if passed_on:
+                planned.message = None  # the graph changed since the lane serialized it
             # Children get priority over unrelated queued work: the scheduler
             # ranks a graph by its submitting task.
             annotations = self._child_annotations()
             with private.submitting_as(self.key), dask.annotate(**annotations):
-                full = private.annotated_graph(graph, annotated)
-                if now:
-                    # Calls handed out to idle threads: a few tasks, in the
-                    # order they were handed out (the oldest, biggest, first);
-                    # the scheduler need not order them, and the message goes
-                    # at once.
-                    futures = private.get_in_order(client, full, list(wanted))
-                else:
-                    futures = client.get(full, list(wanted), sync=False)
-            new = dict(zip(wanted, futures))
+                if planned.message is not None:
+                    futures = private.send_serialized(client, planned.message, list(wanted))
+                    new.update(zip(wanted, futures))
+                elif wanted:
+                    full = private.annotated_graph(graph, annotated)
+                    if now:
+                        # Calls handed out to idle threads: a few tasks, in the
+                        # order they were handed out (the oldest, biggest, first);
+                        # the scheduler need not order them, and the message goes
+                        # at once.
+                        futures = private.get_in_order(client, full, list(wanted))
+                    else:
+                        futures = client.get(full, list(wanted), sync=False)
+                    new.update(zip(wanted, futures))
+                for ann, message, outputs in planned.computes:
+                    # The yield's annotations for every task of its
+                    # collections, under those dask gives them, as
+                    # Client.compute under dask.annotate.
+                    with dask.annotate(**(ann or {})):
+                        new.update(zip(outputs, private.send_serialized(client, message, outputs)))
             if now:
                 private.flush_client_stream(client)
             del passed_on  # released after the graph: its tasks hold them now
-        for scope, positions, plan in plans:
+        for scope, positions, plan in planned.plans:
             # Delayed results are held until no live lazy value needs them; the
             # rest (finalized collections) only until the body has them.
             scope.record(positions, plan.outputs, plan.keep, plan.layers, new)
