@@ -44,6 +44,7 @@ WRAPPED = {
         "release-worker-data",  # release: counts keys workers released early
         "client-desires-keys",  # release: revokes a mark a client now wants
         "client-releases-keys",  # durability: a held child let go of
+        "cancel-keys",  # durability: lets go of held children a cancel would reach
         "long-running",  # inline: a thread may be idle
         "worker-status-change",  # inline: a thread may be idle
     },
@@ -131,6 +132,7 @@ def _uses_the_worker_client(n):
     return total + a + b
 
 
+@pytest.mark.inline  # the shipped default: the preload installs InlinePlugin too
 @gen_cluster(client=True, config=PRELOADED)
 async def test_every_handler_and_method_dask_coro_replaces_keeps_its_signature(c, s, a, b):
     # A coroutine on each worker installs what is installed on first use.
@@ -170,6 +172,7 @@ def _only_pickle():
     return inc  # a function: only pickle can send it
 
 
+@pytest.mark.inline  # the shipped default: the preload installs InlinePlugin too
 def test_a_client_that_refuses_pickle_gets_results_with_every_plugin_preloaded():
     """Worker processes and a scheduler with every dask_coro plugin (the
     preload hook; the worker-release plugin enabled): a client that refuses
