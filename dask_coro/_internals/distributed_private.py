@@ -281,6 +281,13 @@ def release_own_keys(worker: Any, keys: list[Key], stimulus_id: str) -> None:
     worker.handle_stimulus(FreeKeysEvent(keys=keys, stimulus_id=stimulus_id))
 
 
+def store_own_data(worker: Any, data: dict[Key, Any]) -> None:
+    """Put ``data`` in the worker's memory as ``Client.scatter`` does from
+    inside a task (``Worker.update_data``: an ``UpdateDataEvent``, which
+    tells the scheduler nothing; ``Scheduler.update_data`` does)."""
+    worker.update_data(data=data, stimulus_id="dask-coro-stream-emit")
+
+
 def fast_memory_value(worker: Any, key: Key) -> Any:
     """The value of ``key`` if it is in the worker's fast (in-memory) store,
     without reading spilled data back (``Worker.data.fast`` of a SpillBuffer)."""

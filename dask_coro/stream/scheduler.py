@@ -1,0 +1,129 @@
+"""``StreamPlugin``: tells a stream's consumer of its producer's items, and
+its producer of what the consumer took.
+
+A producer's worker stores each item it emits in its own memory, and asks
+here (``dask_coro_stream_publish``) to make it a key the scheduler knows
+(``Scheduler.update_data``, as ``Client.scatter`` does from inside a task),
+held on behalf of a scheduler-side client named after the producer until
+the consumer asks for a later item. The consumer asks for the items from
+``index`` (``dask_coro_stream_next``), and waits here, without a thread,
+until one is published or the producer's task ended. A producer with
+``buffer`` items not taken waits here (``dask_coro_stream_room``) until the
+consumer asks for the next one, or the producer's task is released (its
+consumer let go of it: it is being cancelled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from .._internals import distributed_private as private
+from .book import ENDED, Replay, StreamBook
+
+
+def _holder(producer: Any) -> str:
+    return f"dask-coro-stream-{producer}"
+
+
+class StreamPlugin(SchedulerPlugin):
+    name = "dask-coro-streams"
+
+    def __init__(self) -> None:
+        self.books: dict[Any, StreamBook] = {}
+        self.changed: dict[Any, asyncio.Event] = {}
+        self.scheduler: Any = None
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        private.add_handlers(
+            scheduler,
+            rpc={
+                "dask_coro_stream_publish": self.publish,
+                "dask_coro_stream_next": self.next,
+                "dask_coro_stream_room": self.room,
+            },
+        )
+
+    def _book(self, key: Any) -> StreamBook:
+        book = self.books.get(key)
+        if book is None:
+            book = self.books[key] = StreamBook(key)
+            ts = self.scheduler.tasks.get(key)
+            if ts is not None and ts.state in ENDED:
+                book.ended = ts.state
+        return book
+
+    def _wake(self, key: Any) -> None:
+        ev = self.changed.pop(key, None)
+        if ev is not None:
+            ev.set()
+
+    async def _changed(self, key: Any) -> None:
+        ev = self.changed.get(key)
+        if ev is None:
+            ev = self.changed[key] = asyncio.Event()
+        await ev.wait()
+
+    def _let_go(self, producer: Any, keys: list[Any]) -> None:
+        if keys:
+            self.scheduler.client_releases_keys(keys=keys, client=_holder(producer), stimulus_id="dask-coro-stream-taken")
+            private.drop_client_state(self.scheduler, _holder(producer))
+
+    # -- handlers ----------------------------------------------------------------
+
+    def publish(self, key: Any, index: int, token: str, address: str, nbytes: int) -> dict[str, Any]:
+        """Item ``index`` of ``key`` is in ``address``'s memory. Returns how
+        many items the consumer took, or ``error`` (a re-run emitting
+        another item) or ``skip`` (an earlier run published it)."""
+        book = self._book(key)
+        try:
+            new = book.publish(index, token)
+        except (Replay, ValueError) as e:
+            return {"error": str(e), "replay": isinstance(e, Replay), "taken": book.taken}
+        if new:
+            ik = book.held[index]
+            self.scheduler.update_data(who_has={ik: [address]}, nbytes={ik: nbytes}, client=_holder(key))
+            self._wake(key)
+        return {"skip": not new, "taken": book.taken}
+
+    async def next(self, key: Any, index: int) -> dict[str, Any]:
+        """The keys of the items of ``key`` from ``index`` on, once there is
+        one; else how the producer ended."""
+        book = self._book(key)
+        self._let_go(key, book.take(index))
+        self._wake(key)  # a producer waiting for room
+        while True:
+            ready = book.ready(index)
+            if ready or book.ended is not None:
+                return {"keys": ready, "ended": None if ready else book.ended}
+            await self._changed(key)
+
+    async def room(self, key: Any, index: int, buffer: int) -> dict[str, Any]:
+        """Once the producer may publish item ``index``: how many the
+        consumer took; ``gone`` if the producer's task left processing."""
+        book = self._book(key)
+        while True:
+            if book.room(index, buffer):
+                return {"taken": book.taken, "gone": False}
+            ts = self.scheduler.tasks.get(key)
+            if ts is None or ts.state != "processing":
+                return {"taken": book.taken, "gone": True}
+            await self._changed(key)
+
+    # -- hooks ---------------------------------------------------------------
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        book = self.books.get(key)
+        if book is None:
+            return
+        if finish in ENDED:
+            book.ended = finish
+        elif start == "processing":
+            book.ended = None  # released: run again (its worker died) or cancelled
+        if finish == "forgotten":
+            del self.books[key]
+            self._let_go(key, book.let_go())
+        self._wake(key)
