@@ -33,6 +33,8 @@ class StreamBook:
         self.taken = 0
         self.held: dict[int, Any] = {}
         self.ended: str | None = None
+        #: The index the producer waits to publish (its buffer is full).
+        self.blocked: int | None = None
 
     @property
     def published(self) -> int:

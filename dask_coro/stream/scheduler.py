@@ -105,13 +105,17 @@ class StreamPlugin(SchedulerPlugin):
         """Once the producer may publish item ``index``: how many the
         consumer took; ``gone`` if the producer's task left processing."""
         book = self._book(key)
-        while True:
-            if book.room(index, buffer):
-                return {"taken": book.taken, "gone": False}
-            ts = self.scheduler.tasks.get(key)
-            if ts is None or ts.state != "processing":
-                return {"taken": book.taken, "gone": True}
-            await self._changed(key)
+        try:
+            while True:
+                if book.room(index, buffer):
+                    return {"taken": book.taken, "gone": False}
+                ts = self.scheduler.tasks.get(key)
+                if ts is None or ts.state != "processing":
+                    return {"taken": book.taken, "gone": True}
+                book.blocked = index
+                await self._changed(key)
+        finally:
+            book.blocked = None
 
     # -- hooks ---------------------------------------------------------------
 
