@@ -645,3 +645,15 @@ async def test_workers_of_a_process_share_the_client_of_the_first_over_its_pool(
     assert own_scheduler_rpc(client, b)
     assert client.scheduler.pool is client.rpc and not own_scheduler_rpc(client, b)
     assert (await client.scheduler.identity())["type"] == "Scheduler"
+
+
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_future_in_memory_is_finished_and_gathers(c, s, a):
+    # A key put in a worker's memory and made known to the scheduler
+    # (Worker.update_data, Scheduler.update_data), as a stream's item is.
+    pv.store_own_data(a, {"item-x": 42})
+    s.update_data(who_has={"item-x": [a.address]}, nbytes={"item-x": 28}, client="holder")
+    f = pv.future_in_memory(c, "item-x")
+    assert f.status == "finished"
+    assert await c.gather(f) == 42
+    s.client_releases_keys(keys=["item-x"], client="holder")

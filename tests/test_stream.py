@@ -210,7 +210,7 @@ async def test_a_consumer_that_stops_cancels_the_producer(c, s, a, b):
 @coroutine
 def drops_it(tag):
     s = stream(endless(tag), buffer=1)
-    for x in s:
+    for _ in s:
         break
     del s
     return "dropped"

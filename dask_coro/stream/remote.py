@@ -128,8 +128,6 @@ class RemoteConsumer:
         raise NotImplementedError
 
     async def fetch(self, client: Any, index: int) -> tuple[list[Any], tuple[bool, Any] | None]:
-        from distributed import Future
-
         if self.future is None:
             await install(client)
             call, self.call = self.call, None
@@ -138,7 +136,7 @@ class RemoteConsumer:
         r = await client.scheduler.dask_coro_stream_next(key=key, index=index)
         keys = [tuple(k) if isinstance(k, list) else k for k in r["keys"]]
         if keys:
-            futures = [Future(k, client, state="memory") for k in keys]
+            futures = [private.future_in_memory(client, k) for k in keys]
             values = await client.gather(futures, asynchronous=True)
             del futures
             return list(values), None
