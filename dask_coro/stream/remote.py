@@ -21,7 +21,7 @@ from typing import Any
 from dask.base import tokenize
 from dask.sizeof import sizeof
 
-from .._exceptions import DaskCoroError, StreamReplayInconsistentError
+from .._exceptions import DaskCoroError
 from .._internals import distributed_private as private
 
 logger = logging.getLogger("dask_coro")
@@ -61,7 +61,8 @@ class Producer:
         self.taken = 0
 
 
-def _producer(run: Any) -> Producer:
+async def _producer(run: Any) -> Producer:
+    """On the worker's loop: what ``run`` keeps as a producer."""
     p = getattr(run, "dask_coro_stream", None)
     if p is None:
         ann = run.annotations().get(ANNOTATION)
@@ -70,41 +71,53 @@ def _producer(run: Any) -> Producer:
     return p
 
 
-async def _publish(run: Any, x: Any) -> None:
-    """On the worker's loop: item ``x`` of ``run``'s stream (dropped if the
-    run is no stream's producer)."""
+async def _room(run: Any, p: Producer, index: int) -> bool:
+    """On the worker's loop: wait until item ``index`` fits in the buffer;
+    False if our consumer let go of us (the run is being cancelled)."""
+    client = await run.client()
+    r = await client.scheduler.dask_coro_stream_room(key=run.key, index=index, buffer=p.buffer)
+    p.taken = max(p.taken, r["taken"])
+    return not r["gone"]
+
+
+def _send(run: Any, index: int, x: Any) -> None:
+    """On the worker's loop: item ``index`` into the worker's memory, and
+    published on the worker's stream to the scheduler, ordered with the
+    message that the producer's task finished (so the consumer hears of
+    every item before it hears the producer ended)."""
     from .book import item_key
 
-    p = _producer(run)
-    if not p.on:
-        return
-    client = await run.client()
-    i = p.index
-    if p.buffer is not None and i - p.taken >= p.buffer:
-        r = await client.scheduler.dask_coro_stream_room(key=run.key, index=i, buffer=p.buffer)
-        p.taken = r["taken"]
-        if r["gone"]:
-            return  # our consumer let go of us: the run is being cancelled
-    key = item_key(run.key, i)
+    key = item_key(run.key, index)
     private.store_own_data(run.worker, {key: x})
-    r = await client.scheduler.dask_coro_stream_publish(
-        key=run.key, index=i, token=tokenize(x), address=run.worker.address, nbytes=sizeof(x)
+    private.send_on_worker_stream(
+        run.worker,
+        {"op": PUBLISH, "key": run.key, "index": index, "token": tokenize(x), "nbytes": sizeof(x)},
     )
-    if "error" in r or r["skip"]:
-        # Published by an earlier run of ours (its copy is the consumer's).
-        private.release_own_keys(run.worker, [key], "dask-coro-stream-replayed")
-    if "error" in r:
-        if r["replay"]:
-            raise StreamReplayInconsistentError(r["error"])
-        raise DaskCoroError(r["error"])
-    p.index = i + 1
-    p.taken = r["taken"]
+
+
+def _on_loop(run: Any, coro: Any) -> Any:
+    return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, run.loop))
 
 
 async def emit_on_worker(run: Any, x: Any) -> None:
-    """``emit(x)`` in a run on a worker (on the run's lane): the publishing
-    happens on the worker's loop; the body waits without its thread."""
-    await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_publish(run, x), run.loop))
+    """``emit(x)`` in a run on a worker (on the run's lane). Returns at once
+    while the buffer has room (as last heard from the scheduler); else the
+    body waits, without its thread, until the consumer takes an item."""
+    p = getattr(run, "dask_coro_stream", None)
+    if p is None:
+        p = await _on_loop(run, _producer(run))
+    if not p.on:
+        return  # no stream's producer: the item is dropped
+    i = p.index
+    if p.buffer is not None and i - p.taken >= p.buffer:
+        if not await _on_loop(run, _room(run, p, i)):
+            return
+    p.index = i + 1
+    run.loop.call_soon_threadsafe(_send, run, i, x)
+
+
+#: The op of a published item on the worker's stream.
+PUBLISH = "dask-coro-stream-publish"
 
 
 # -- the consumer's side -------------------------------------------------------
@@ -155,12 +168,17 @@ class WorkerConsumer(RemoteConsumer):
     for a re-run); the body waits for items as for a yield (no thread)."""
 
     def __init__(self, call: Any, buffer: int | None, run: Any):
+        from .._internals.dask_private import annotations_in_effect
+
         super().__init__(call, buffer)
         self.run = run
         self.ident = run.ident("stream")
+        # ``with dask.annotate(...)`` around ``stream()`` in the body: the
+        # producer's (its workers, resources, priority).
+        self.annotations = dict(annotations_in_effect.get() or {})
 
     async def submit(self, client: Any, call: Any, ann: dict[str, Any]) -> Any:
-        [future] = await self.run.start_children([call], [(0,)], self.ident, ann)
+        [future] = await self.run.start_children([call], [(0,)], self.ident, {**self.annotations, **ann})
         return future
 
     async def _fetch(self, index: int) -> tuple[list[Any], tuple[bool, Any] | None]:

@@ -1,8 +1,9 @@
 """``StreamPlugin``: tells a stream's consumer of its producer's items, and
 its producer of what the consumer took.
 
-A producer's worker stores each item it emits in its own memory, and asks
-here (``dask_coro_stream_publish``) to make it a key the scheduler knows
+A producer's worker stores each item it emits in its own memory, and
+publishes it here on its stream to the scheduler (``PUBLISH``, ordered with
+the producer's task-finished), which makes it a key the scheduler knows
 (``Scheduler.update_data``, as ``Client.scatter`` does from inside a task),
 held on behalf of a scheduler-side client named after the producer until
 the consumer asks for a later item. The consumer asks for the items from
@@ -20,8 +21,10 @@ from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from .._exceptions import DaskCoroError, StreamReplayInconsistentError
 from .._internals import distributed_private as private
-from .book import ENDED, Replay, StreamBook
+from .book import ENDED, Replay, StreamBook, item_key
+from .remote import PUBLISH
 
 
 def _holder(producer: Any) -> str:
@@ -45,6 +48,7 @@ class StreamPlugin(SchedulerPlugin):
                 "dask_coro_stream_next": self.next,
                 "dask_coro_stream_room": self.room,
             },
+            stream={PUBLISH: self.publish},
         )
 
     def _book(self, key: Any) -> StreamBook:
@@ -74,20 +78,29 @@ class StreamPlugin(SchedulerPlugin):
 
     # -- handlers ----------------------------------------------------------------
 
-    def publish(self, key: Any, index: int, token: str, address: str, nbytes: int) -> dict[str, Any]:
-        """Item ``index`` of ``key`` is in ``address``'s memory. Returns how
-        many items the consumer took, or ``error`` (a re-run emitting
-        another item) or ``skip`` (an earlier run published it)."""
+    def publish(self, key: Any, index: int, token: str, nbytes: int, worker: str) -> None:
+        """Item ``index`` of ``key`` is in ``worker``'s memory (on the
+        worker's stream, before the producer's task-finished). An item an
+        earlier run of the producer published is let go of on that worker;
+        one that differs fails the producer."""
         book = self._book(key)
         try:
             new = book.publish(index, token)
         except (Replay, ValueError) as e:
-            return {"error": str(e), "replay": isinstance(e, Replay), "taken": book.taken}
-        if new:
-            ik = book.held[index]
-            self.scheduler.update_data(who_has={ik: [address]}, nbytes={ik: nbytes}, client=_holder(key))
-            self._wake(key)
-        return {"skip": not new, "taken": book.taken}
+            error = StreamReplayInconsistentError(str(e)) if isinstance(e, Replay) else DaskCoroError(str(e))
+            ts = self.scheduler.tasks.get(key)
+            if ts is not None and ts.state == "processing":
+                private.fail_task(self.scheduler, key, error, "dask-coro-stream-replay")
+            new = False
+        if not new:
+            private.send_to_worker(
+                self.scheduler, worker,
+                {"op": "remove-replicas", "keys": [item_key(key, index)], "stimulus_id": "dask-coro-stream-replayed"},
+            )
+            return
+        ik = book.held[index]
+        self.scheduler.update_data(who_has={ik: [worker]}, nbytes={ik: nbytes}, client=_holder(key))
+        self._wake(key)
 
     async def next(self, key: Any, index: int) -> dict[str, Any]:
         """The keys of the items of ``key`` from ``index`` on, once there is
