@@ -24,8 +24,7 @@ from dask_coro import coroutine
 def payload(i, mb):
     if mb == 0:
         return (i, time.time())
-    a = np.empty(mb * 2**20, dtype=np.uint8)
-    a[:8] = i
+    a = np.full(mb * 2**20, i % 256, dtype=np.uint8)  # its pages touched: resident
     return (i, time.time(), a)
 
 
@@ -65,8 +64,6 @@ def q_consumer(name, n):
 
 
 def rss_sampler(client, worker, stop, peaks):
-    import psutil  # noqa: F401
-
     def rss():
         import psutil
 

@@ -71,6 +71,13 @@ class StreamPlugin(SchedulerPlugin):
             ev = self.changed[key] = asyncio.Event()
         await ev.wait()
 
+    def _drop(self, worker: str, key: Any, index: int) -> None:
+        """Let go of a re-run's copy of an item that is not published."""
+        private.send_to_worker(
+            self.scheduler, worker,
+            {"op": "remove-replicas", "keys": [item_key(key, index)], "stimulus_id": "dask-coro-stream-replayed"},
+        )
+
     def _let_go(self, producer: Any, keys: list[Any]) -> None:
         if keys:
             self.scheduler.client_releases_keys(keys=keys, client=_holder(producer), stimulus_id="dask-coro-stream-taken")
@@ -91,12 +98,15 @@ class StreamPlugin(SchedulerPlugin):
             ts = self.scheduler.tasks.get(key)
             if ts is not None and ts.state == "processing":
                 private.fail_task(self.scheduler, key, error, "dask-coro-stream-replay")
-            new = False
+            self._drop(worker, key, index)
+            return
+        if not new and index in book.held:
+            ts = self.scheduler.tasks.get(book.held[index])
+            # Published by a run whose worker died before the consumer took
+            # it: this run's copy replaces the lost one.
+            new = ts is None or not ts.who_has
         if not new:
-            private.send_to_worker(
-                self.scheduler, worker,
-                {"op": "remove-replicas", "keys": [item_key(key, index)], "stimulus_id": "dask-coro-stream-replayed"},
-            )
+            self._drop(worker, key, index)
             return
         ik = book.held[index]
         self.scheduler.update_data(who_has={ik: [worker]}, nbytes={ik: nbytes}, client=_holder(key))
