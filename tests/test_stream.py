@@ -222,6 +222,27 @@ async def test_dropping_the_stream_cancels_the_producer(c, s, a, b):
     await async_poll_for(lambda: "closed-t2" in s.extensions["variables"].variables, timeout=30)
 
 
+@coroutine
+def items_as_futures(n):
+    """The items go into other tasks as futures, not through this body."""
+    s = stream(squares(n), buffer=2)
+    futures = list(s.futures())
+    keys = [f.key for f in futures]
+    values = yield [sq(f) for f in futures]
+    return keys, values, s.result
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_items_are_keys_other_tasks_depend_on(c, s, a, b):
+    keys, values, n = await c.compute(items_as_futures(5))
+    assert values == [i ** 4 for i in range(5)] and n == 5
+    producer = keys[0][0][: -len("-item")]
+    assert "squares" in producer
+    assert keys == [item_key(producer, i) for i in range(5)]
+    # Let go of once the consumer's futures are gone.
+    await async_poll_for(lambda: not any(k in s.tasks for k in keys), timeout=30)
+
+
 # -- without a cluster, and on the client -----------------------------------------
 
 

@@ -144,10 +144,10 @@ class Stream:
             raise RuntimeError("iterating a stream that was closed")
         return _WAIT
 
-    def _request(self) -> InPlace:
-        return InPlace(self.backend.next, self.index)
+    def _request(self, futures: bool) -> InPlace:
+        return InPlace(self.backend.next, self.index, futures)
 
-    def __iter__(self) -> Iterator[Any]:
+    def _iter(self, futures: bool) -> Iterator[Any]:
         from ..runtime.result import result
 
         while True:
@@ -156,11 +156,22 @@ class Stream:
                 return
             if item is _WAIT:
                 if current_trampoline() is None:
-                    self._got(self.backend.next_sync(self.index))
+                    self._got(self.backend.next_sync(self.index, futures))
                 else:
-                    self._got(result(self._request()))
+                    self._got(result(self._request(futures)))
                 continue
             yield item
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._iter(False)
+
+    def futures(self) -> Iterator[Any]:
+        """Iterate the items as ``distributed.Future`` objects instead of
+        values (on a cluster): item ``i``'s key is derived from the
+        producer's key and ``i``, its data stays on the producer's worker
+        and goes to the tasks given the future, not through the consumer.
+        Without a cluster, the values. Waits as ``for x in s`` does."""
+        return self._iter(True)
 
     async def _aiter(self) -> AsyncIterator[Any]:
         while True:
@@ -171,7 +182,7 @@ class Stream:
                 if current_trampoline() is None:
                     self._got(await self.backend.next(self.index))
                 else:
-                    self._got(await self._request())
+                    self._got(await self._request(False))
                 continue
             yield item
 
@@ -222,7 +233,7 @@ class LocalConsumer:
     def __init__(self, call: Any):
         self.call: Any = call
 
-    async def next(self, index: int) -> tuple[list[Any], tuple[bool, Any] | None]:
+    async def next(self, index: int, futures: bool = False) -> tuple[list[Any], tuple[bool, Any] | None]:
         from ..runtime.call import gather
 
         call, self.call = self.call, None

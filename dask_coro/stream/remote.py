@@ -140,18 +140,20 @@ class RemoteConsumer:
     def release(self) -> None:
         raise NotImplementedError
 
-    async def fetch(self, client: Any, index: int) -> tuple[list[Any], tuple[bool, Any] | None]:
+    async def fetch(self, client: Any, index: int, futures: bool = False) -> tuple[list[Any], tuple[bool, Any] | None]:
         if self.future is None:
             await install(client)
             call, self.call = self.call, None
             self.future = await self.submit(client, call, {ANNOTATION: {"buffer": self.buffer}})
         key = self.future.key
-        r = await client.scheduler.dask_coro_stream_next(key=key, index=index)
+        r = await client.scheduler.dask_coro_stream_next(key=key, index=index, client=client.id if futures else None)
         keys = [tuple(k) if isinstance(k, list) else k for k in r["keys"]]
         if keys:
-            futures = [private.future_in_memory(client, k) for k in keys]
-            values = await client.gather(futures, asynchronous=True)
-            del futures
+            held = [private.future_in_memory(client, k) for k in keys]
+            if futures:  # the scheduler holds them for our client now
+                return held, None
+            values = await client.gather(held, asynchronous=True)
+            del held
             return list(values), None
         if r["ended"] == "forgotten":
             return [], (False, DaskCoroError(f"the stream's producer {key!r} was released before it ended"))
@@ -181,12 +183,12 @@ class WorkerConsumer(RemoteConsumer):
         [future] = await self.run.start_children([call], [(0,)], self.ident, {**self.annotations, **ann})
         return future
 
-    async def _fetch(self, index: int) -> tuple[list[Any], tuple[bool, Any] | None]:
-        return await self.fetch(await self.run.client(), index)
+    async def _fetch(self, index: int, futures: bool) -> tuple[list[Any], tuple[bool, Any] | None]:
+        return await self.fetch(await self.run.client(), index, futures)
 
-    async def next(self, index: int) -> tuple[list[Any], tuple[bool, Any] | None]:
+    async def next(self, index: int, futures: bool = False) -> tuple[list[Any], tuple[bool, Any] | None]:
         """On the run's lane: ``fetch`` on the worker's loop."""
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._fetch(index), self.run.loop))
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._fetch(index, futures), self.run.loop))
 
     def release(self) -> None:
         future, self.future = self.future, None
@@ -210,11 +212,11 @@ class ClientConsumer(RemoteConsumer):
         with dask.annotate(**ann):
             return client.compute(call)
 
-    async def next(self, index: int) -> tuple[list[Any], tuple[bool, Any] | None]:
-        return await self.fetch(self.client, index)
+    async def next(self, index: int, futures: bool = False) -> tuple[list[Any], tuple[bool, Any] | None]:
+        return await self.fetch(self.client, index, futures)
 
-    def next_sync(self, index: int) -> tuple[list[Any], tuple[bool, Any] | None]:
-        return self.client.sync(self.fetch, self.client, index)
+    def next_sync(self, index: int, futures: bool = False) -> tuple[list[Any], tuple[bool, Any] | None]:
+        return self.client.sync(self.fetch, self.client, index, futures)
 
     def release(self) -> None:
         future, self.future = self.future, None

@@ -112,15 +112,18 @@ class StreamPlugin(SchedulerPlugin):
         self.scheduler.update_data(who_has={ik: [worker]}, nbytes={ik: nbytes}, client=_holder(key))
         self._wake(key)
 
-    async def next(self, key: Any, index: int) -> dict[str, Any]:
+    async def next(self, key: Any, index: int, client: str | None = None) -> dict[str, Any]:
         """The keys of the items of ``key`` from ``index`` on, once there is
-        one; else how the producer ended."""
+        one; else how the producer ended. With ``client``, that client
+        wants the keys given (it holds them as futures)."""
         book = self._book(key)
         self._let_go(key, book.take(index))
         self._wake(key)  # a producer waiting for room
         while True:
             ready = book.ready(index)
             if ready or book.ended is not None:
+                if ready and client is not None:
+                    self.scheduler.client_desires_keys(keys=ready, client=client)
                 return {"keys": ready, "ended": None if ready else book.ended}
             await self._changed(key)
 
