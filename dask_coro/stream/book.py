@@ -33,6 +33,8 @@ class StreamBook:
         self.taken = 0
         self.held: dict[int, Any] = {}
         self.ended: str | None = None
+        #: Copies of small items (pickled), by index, until taken.
+        self.values: dict[int, bytes] = {}
         #: The index the producer waits to publish (its buffer is full).
         self.blocked: int | None = None
 
@@ -61,8 +63,10 @@ class StreamBook:
         """The consumer asks for item ``index``: it took every item before
         (a re-run consumer asks for 0 again). The keys the book lets go of."""
         self.taken = max(self.taken, index)
-        out = [self.held.pop(i) for i in [i for i in self.held if i < index]]
-        return out
+        gone = [i for i in self.held if i < index]
+        for i in gone:
+            self.values.pop(i, None)
+        return [self.held.pop(i) for i in gone]
 
     def ready(self, index: int) -> list[Any]:
         """The keys of the items from ``index`` that are published."""
@@ -76,4 +80,5 @@ class StreamBook:
     def let_go(self) -> list[Any]:
         out = list(self.held.values())
         self.held.clear()
+        self.values.clear()
         return out

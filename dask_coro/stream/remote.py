@@ -26,6 +26,10 @@ from .._internals import distributed_private as private
 
 logger = logging.getLogger("dask_coro")
 
+#: Items of at most this many bytes (``sizeof``) travel with their
+#: publication, a copy held by the scheduler until the consumer took them.
+SMALL = 16 * 1024
+
 #: The annotation that makes a coroutine task a stream's producer.
 ANNOTATION = "dask_coro_stream"
 
@@ -85,14 +89,19 @@ def _send(run: Any, index: int, x: Any) -> None:
     published on the worker's stream to the scheduler, ordered with the
     message that the producer's task finished (so the consumer hears of
     every item before it hears the producer ended)."""
+    from distributed.protocol.pickle import dumps
+
     from .book import item_key
 
     key = item_key(run.key, index)
     private.store_own_data(run.worker, {key: x})
-    private.send_on_worker_stream(
-        run.worker,
-        {"op": PUBLISH, "key": run.key, "index": index, "token": tokenize(x), "nbytes": sizeof(x)},
-    )
+    nbytes = sizeof(x)
+    msg = {"op": PUBLISH, "key": run.key, "index": index, "token": tokenize(x), "nbytes": nbytes}
+    if nbytes <= SMALL:
+        # A copy rides along: the consumer gets it from the scheduler with
+        # the item's key, without a gather from this worker.
+        msg["value"] = dumps(x)
+    private.send_on_worker_stream(run.worker, msg)
 
 
 def _on_loop(run: Any, coro: Any) -> Any:
@@ -149,6 +158,11 @@ class RemoteConsumer:
         r = await client.scheduler.dask_coro_stream_next(key=key, index=index, client=client.id if futures else None)
         keys = [tuple(k) if isinstance(k, list) else k for k in r["keys"]]
         if keys:
+            small = r.get("values")
+            if small is not None and not futures:
+                from distributed.protocol.pickle import loads
+
+                return [loads(b) for b in small], None
             held = [private.future_in_memory(client, k) for k in keys]
             if futures:  # the scheduler holds them for our client now
                 return held, None

@@ -85,7 +85,7 @@ class StreamPlugin(SchedulerPlugin):
 
     # -- handlers ----------------------------------------------------------------
 
-    def publish(self, key: Any, index: int, token: str, nbytes: int, worker: str) -> None:
+    def publish(self, key: Any, index: int, token: str, nbytes: int, worker: str, value: bytes | None = None) -> None:
         """Item ``index`` of ``key`` is in ``worker``'s memory (on the
         worker's stream, before the producer's task-finished). An item an
         earlier run of the producer published is let go of on that worker;
@@ -109,6 +109,8 @@ class StreamPlugin(SchedulerPlugin):
             self._drop(worker, key, index)
             return
         ik = book.held[index]
+        if value is not None:
+            book.values[index] = value
         self.scheduler.update_data(who_has={ik: [worker]}, nbytes={ik: nbytes}, client=_holder(key))
         self._wake(key)
 
@@ -124,7 +126,9 @@ class StreamPlugin(SchedulerPlugin):
             if ready or book.ended is not None:
                 if ready and client is not None:
                     self.scheduler.client_desires_keys(keys=ready, client=client)
-                return {"keys": ready, "ended": None if ready else book.ended}
+                values = [book.values.get(i) for i in range(index, index + len(ready))]
+                small = None if not ready or any(v is None for v in values) else values
+                return {"keys": ready, "ended": None if ready else book.ended, "values": small}
             await self._changed(key)
 
     async def room(self, key: Any, index: int, buffer: int) -> dict[str, Any]:
