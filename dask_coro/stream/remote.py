@@ -156,6 +156,8 @@ class RemoteConsumer:
             self.future = await self.submit(client, call, {ANNOTATION: {"buffer": self.buffer}})
         key = self.future.key
         r = await client.scheduler.dask_coro_stream_next(key=key, index=index, client=client.id if futures else None)
+        if "error" in r:
+            return [], (False, DaskCoroError(r["error"]))
         keys = [tuple(k) if isinstance(k, list) else k for k in r["keys"]]
         if keys:
             small = r.get("values")

@@ -119,6 +119,13 @@ class StreamPlugin(SchedulerPlugin):
         one; else how the producer ended. With ``client``, that client
         wants the keys given (it holds them as futures)."""
         book = self._book(key)
+        if index < book.taken:
+            # A consumer run again (its worker died) asks for items an
+            # earlier run took, let go of since: not kept (see the docs).
+            return {"keys": [], "ended": None, "values": None, "error": (
+                f"the stream of {key!r} was consumed up to item {book.taken} by an earlier run of its "
+                f"consumer; item {index} is no longer held"
+            )}
         self._let_go(key, book.take(index))
         self._wake(key)  # a producer waiting for room
         while True:
