@@ -8,7 +8,7 @@ from __future__ import annotations
 import dask
 import pytest
 from distributed import Client, Event, LocalCluster, Variable
-from distributed.utils_test import async_poll_for
+from distributed.utils_test import async_poll_for, gen_cluster
 from helpers import Recorder, cluster
 
 import dask_coro
@@ -275,3 +275,10 @@ def test_bad_arguments():
         stream(squares(1), buffer=0)
     with pytest.raises(RuntimeError, match="coroutine body"):
         emit(1)
+
+
+@gen_cluster(client=True, nthreads=[("", 2)])
+async def test_async_for_on_an_asynchronous_client(c, s, a):
+    st = stream(squares(4), buffer=2)
+    assert [x async for x in st] == [0, 1, 4, 9]
+    assert st.result == 4
