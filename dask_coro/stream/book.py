@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+#: The op of a published item on the producer's worker's stream.
+PUBLISH = "dask-coro-stream-publish"
+
 #: How a producer's task ended, as the consumer hears it.
 ENDED = ("memory", "erred", "forgotten")
 

@@ -23,6 +23,7 @@ from dask.sizeof import sizeof
 
 from .._exceptions import DaskCoroError
 from .._internals import distributed_private as private
+from .book import PUBLISH
 
 logger = logging.getLogger("dask_coro")
 
@@ -123,10 +124,6 @@ async def emit_on_worker(run: Any, x: Any) -> None:
             return
     p.index = i + 1
     run.loop.call_soon_threadsafe(_send, run, i, x)
-
-
-#: The op of a published item on the worker's stream.
-PUBLISH = "dask-coro-stream-publish"
 
 
 # -- the consumer's side -------------------------------------------------------

@@ -23,8 +23,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .._exceptions import DaskCoroError, StreamReplayInconsistentError
 from .._internals import distributed_private as private
-from .book import ENDED, Replay, StreamBook, item_key
-from .remote import PUBLISH
+from .book import ENDED, PUBLISH, Replay, StreamBook, item_key
 
 
 def _holder(producer: Any) -> str:
