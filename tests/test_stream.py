@@ -204,7 +204,8 @@ async def test_a_consumer_that_stops_cancels_the_producer(c, s, a, b):
     await async_poll_for(lambda: "closed-t1" in s.extensions["variables"].variables, timeout=30)
     # Nothing of the stream is left on the scheduler: the producer and its items.
     await async_poll_for(lambda: not s.plugins["dask-coro-streams"].books, timeout=30)
-    assert not [k for k in s.tasks if "endless" in str(k)]
+    # Its items are let go of as it is forgotten (the releases of a transition).
+    await async_poll_for(lambda: not [k for k in s.tasks if "endless" in str(k)], timeout=30)
 
 
 @coroutine
@@ -282,3 +283,24 @@ async def test_async_for_on_an_asynchronous_client(c, s, a):
     st = stream(squares(4), buffer=2)
     assert [x async for x in st] == [0, 1, 4, 9]
     assert st.result == 4
+
+
+@coroutine
+def outer_producer():
+    """Yields a producer plainly (run inline on a worker): its items are
+    dropped, only this body's reach the consumer."""
+    v = yield squares(3)
+    yield emit(("outer", v))
+    return v
+
+
+@coroutine
+def take_outer():
+    s = stream(outer_producer())
+    return list(s), s.result
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_a_producer_yielded_inside_a_producer_drops_its_items(c, s, a, b):
+    assert await c.compute(take_outer()) == ([("outer", 3)], 3)
+

@@ -43,6 +43,10 @@ async def _local_emit(x: Any) -> None:
         _local_sinks[-1].append(x)
 
 
+async def _dropped(x: Any) -> None:
+    pass
+
+
 def emit(x: Any) -> Any:
     """Hand ``x`` to the stream this coroutine produces, and go on.
 
@@ -58,6 +62,10 @@ def emit(x: Any) -> Any:
         raise RuntimeError("dask_coro.emit() is called in a coroutine body, or in plain code a body calls")
     if tramp.host is None:
         req = InPlace(_local_emit, x)
+    elif len(tramp.stack) > 1:
+        # A call the run's body yielded, run inline here: it is no stream's
+        # producer (the run's own task is), so its items are dropped.
+        req = InPlace(_dropped, x)
     else:
         from .remote import emit_on_worker
 
