@@ -303,4 +303,3 @@ def take_outer():
 @cluster(nthreads=[("", 2), ("", 2)])
 async def test_a_producer_yielded_inside_a_producer_drops_its_items(c, s, a, b):
     assert await c.compute(take_outer()) == ([("outer", 3)], 3)
-
