@@ -303,3 +303,12 @@ def take_outer():
 @cluster(nthreads=[("", 2), ("", 2)])
 async def test_a_producer_yielded_inside_a_producer_drops_its_items(c, s, a, b):
     assert await c.compute(take_outer()) == ([("outer", 3)], 3)
+
+
+@pytest.mark.inline
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_streams_with_calls_run_inline(c, s, a, b):
+    # The inner producer runs inline in the outer one's run: dropped too.
+    assert await c.compute(take_outer()) == ([("outer", 3)], 3)
+    assert await c.compute(take_all(10, 3)) == ([i * i for i in range(10)], 10)
+    assert await c.compute(take_until_error(2)) == ([0, 1], "failed after 2")
