@@ -21,6 +21,7 @@ from ._exceptions import CoroutineCancelledError as CoroutineCancelledError
 from ._exceptions import DaskCoroError as DaskCoroError
 from ._exceptions import NotInTaskError as NotInTaskError
 from ._exceptions import PromiseError as PromiseError
+from ._exceptions import StreamReplayInconsistentError as StreamReplayInconsistentError
 from ._exceptions import VersionMismatchError as VersionMismatchError
 from .group.api import Child as Child
 from .group.api import Group as Group
@@ -31,6 +32,9 @@ from .runtime.call import CoroutineFunction as CoroutineFunction
 from .runtime.call import coroutine as coroutine
 from .runtime.call import gather as gather
 from .runtime.result import result as result
+from .stream.api import Stream as Stream
+from .stream.api import emit as emit
+from .stream.api import stream as stream
 
 # The one place the version is written: pyproject.toml reads it from here.
 __version__ = "0.1.0"
@@ -55,6 +59,7 @@ _LAZY = {
     "LifetimesPlugin": (".lifetimes.scheduler", "LifetimesPlugin"),
     "PromisePlugin": (".promise.scheduler", "PromisePlugin"),
     "InlinePlugin": (".runtime.scheduler", "InlinePlugin"),
+    "StreamPlugin": (".stream.scheduler", "StreamPlugin"),
 }
 
 
@@ -94,17 +99,22 @@ __all__ = [
     "PromiseError",
     "PromisePlugin",
     "ReleasePlugin",
+    "Stream",
+    "StreamPlugin",
+    "StreamReplayInconsistentError",
     "Tree",
     "TreePlugin",
     "VersionMismatchError",
     "coroutine",
     "current_key",
+    "emit",
     "gather",
     "group",
     "progress",
     "progress_async",
     "release_abandoned",
     "result",
+    "stream",
     "tie",
     "tree",
 ]

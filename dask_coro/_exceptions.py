@@ -8,6 +8,8 @@ Hierarchy::
     │                                  subclass a client cannot receive (``.error`` holds it)
     ├── NotInTaskError (RuntimeError)  a task-context accessor was called outside a task
     ├── PromiseError (RuntimeError)    a Promise was misused, or can never get a value
+    ├── StreamReplayInconsistentError  a stream's producer, run again after its worker
+    │   (RuntimeError)                 died, emitted an item other than its first run's
     └── VersionMismatchError           a task made by one dask_coro version reached a
         (RuntimeError)                 process with another
 
@@ -74,6 +76,14 @@ class CoroutineCancelledError(asyncio.CancelledError):
 
 class PromiseError(DaskCoroError, RuntimeError):
     """A ``Promise`` was misused, or can never get a value."""
+
+
+class StreamReplayInconsistentError(DaskCoroError, RuntimeError):
+    """A stream's producer run again (its worker died) emitted, at an index
+    its first run had published, an item with another token
+    (``dask.base.tokenize``): its consumer may have taken the first one
+    already, so the stream cannot go on (Ray's
+    ``StreamingGeneratorReplayInconsistentError``)."""
 
 
 class VersionMismatchError(DaskCoroError, RuntimeError):

@@ -20,7 +20,8 @@ from .diagnostics import extension as diagnostics
 from .durability import extension as durability
 from .runtime import stealing
 from .release import extension as release
+from .stream import extension as stream
 
 # isort: on
 
-__all__ = ["diagnostics", "durability", "lifetimes", "promise", "release", "stealing"]
+__all__ = ["diagnostics", "durability", "lifetimes", "promise", "release", "stealing", "stream"]

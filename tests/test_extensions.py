@@ -235,7 +235,7 @@ def test_each_hook_lists_only_the_extensions_that_override_it():
 
 def test_the_features_are_registered_in_install_order():
     names = [e.name for e in extensions.registered()]
-    assert names[:6] == ["promise", "lifetimes", "diagnostics", "durability", "inline", "release"]
+    assert names[:7] == ["promise", "lifetimes", "diagnostics", "durability", "inline", "release", "stream"]
 
 
 def test_a_name_is_registered_once():

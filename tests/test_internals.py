@@ -900,3 +900,13 @@ def test_task_error_of_stop_iteration_is_what_a_client_raises():
     ours = task_error(StopIteration(1))
     assert (type(ours), ours.args) == (type(info.value), info.value.args)
     assert type(ours.__cause__) is type(info.value.__cause__) is StopIteration
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_future_in_memory_is_finished_and_gathers(c, s, a):
+    # A key put in a worker's memory and made known to the scheduler
+    # (Worker.update_data, Scheduler.update_data), as a stream's item is.
+    pv.store_own_data(a, {"item-x": 42})
+    s.update_data(who_has={"item-x": [a.address]}, nbytes={"item-x": 28}, client="holder")
+    f = pv.future_in_memory(c, "item-x")
+    assert f.status == "finished"
+    assert await c.gather(f) == 42
+    s.client_releases_keys(keys=["item-x"], client="holder")

@@ -271,6 +271,7 @@ def test_no_module_level_distributed_import_anywhere():
         "resources/scheduler.py",
         "resources/worker.py",
         "runtime/scheduler.py",
+        "stream/scheduler.py",
         "_internals/distributed_private.py",
         "__main__.py",
     )

@@ -488,6 +488,24 @@ def release_own_keys(worker: Any, keys: list[Key], stimulus_id: str) -> None:
     worker.handle_stimulus(FreeKeysEvent(keys=keys, stimulus_id=stimulus_id))
 
 
+def store_own_data(worker: Any, data: dict[Key, Any]) -> None:
+    """Put ``data`` in the worker's memory as ``Client.scatter`` does from
+    inside a task (``Worker.update_data``: an ``UpdateDataEvent``, which
+    tells the scheduler nothing; ``Scheduler.update_data`` does)."""
+    worker.update_data(data=data, stimulus_id="dask-coro-stream-emit")
+
+
+def future_in_memory(client: Any, key: Key) -> Any:
+    """A ``Future`` of ``client`` for ``key``, which another client's task
+    put in memory: finished already, so ``Client.gather`` asks who has it
+    (``Future.__init__``'s ``state`` runs the client's handler for that
+    state, ``Client._handle_key_in_memory``; the scheduler is not told that
+    this client wants the key)."""
+    from distributed import Future
+
+    return Future(key, client, state="memory")  # type: ignore[arg-type]
+
+
 def fast_memory_value(worker: Any, key: Key) -> Any:
     """The value of ``key`` if it is in the worker's fast (in-memory) store,
     without reading spilled data back (``Worker.data.fast`` of a SpillBuffer)."""

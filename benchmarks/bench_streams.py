@@ -1,0 +1,154 @@
+"""Streams: items/s and emit-to-consumer latency, producer and consumer on
+different workers, against a hand-built ``distributed.Queue`` stream and
+Ray's streaming generator; the producer's worker's peak memory with
+``buffer=16``.
+
+    PYTHONPATH=$PWD python benchmarks/bench_streams.py [--small N] [--big N] [--mb M] [--no-ray]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+
+import dask
+import numpy as np
+from distributed import Client, LocalCluster, Queue
+
+import dask_coro
+from dask_coro import coroutine
+
+
+def payload(i, mb):
+    if mb == 0:
+        return (i, time.time())
+    a = np.full(mb * 2**20, i % 256, dtype=np.uint8)  # its pages touched: resident
+    return (i, time.time(), a)
+
+
+@coroutine
+def producer(n, mb):
+    for i in range(n):
+        yield dask_coro.emit(payload(i, mb))
+    return n
+
+
+@coroutine
+def consumer(n, mb, buffer, where):
+    lat = []
+    with dask.annotate(workers=[where], allow_other_workers=False):
+        s = dask_coro.stream(producer(n, mb), buffer=buffer)
+    t0 = time.time()
+    for item in s:
+        lat.append(time.time() - item[1])
+    return len(lat), time.time() - t0, lat
+
+
+def q_producer(name, n, mb):
+    q = Queue(name)
+    for i in range(n):
+        q.put(payload(i, mb))
+    return n
+
+
+def q_consumer(name, n):
+    q = Queue(name)
+    lat = []
+    t0 = time.time()
+    for _ in range(n):
+        item = q.get()
+        lat.append(time.time() - item[1])
+    return len(lat), time.time() - t0, lat
+
+
+def rss_sampler(client, worker, stop, peaks):
+    def rss():
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
+    while not stop.is_set():
+        peaks.append(client.run(rss, workers=[worker])[worker])
+        time.sleep(0.02)
+
+
+def row(name, n, dt, lat):
+    lat = sorted(lat)
+    return (f"| {name} | {n} | {n / dt:,.0f} | {statistics.median(lat) * 1e3:.2f} | "
+            f"{lat[int(0.99 * (len(lat) - 1))] * 1e3:.2f} |")
+
+
+def bench_dask(args):
+    out = []
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as lc, Client(lc) as c:
+        a, b = sorted(c.scheduler_info()["workers"])
+        for n, mb, label in ((args.small, 0, "small"), (args.big, args.mb, f"{args.mb} MB")):
+            for buffer in (None, 16):
+                stop, peaks = threading.Event(), []
+                idle = None
+                if mb:
+                    c.run(lambda: __import__("gc").collect())
+                    t = threading.Thread(target=rss_sampler, args=(c, b, stop, peaks))
+                    t.start()
+                    while not peaks:
+                        time.sleep(0.01)
+                    idle = peaks[0]
+                got, dt, lat = c.compute(consumer(n, mb, buffer, b), workers=[a]).result()
+                stop.set()
+                extra = ""
+                if mb:
+                    t.join()
+                    extra = f" peak {(max(peaks) - idle) / 2**20:.0f} MiB above idle on the producer's worker"
+                out.append(row(f"dask_coro stream, {label}, buffer={buffer}", got, dt, lat) + extra)
+                print(out[-1], flush=True)
+            name = f"q-{label}"
+            pf = c.submit(q_producer, name, n, mb, workers=[b], pure=False)
+            got, dt, lat = c.submit(q_consumer, name, n, workers=[a], pure=False).result()
+            pf.result()
+            out.append(row(f"distributed.Queue, {label}", got, dt, lat))
+            print(out[-1], flush=True)
+    return out
+
+
+def bench_ray(args):
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    out = []
+    try:
+        @ray.remote(num_returns="streaming")
+        def gen(n, mb):
+            for i in range(n):
+                yield payload(i, mb)
+
+        @ray.remote
+        def cons(n, mb):
+            lat = []
+            t0 = time.time()
+            for ref in gen.remote(n, mb):
+                item = ray.get(ref)
+                lat.append(time.time() - item[1])
+            return len(lat), time.time() - t0, lat
+
+        for n, mb, label in ((args.small, 0, "small"), (args.big, args.mb, f"{args.mb} MB")):
+            got, dt, lat = ray.get(cons.remote(n, mb))
+            out.append(row(f"Ray streaming generator, {label}", got, dt, lat))
+            print(out[-1], flush=True)
+    finally:
+        ray.shutdown()
+    return out
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--small", type=int, default=10_000)
+    p.add_argument("--big", type=int, default=100)
+    p.add_argument("--mb", type=int, default=10)
+    p.add_argument("--no-ray", action="store_true")
+    args = p.parse_args()
+    print("| what | items | items/s | latency p50 (ms) | p99 (ms) |\n|---|---|---|---|---|")
+    bench_dask(args)
+    if not args.no_ray:
+        bench_ray(args)

@@ -1,0 +1,169 @@
+"""``StreamPlugin``: tells a stream's consumer of its producer's items, and
+its producer of what the consumer took.
+
+A producer's worker stores each item it emits in its own memory, and
+publishes it here on its stream to the scheduler (``PUBLISH``, ordered with
+the producer's task-finished), which makes it a key the scheduler knows
+(``Scheduler.update_data``, as ``Client.scatter`` does from inside a task),
+held on behalf of a scheduler-side client named after the producer until
+the consumer asks for a later item. The consumer asks for the items from
+``index`` (``dask_coro_stream_next``), and waits here, without a thread,
+until one is published or the producer's task ended. A producer with
+``buffer`` items not taken waits here (``dask_coro_stream_room``) until the
+consumer asks for the next one, or the producer's task is released (its
+consumer let go of it: it is being cancelled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from .._exceptions import DaskCoroError, StreamReplayInconsistentError
+from .._internals import distributed_private as private
+from .book import ENDED, PUBLISH, Replay, StreamBook, item_key
+
+
+def _holder(producer: Any) -> str:
+    return f"dask-coro-stream-{producer}"
+
+
+class StreamPlugin(SchedulerPlugin):
+    name = "dask-coro-streams"
+
+    def __init__(self) -> None:
+        self.books: dict[Any, StreamBook] = {}
+        self.changed: dict[Any, asyncio.Event] = {}
+        self.scheduler: Any = None
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        private.add_handlers(
+            scheduler,
+            rpc={
+                "dask_coro_stream_publish": self.publish,
+                "dask_coro_stream_next": self.next,
+                "dask_coro_stream_room": self.room,
+            },
+            stream={PUBLISH: self.publish},
+        )
+
+    def _book(self, key: Any) -> StreamBook:
+        book = self.books.get(key)
+        if book is None:
+            book = self.books[key] = StreamBook(key)
+            ts = self.scheduler.tasks.get(key)
+            if ts is not None and ts.state in ENDED:
+                book.ended = ts.state
+        return book
+
+    def _wake(self, key: Any) -> None:
+        ev = self.changed.pop(key, None)
+        if ev is not None:
+            ev.set()
+
+    async def _changed(self, key: Any) -> None:
+        ev = self.changed.get(key)
+        if ev is None:
+            ev = self.changed[key] = asyncio.Event()
+        await ev.wait()
+
+    def _drop(self, worker: str, key: Any, index: int) -> None:
+        """Let go of a re-run's copy of an item that is not published."""
+        private.send_to_worker(
+            self.scheduler, worker,
+            {"op": "remove-replicas", "keys": [item_key(key, index)], "stimulus_id": "dask-coro-stream-replayed"},
+        )
+
+    def _let_go(self, producer: Any, keys: list[Any]) -> None:
+        if keys:
+            self.scheduler.client_releases_keys(keys=keys, client=_holder(producer), stimulus_id="dask-coro-stream-taken")
+            private.drop_client_state(self.scheduler, _holder(producer))
+
+    # -- handlers ----------------------------------------------------------------
+
+    def publish(self, key: Any, index: int, token: str, nbytes: int, worker: str, value: bytes | None = None) -> None:
+        """Item ``index`` of ``key`` is in ``worker``'s memory (on the
+        worker's stream, before the producer's task-finished). An item an
+        earlier run of the producer published is let go of on that worker;
+        one that differs fails the producer."""
+        book = self._book(key)
+        try:
+            new = book.publish(index, token)
+        except (Replay, ValueError) as e:
+            error = StreamReplayInconsistentError(str(e)) if isinstance(e, Replay) else DaskCoroError(str(e))
+            ts = self.scheduler.tasks.get(key)
+            if ts is not None and ts.state == "processing":
+                private.fail_task(self.scheduler, key, error, "dask-coro-stream-replay")
+            self._drop(worker, key, index)
+            return
+        if not new and index in book.held:
+            ts = self.scheduler.tasks.get(book.held[index])
+            # Published by a run whose worker died before the consumer took
+            # it: this run's copy replaces the lost one.
+            new = ts is None or not ts.who_has
+        if not new:
+            self._drop(worker, key, index)
+            return
+        ik = book.held[index]
+        if value is not None:
+            book.values[index] = value
+        self.scheduler.update_data(who_has={ik: [worker]}, nbytes={ik: nbytes}, client=_holder(key))
+        self._wake(key)
+
+    async def next(self, key: Any, index: int, client: str | None = None) -> dict[str, Any]:
+        """The keys of the items of ``key`` from ``index`` on, once there is
+        one; else how the producer ended. With ``client``, that client
+        wants the keys given (it holds them as futures)."""
+        book = self._book(key)
+        if index < book.taken:
+            # A consumer run again (its worker died) asks for items an
+            # earlier run took, let go of since: not kept (see the docs).
+            return {"keys": [], "ended": None, "values": None, "error": (
+                f"the stream of {key!r} was consumed up to item {book.taken} by an earlier run of its "
+                f"consumer; item {index} is no longer held"
+            )}
+        self._let_go(key, book.take(index))
+        self._wake(key)  # a producer waiting for room
+        while True:
+            ready = book.ready(index)
+            if ready or book.ended is not None:
+                if ready and client is not None:
+                    self.scheduler.client_desires_keys(keys=ready, client=client)
+                values = [book.values.get(i) for i in range(index, index + len(ready))]
+                small = None if not ready or any(v is None for v in values) else values
+                return {"keys": ready, "ended": None if ready else book.ended, "values": small}
+            await self._changed(key)
+
+    async def room(self, key: Any, index: int, buffer: int) -> dict[str, Any]:
+        """Once the producer may publish item ``index``: how many the
+        consumer took; ``gone`` if the producer's task left processing."""
+        book = self._book(key)
+        try:
+            while True:
+                if book.room(index, buffer):
+                    return {"taken": book.taken, "gone": False}
+                ts = self.scheduler.tasks.get(key)
+                if ts is None or ts.state != "processing":
+                    return {"taken": book.taken, "gone": True}
+                book.blocked = index
+                await self._changed(key)
+        finally:
+            book.blocked = None
+
+    # -- hooks ---------------------------------------------------------------
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        book = self.books.get(key)
+        if book is None:
+            return
+        if finish in ENDED:
+            book.ended = finish
+        elif start == "processing":
+            book.ended = None  # released: run again (its worker died) or cancelled
+        if finish == "forgotten":
+            del self.books[key]
+            self._let_go(key, book.let_go())
+        self._wake(key)

@@ -1,0 +1,77 @@
+"""A stream's producer run again after its worker was SIGKILLed: the items
+its first run published are not given twice, and a re-run that emits a
+different item fails with StreamReplayInconsistentError after the items
+before it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+
+import dask
+from distributed import Event, Nanny
+from distributed.utils_test import async_poll_for
+from helpers import cluster
+
+from dask_coro import coroutine, emit, stream
+
+
+@coroutine
+def after(name, x):
+    Event(name).wait()
+    return x
+
+
+@coroutine
+def replayable(tag, differ):
+    for i in range(3):
+        yield emit(("pid", os.getpid()) if differ and i == 0 else i)
+    yield after(f"{tag}-go", None)
+    for i in range(3, 5):
+        yield emit(i)
+    return "ok"
+
+
+@coroutine
+def consume(tag, differ, where):
+    got = []
+    with dask.annotate(workers=[where], allow_other_workers=True):
+        s = stream(replayable(tag, differ))
+    try:
+        for x in s:
+            got.append(x)
+    except Exception as e:
+        return got, type(e).__name__
+    return got, s.result
+
+
+async def _run_and_kill(c, s, a, b, differ):
+    tag = f"sr-{uuid.uuid4().hex}"
+    fut = c.compute(consume(tag, differ, b.worker_address), workers=[a.worker_address], allow_other_workers=False)
+
+    def published():
+        plugin = s.plugins.get("dask-coro-streams")
+        books = list(plugin.books.values()) if plugin else []
+        return len(books) == 1 and books[0].published == 3 and books[0].taken >= 3
+
+    await async_poll_for(published, timeout=60)
+    [book] = s.plugins["dask-coro-streams"].books.values()
+    address = s.tasks[book.producer].processing_on.address
+    assert address == b.worker_address
+    os.kill(b.process.process.pid, signal.SIGKILL)
+    await async_poll_for(lambda: address not in s.workers, timeout=30)
+    await Event(f"{tag}-go", client=c).set()
+    return await fut
+
+
+@cluster(nthreads=[("", 2)] * 2, Worker=Nanny, timeout=120)
+async def test_a_re_run_producer_gives_no_item_twice(c, s, a, b):
+    assert await _run_and_kill(c, s, a, b, differ=False) == ([0, 1, 2, 3, 4], "ok")
+
+
+@cluster(nthreads=[("", 2)] * 2, Worker=Nanny, timeout=120)
+async def test_a_re_run_producer_emitting_another_item_fails(c, s, a, b):
+    got, error = await _run_and_kill(c, s, a, b, differ=True)
+    assert got[0][0] == "pid" and got[1:] == [1, 2]
+    assert error == "StreamReplayInconsistentError"
