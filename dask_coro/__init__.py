@@ -23,9 +23,9 @@ from ._exceptions import NotInTaskError as NotInTaskError
 from ._exceptions import PromiseError as PromiseError
 from ._exceptions import StreamReplayInconsistentError as StreamReplayInconsistentError
 from ._exceptions import VersionMismatchError as VersionMismatchError
-from .group.api import Child as Child
-from .group.api import Group as Group
-from .group.api import group as group
+from .groups.api import Child as Child
+from .groups.api import Group as Group
+from .groups.api import group as group
 from .promise.client import Promise as Promise
 from .runtime.call import CoroutineCall as CoroutineCall
 from .runtime.call import CoroutineFunction as CoroutineFunction

@@ -1,11 +1,11 @@
-"""The pure part of a group (``dask_coro.group.book``): limit, completion
+"""The pure part of a group (``dask_coro.groups.book``): limit, completion
 order, replay, cancellation; no cluster."""
 
 from __future__ import annotations
 
 import pytest
 
-from dask_coro.group.book import CANCELLED, DELIVERED, DONE, QUEUED, STARTED, GroupBook
+from dask_coro.groups.book import CANCELLED, DELIVERED, DONE, QUEUED, STARTED, GroupBook
 
 
 def test_limit_queues_and_starts_in_spawn_order():
