@@ -122,6 +122,10 @@ async def test_results_held_for_the_parent_until_it_ends(c, s, a):
     assert not [cid for cid in s.clients if str(cid).startswith("dask-coro-held-")]
 
 
+# A yield's collections are computed together: a bag (a graph) with a
+# dataframe and an array (expressions) warns as client.compute of the same
+# three does ("Computing mixed collections ...", dask/_expr.py).
+@pytest.mark.filterwarnings("ignore:Computing mixed collections:UserWarning")
 @gen_cluster(client=True, nthreads=[("", 1)])
 async def test_yield_everything_a_user_may(c, s, a):
     da = pytest.importorskip("dask.array")
