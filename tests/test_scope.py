@@ -211,9 +211,11 @@ def test_a_collection_result_is_released_when_its_yield_ends():
     bag = db.from_sequence([1, 2, 3], npartitions=2).map(lambda x: x + 1)
     plan = plan_yield([bag], [()], scope.cache.known, scope.ident, 0)
     assert plan.keep == [] and plan.layers == []
-    wanted = Scope.wanted(plan.outputs, plan.keep, plan.graph)
-    assert wanted == plan.outputs
-    new = handles_for(wanted)
+    # Its result comes from the yield's one computation of collections
+    # (plan.compute, sent as Client.compute sends it), not from the graph.
+    assert plan.compute is not None and plan.compute.outputs == plan.outputs
+    assert Scope.wanted(plan.outputs, plan.keep, plan.graph) == []
+    new = handles_for(plan.compute.outputs)
     scope.record([0], plan.outputs, plan.keep, plan.layers, new)
     assert same(scope.end_yield(), [new[plan.outputs[0]]])
     assert scope.end_body() == []
