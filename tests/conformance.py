@@ -855,6 +855,14 @@ EXAMPLES["errors a task changes"] = (
 # The root's own error is what the scheduler computing it gives.
 EXAMPLES["root raises StopIteration"] = ("node", 0, "plain", True, (("raise", "StopIteration"),))
 EXAMPLES["root raises what cannot be pickled"] = ("node", 0, "async", False, (("raise", "Unpicklable"),))
+# Found by the random programs: a root that held Futures raises what cannot be
+# pickled. distributed logs the failed pickle with the error as its context,
+# and a handler that keeps log records (pytest's capture) keeps the body's
+# frame, and so its Futures, with it (tests/test_conformance.py quiets it).
+EXAMPLES["root holding futures raises what cannot be pickled"] = (
+    "node", 0, "gen", True,
+    (("wait", ("dict", (("future", 3, False),)), True), ("raise", "Unpicklable")),
+)
 
 # Groups: children in completion order (any order on a cluster, spawn order
 # without one), a caught error among them, under a limit, and a coroutine

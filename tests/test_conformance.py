@@ -31,12 +31,18 @@ def harness():
 
 @pytest.fixture(autouse=True)
 def _quiet():
-    # Every failing child logs distributed's "Compute Failed" block.
-    logger = logging.getLogger("distributed.worker")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
+    # Every failing child logs distributed's "Compute Failed" block, and an
+    # error no pickle survives logs "Failed to serialize" (distributed's
+    # protocol.pickle.dumps) with that error as its context. pytest keeps the
+    # records of a test, so that error, its traceback and the frames and
+    # Futures of the body that raised it would stay until the test ends.
+    loggers = [logging.getLogger(n) for n in ("distributed.worker", "distributed.protocol.pickle")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
     yield
-    logger.setLevel(level)
+    for logger, level in zip(loggers, levels):
+        logger.setLevel(level)
 
 
 @pytest.mark.parametrize("name", sorted(C.EXAMPLES))
