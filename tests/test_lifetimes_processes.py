@@ -38,6 +38,7 @@ def total(a):
     return int(a.sum()), os.getpid(), a.segment_name
 
 
+@pytest.mark.inline  # the shipped default: the preload installs InlinePlugin too
 def test_preloaded_scheduler_has_the_plugins_before_first_use(tmp_path):
     preload = ("--preload", "dask_coro")
     with cli_cluster(tmp_path, 2, scheduler_args=preload, worker_args=preload) as client:
@@ -173,7 +174,9 @@ def test_worker_preload_installs_the_scheduler_plugins(tmp_path):
     # A scheduler started without the preload; its worker has it.
     with cli_cluster(tmp_path, 1, worker_args=("--preload", "dask_coro")) as client:
         plugins = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.plugins))
-        assert {"dask-coro-lifetimes", "dask-coro-promises", "dask-coro-tree", "dask-coro-durable", "dask-coro-inline"} <= set(plugins)
+        assert {"dask-coro-lifetimes", "dask-coro-promises", "dask-coro-tree", "dask-coro-durable"} <= set(plugins)
+        # Calls inline are off here (its tree counts tasks): no InlinePlugin.
+        assert "dask-coro-inline" not in plugins
         # and installing them again from a client is harmless
         client.register_plugin(dask_coro.LifetimesPlugin())
         client.register_plugin(dask_coro.TreePlugin())
