@@ -271,8 +271,16 @@ def test_deep_recursion_of_task_children_without_a_cluster(path, body):
     import sys
 
     depth = 600
-    assert depth > sys.getrecursionlimit() / 2  # a level took ~14 frames before
-    assert compute(path, None, body(depth)) == depth
+    # Under the interpreter's default limit: jedi (which IPython imports, and
+    # progress() in a notebook imports IPython) raises this process's limit
+    # to 3000 when it is imported, so an earlier test may have raised it.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000)
+    try:
+        assert depth > sys.getrecursionlimit() / 2  # a level took ~14 frames before
+        assert compute(path, None, body(depth)) == depth
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 @pytest.mark.parametrize("path", CLUSTER_PATHS)
