@@ -662,3 +662,26 @@ def test_cycle_walk_searches_from_the_smaller_side(caplog):
     tasks["q"] = _TS("q", "no-worker")
     assert plugin._path_to("p", ["q"], pending=True) == ["q", "p"]
     assert plugin._path_to("p", ["q"], pending=False) is None
+
+
+@gen_cluster(**validated)
+async def test_promise_whose_creator_finished_before_it_arrived_is_an_error(c, s, a, b):
+    """The creating task's completion travels on its worker's stream, the
+    promise's graph on the worker client's: the completion may come first.
+    The promise then fails at once instead of waiting for ever."""
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+    from dask_coro._internals.dask_private import Task
+    from dask_coro.promise.parked import PARK_RESOURCE, unresolved
+
+    await asyncio_to(Promise)  # installs the plugin
+    creator = c.submit(lambda: 1, key="finished-creator")
+    assert await creator == 1
+    key = "promise-late"
+    layer = MaterializedLayer(
+        {key: Task(key, unresolved, key, creator.key)},
+        annotations={"resources": {PARK_RESOURCE: 1}},
+    )
+    (late,) = c.get(HighLevelGraph({key: layer}, {key: set()}), [key], sync=False)
+    with pytest.raises(PromiseError, match="never resolved: the task 'finished-creator'"):
+        await late

@@ -101,7 +101,14 @@ class PromisePlugin(SchedulerPlugin):
             ts = scheduler.tasks.get(key)
             if ts is not None and is_placeholder(ts.run_spec):
                 creator = ts.run_spec.args[1]
-                if creator is not None:
+                if creator is None:
+                    continue
+                cts = scheduler.tasks.get(creator)
+                if cts is None or cts.state in ("memory", "erred"):
+                    # The creator's completion (on its worker's stream) came
+                    # before this graph (on the worker client's): it is done.
+                    self._fail_later(key, _never_resolved(key, creator))
+                else:
                     self.created_by.setdefault(creator, set()).add(key)
 
     def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
@@ -115,11 +122,7 @@ class PromisePlugin(SchedulerPlugin):
         try:
             for p in self.created_by.pop(key, ()):
                 if p not in self.targets and p not in self.pending:
-                    self._fail_later(
-                        p,
-                        f"promise {p!r} was never resolved: the task {key!r} that "
-                        "created it finished without calling resolve_with",
-                    )
+                    self._fail_later(p, _never_resolved(p, key))
             if finish == "forgotten":
                 for p in self.pointed_by.pop(key, ()):
                     if self.targets.get(p) == key:
@@ -400,6 +403,13 @@ def _cycle_message(promise: Key, target: Key, path: list[Key]) -> str:
         f"promise {promise!r} cannot be resolved with {target!r}: it depends on "
         f"the promise ({' -> '.join(shown)}), a dependency cycle that would wait "
         "for ever"
+    )
+
+
+def _never_resolved(promise: Key, creator: Key) -> str:
+    return (
+        f"promise {promise!r} was never resolved: the task {creator!r} that "
+        "created it finished without calling resolve_with"
     )
 
 
