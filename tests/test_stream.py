@@ -208,6 +208,25 @@ async def test_a_consumer_that_stops_cancels_the_producer(c, s, a, b):
     await async_poll_for(lambda: not [k for k in s.tasks if "endless" in str(k)], timeout=30)
 
 
+@cluster(nthreads=[("", 1)])
+async def test_messages_of_a_forgotten_producer_make_no_book(c, s, a):
+    """A producer's run may still send after its consumer let go of it and the
+    scheduler forgot it (an item on its worker's stream, a wait for room),
+    as seen once under validation (slower transitions): no
+    book is made for it then, which nothing would ever drop, and the item is
+    let go of on its worker."""
+    assert await c.compute(take_all(3)) == ([i * i for i in range(3)], 3)
+    plugin = s.plugins["dask-coro-streams"]
+    await async_poll_for(lambda: not plugin.books, timeout=30)
+    gone = "squares-forgotten"
+    ik = item_key(gone, 0)
+    a.update_data(data={ik: 1})  # the item its run stored before publishing
+    plugin.publish(gone, 0, "token", 28, a.address)
+    assert await plugin.room(gone, 1, 2) == {"taken": 1, "gone": True}
+    assert not plugin.books
+    await async_poll_for(lambda: ik not in a.data, timeout=30)
+
+
 @coroutine
 def drops_it(tag):
     s = stream(endless(tag), buffer=1)

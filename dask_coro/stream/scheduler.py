@@ -51,6 +51,8 @@ class StreamPlugin(SchedulerPlugin):
         )
 
     def _book(self, key: Any) -> StreamBook:
+        """The book of producer ``key``, made on first use (a consumer may ask
+        before the producer's graph, sent on another stream, arrives)."""
         book = self.books.get(key)
         if book is None:
             book = self.books[key] = StreamBook(key)
@@ -58,6 +60,13 @@ class StreamPlugin(SchedulerPlugin):
             if ts is not None and ts.state in ENDED:
                 book.ended = ts.state
         return book
+
+    def _running_book(self, key: Any) -> StreamBook | None:
+        """The book of a producer whose run sends (it publishes, it waits for
+        room), None if the scheduler forgot it: its consumer let go of it,
+        and the run has not heard yet. A book made then would never be
+        dropped: no transition of the key follows."""
+        return self._book(key) if key in self.scheduler.tasks else self.books.get(key)
 
     def _wake(self, key: Any) -> None:
         ev = self.changed.pop(key, None)
@@ -89,7 +98,10 @@ class StreamPlugin(SchedulerPlugin):
         worker's stream, before the producer's task-finished). An item an
         earlier run of the producer published is let go of on that worker;
         one that differs fails the producer."""
-        book = self._book(key)
+        book = self._running_book(key)
+        if book is None:  # its consumer let go of it: nobody takes the item
+            self._drop(worker, key, index)
+            return
         try:
             new = book.publish(index, token)
         except (Replay, ValueError) as e:
@@ -140,7 +152,9 @@ class StreamPlugin(SchedulerPlugin):
     async def room(self, key: Any, index: int, buffer: int) -> dict[str, Any]:
         """Once the producer may publish item ``index``: how many the
         consumer took; ``gone`` if the producer's task left processing."""
-        book = self._book(key)
+        book = self._running_book(key)
+        if book is None:
+            return {"taken": index, "gone": True}
         try:
             while True:
                 if book.room(index, buffer):
