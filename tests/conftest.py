@@ -82,6 +82,12 @@ def pytest_configure(config):
         "inline: run with coroutine calls run inline (coro.inline.enabled, the "
         "default); unmarked tests run every coroutine call as a task of its own",
     )
+    config.addinivalue_line(
+        "markers",
+        "validated: always run with distributed's state-machine checks on, as "
+        "--validate runs every test (the files where dask_coro's plugins change "
+        "the scheduler's and workers' state)",
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -99,7 +105,10 @@ def _inline_setting(request, monkeypatch):
     original = copy.deepcopy(utils_test.original_config)
     original.setdefault("coro", {}).setdefault("inline", {})["enabled"] = on
     settings = {"coro.inline.enabled": on}
-    if request.config.getoption("--validate"):
+    validating = request.config.getoption("--validate") or (
+        request.node.get_closest_marker("validated") is not None
+    )
+    if validating:
         for part in ("scheduler", "worker"):
             monkeypatch.setenv(f"DASK_DISTRIBUTED__{part.upper()}__VALIDATE", "True")
             original.setdefault("distributed", {}).setdefault(part, {})["validate"] = True

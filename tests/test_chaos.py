@@ -12,8 +12,8 @@ as a plain ``worker_client`` task) and a tree whose parents wait on sleeping
 holds no task, no segment of the run is left in /dev/shm, and the cluster is
 back to 3 workers.
 
-Marked ``chaos``: CI runs one round in each pass of the suite, plain and
-``--validate``;
+Marked ``chaos`` and ``validated``: CI runs one round, with distributed's
+state-machine checks on;
 ``--chaos-runs N`` runs N rounds (benchmarks/bench_chaos.py runs larger
 ones and reports each). The baseline beside it: plain Dask's static
 graph of 10-ms tasks under the same killer.
@@ -45,6 +45,7 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
 # A round takes 30-60 s on 2 loaded cores, so --chaos-runs 10 needs more than
 # 600 s; a hang fails sooner, at run_round's 240 s per workload.
+@pytest.mark.validated
 @pytest.mark.timeout(1800)
 def test_workloads_survive_workers_killed_at_random(pytestconfig):
     rounds = pytestconfig.getoption("--chaos-runs")

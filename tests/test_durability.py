@@ -682,6 +682,7 @@ def _place(prefix, workers, dask_scheduler=None):
     dask_scheduler.add_plugin(Place(prefix, workers), name=f"test-place-{prefix}")
 
 
+@pytest.mark.validated  # a LocalCluster: gen_cluster validates on its own
 def test_cluster_adapt_scales_from_4_workers_to_1_under_10_waiting_parents(tmp_path):
     # The parents and their gates wait on one worker (adapt keeps a worker
     # with long-running tasks); their finished children are spread over all

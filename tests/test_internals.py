@@ -592,10 +592,9 @@ def _validates(dask_worker):
 
 
 def test_the_validate_option_reaches_worker_processes(pytestconfig):
-    """`pytest --validate` (run by .ci/run) turns distributed's state-machine
-    checks on in every worker process the tests start; without it they are
-    off there, as in a deployment (gen_cluster's in-process schedulers and
-    workers validate either way)."""
+    """`pytest --validate` turns distributed's state-machine checks on in
+    every worker process the tests start; without it they are off there, as
+    in a deployment."""
     from distributed import Client, LocalCluster
 
     on = pytestconfig.getoption("--validate")
@@ -604,6 +603,27 @@ def test_the_validate_option_reaches_worker_processes(pytestconfig):
     ) as lc, Client(lc) as client:
         assert set(client.run(_validates).values()) == {on}
         assert lc.scheduler.validate is on
+
+
+@pytest.mark.validated
+def test_a_validated_test_validates_its_worker_processes():
+    """A test marked ``validated`` runs as under --validate (.ci/run's one
+    pass relies on it for the chaos workloads)."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as lc, Client(lc) as client:
+        assert set(client.run(_validates).values()) == {True}
+        assert lc.scheduler.validate is True
+
+
+@gen_cluster(client=True, nthreads=[("", 1), ("", 1)])
+async def test_gen_cluster_validates_in_every_pass(c, s, a, b):
+    """distributed's gen_cluster turns validation on for its scheduler and
+    workers (utils_test.config_for_cluster_tests), with or without
+    --validate: .ci/run runs them once."""
+    assert s.validate and a.state.validate and b.state.validate
 
 
 # -- the scheduler's dashboard ---------------------------------------------------
