@@ -17,6 +17,7 @@ import pytest
 from distributed import get_worker
 from helpers import cluster
 
+import dask_coro
 from dask_coro import (
     BadYieldError,
     DaskCoroError,
@@ -100,6 +101,39 @@ def _loop_future():
         loop.close()
 
 
+@coroutine
+def spawns_after_its_block():
+    with dask_coro.group() as g:
+        pass
+    g.spawn(one())
+
+
+@coroutine
+def asks_an_empty_group():
+    with dask_coro.group() as g:
+        return (yield g.next())
+
+
+@coroutine
+def numbers(n):
+    for i in range(n):
+        yield dask_coro.emit(i)
+
+
+@coroutine
+def iterates_a_closed_stream():
+    s = dask_coro.stream(numbers(3))
+    s.close()
+    return [x for x in s]
+
+
+@coroutine
+def asks_a_stream_result_early():
+    s = dask_coro.stream(numbers(3))
+    next(iter(s))
+    return s.result
+
+
 def _unpack():
     a, b = one()  # noqa: RUF059 - the unpacking is what raises
 
@@ -162,6 +196,26 @@ LOCAL = [
          "coro.tree.enabled: 'no' is not true or false"),
     Case("a misspelled setting", _with_setting("coro.inline.intervall", "1s"), ValueError,
          "coro.inline.intervall is not a dask_coro setting; did you mean coro.inline.interval?"),
+    Case("a group timeout that is not a number", lambda: dask_coro.group(timeout="soon"), TypeError,
+         "group timeout= must be a number of seconds or None, not 'soon'"),
+    Case("a negative group timeout", lambda: dask_coro.group(timeout=-1), ValueError,
+         "group timeout= must be >= 0, not -1"),
+    Case("spawn() outside the group's block", lambda: dask_coro.group().spawn(one()), RuntimeError,
+         "use a group inside its block: with dask_coro.group() as g: ..."),
+    Case("spawn() after the group's block was left", lambda: spawns_after_its_block().compute(), RuntimeError,
+         "spawn() on a group that was closed (its block was left)"),
+    Case("next() of a group with no child left", lambda: asks_an_empty_group().compute(), RuntimeError,
+         "next() on a group with no child left to deliver (test `while g:` first)"),
+    Case("stream() of what is not a coroutine call", lambda: dask_coro.stream(3), TypeError,
+         "dask_coro.stream() takes a call of a @coroutine function, not int"),
+    Case("a stream buffer that is not a positive int", lambda: dask_coro.stream(numbers(3), buffer=0), ValueError,
+         "stream buffer= must be a positive int or None, not 0"),
+    Case("emit() outside a body", lambda: dask_coro.emit(1), RuntimeError,
+         "dask_coro.emit() is called in a coroutine body"),
+    Case("iterate a stream after closing it", lambda: iterates_a_closed_stream().compute(), RuntimeError,
+         "iterating a stream that was closed"),
+    Case("a stream's result before its last item", lambda: asks_a_stream_result_early().compute(), RuntimeError,
+         "a stream's result is known once every item was taken (iterate it to its end)"),
     Case("shm array of Python objects", lambda: shm.empty(10, dtype=object), TypeError,
          "holds Python objects, which cannot live in shared memory"),
     Case("shm array of a negative shape", lambda: shm.empty(-1), ValueError,

@@ -200,7 +200,7 @@ class Stream:
     @property
     def result(self) -> Any:
         """The producer's return value, once every item was taken."""
-        if self.end is None:
+        if self.end is None or self.items:  # without a cluster the end comes with the items
             raise RuntimeError("a stream's result is known once every item was taken (iterate it to its end)")
         ok, value = self.end
         if not ok:
