@@ -23,9 +23,9 @@ from dask_coro.core.plan import derive_key
 
 @gen_cluster(client=True, nthreads=[("", 1)])
 async def test_recursion_deeper_than_threads_on_one_thread(c, s, a):
-    # 1,973 coroutine tasks nested 15 deep on one worker with one thread.
-    assert await c.compute(fib(15)) == 610
-    assert await c.compute(afib(12)) == 144
+    # 753 coroutine tasks nested 13 deep on one worker with one thread.
+    assert await c.compute(fib(13)) == 233
+    assert await c.compute(afib(11)) == 89
 
 
 @gen_cluster(client=True, nthreads=[("", 1), ("", 1)])
