@@ -296,6 +296,43 @@ async def test_deadline_cancels_children_and_raises_at_next(c, s, a, b):
     await async_poll_for(lambda: not s.tasks, timeout=10)
 
 
+def holds_a_thread(name):
+    Event(name).wait()  # a plain task: its thread is held until the event
+    return 1
+
+
+@coroutine
+def deadline_over_a_busy_pool(name, deadline):
+    with dask_coro.group(deadline=deadline) as g:
+        g.spawn(dask.delayed(holds_a_thread)(name))
+        g.spawn(dask.delayed(holds_a_thread)(name))
+        try:
+            yield g.next()
+        except TimeoutError:
+            return "deadline"
+
+
+@cluster(nthreads=[("", 2)])
+async def test_a_deadline_is_heard_while_every_thread_of_the_pool_is_held(c, s, a):
+    """Both threads of the only worker run children that never end on their
+    own (until the test sets the event): the body hears of its deadline
+    without waiting for a thread of the pool (it runs as a seceded step
+    would, one thread over), so the answer comes with every child still
+    running. Waiting for a thread, it came only once a child ended."""
+    def children_running():
+        return sum(str(ts.key).startswith("holds_a_thread") for ts in a.state.executing)
+
+    # Both children hold their threads well before the deadline (they start
+    # within milliseconds here), so the deadline finds the pool full.
+    fut = c.compute(deadline_over_a_busy_pool("busy-pool", time.time() + 3))
+    await async_poll_for(lambda: children_running() == 2, timeout=3)
+    assert await fut == "deadline"
+    assert children_running() == 2  # neither ended: the event is not set
+    del fut
+    await Event("busy-pool", client=c).set()
+    await async_poll_for(lambda: not s.tasks, timeout=30)
+
+
 @coroutine
 def absolute_deadline():
     with dask_coro.group(deadline=time.time() - 1) as g:

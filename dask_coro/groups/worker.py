@@ -141,6 +141,8 @@ class WorkerBackend:
         self.timer = None
         if self.group.book.closed:
             return
+        # The body hears of it at its wait without waiting for a thread.
+        self.run.urgent = True
         self._stop(self.group.expire(), closing=True)
 
     def _flush(self) -> None:

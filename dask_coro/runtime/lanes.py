@@ -288,14 +288,19 @@ class Lanes:
         *args: Any,
         rank: Any = (),
         pause: Callable[[], None] | None = None,
+        urgent: bool = False,
     ) -> Any:
         """``fn(*args)`` on ``lane`` as a step of task ``key`` (started at
         ``start``), holding a thread of the pool meanwhile: served in the
         order of ``rank`` among the steps waiting for one (``Seats``);
         ``pause()`` (called from another thread) asks the step to give its
-        thread back to a step of a lower rank."""
+        thread back to a step of a lower rank. An ``urgent`` step (a body
+        told its deadline passed) does not wait for a thread of the pool: it
+        starts as a seceded step, one thread over the pool's size while it
+        runs, as a seceded task's thread is (a deadline that waited for a
+        busy pool would not be one)."""
         return await asyncio.wrap_future(
-            lane.submit(self._seated, lane, key, start, fn, args, rank, pause)
+            lane.submit(self._seated, lane, key, start, fn, args, rank, pause, urgent)
         )
 
     def _seated(
@@ -307,9 +312,13 @@ class Lanes:
         args: tuple[Any, ...],
         rank: Any,
         pause: Callable[[], None] | None,
+        urgent: bool = False,
     ) -> Any:
         seat = _Seat(self.seats, lane, rank, pause)
-        seat.take()
+        if urgent:
+            lane.held += 1  # as _Seat.leave leaves it: done() gives it back
+        else:
+            seat.take()
         set_task_thread(key, start, PoolSeat(seat.leave, seat.join))
         try:
             return fn(*args)

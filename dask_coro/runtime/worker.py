@@ -391,6 +391,9 @@ class _Run:
         self.idents: dict[str, int] = {}  # ``ident``: names given, per kind
         # Where our steps wait for a thread of the pool: our tree's rank (``_rank``).
         self.rank: tuple[Any, ...] = ()
+        #: The next step need not wait for a thread of the pool (``Lanes.run``):
+        #: set by a feature waking the body for a deadline.
+        self.urgent = False
 
         self.planned: _Planned | None = None  # the last step's batches, planned on the lane
 
@@ -414,9 +417,10 @@ class _Run:
         lane = self.lane
         if lane is None:
             lane = self.lane = lanes.pick()
+        urgent, self.urgent = self.urgent, False
         return await lanes.run(
             lane, self.key, self.start, self._on_lane, tramp, fn, args,
-            rank=self.rank, pause=self._pause,
+            rank=self.rank, pause=self._pause, urgent=urgent,
         )
 
     def _pause(self) -> None:
