@@ -55,13 +55,13 @@ def pytest_addoption(parser):
     parser.addoption(
         "--release-examples",
         type=int,
-        default=12,
+        default=8,
         help="random DAGs the worker-release property test runs (tests/test_release_property.py)",
     )
     parser.addoption(
         "--conformance-examples",
         type=int,
-        default=100,
+        default=60,
         help="random programs the conformance test runs on every path (tests/test_conformance.py)",
     )
     parser.addoption(

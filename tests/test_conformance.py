@@ -4,7 +4,7 @@ and with every call handed out (stolen), and each must agree with a reference
 interpreter in plain Python: value, exception type and message, how often
 each function ran, and nothing left on the scheduler or the workers.
 
-CI runs a fixed seed and ``--conformance-examples`` programs (100); more, as a
+CI runs a fixed seed and ``--conformance-examples`` programs (60); more, as a
 fuzz run: ``python tests/conformance.py --examples 5000``.
 """
 
@@ -74,8 +74,8 @@ def test_reference_says_what_the_docs_say():
     assert outcome.local == ("Unpicklable", "node 0 raised")
 
 
-# 100 programs on five paths, groups included (a quarter of the nodes): about
-# 4 minutes on 2 loaded cores, past the suite's 120 s default.
+# 60 programs on five paths, groups included (a quarter of the nodes): about
+# 40 s on 2 quiet cores, minutes on loaded ones, past the suite's 120 s default.
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_random_programs(harness, request):
