@@ -341,7 +341,7 @@ def _host_copy(origin: str, data: Any) -> _Segment | None:
 
     worker = private.worker_of_this_process()
     plugin = private.worker_plugin(worker, NAME) if worker is not None else None
-    if plugin is None or plugin.token is None or not os.path.isdir(_SHM_DIR):
+    if plugin is None or not plugin.ready() or not os.path.isdir(_SHM_DIR):
         return None  # no host registry to record the release in: a private copy
     name = copy_name(origin)
     posix = _posix()

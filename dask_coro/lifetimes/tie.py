@@ -163,7 +163,7 @@ def ensure_installed(worker: Any) -> LifetimesWorkerPlugin:
     """This worker's plugin, installing the scheduler plugin on first use
     (one round trip; ``register_scheduler_plugin`` is idempotent)."""
     plugin = private.worker_plugin(worker, NAME)
-    if isinstance(plugin, LifetimesWorkerPlugin) and plugin.token is not None:
+    if isinstance(plugin, LifetimesWorkerPlugin) and plugin.ready():
         return plugin
 
     async def install() -> None:
@@ -172,7 +172,7 @@ def ensure_installed(worker: Any) -> LifetimesWorkerPlugin:
         )
         answer = await worker.scheduler.dask_coro_lifetimes_ready()
         plugin = private.worker_plugin(worker, NAME)
-        if not isinstance(plugin, LifetimesWorkerPlugin) or plugin.token is None:
+        if not isinstance(plugin, LifetimesWorkerPlugin) or not plugin.ready():
             # The scheduler's broadcast missed us (it ignores errors): add it here.
             await worker.plugin_add(LifetimesWorkerPlugin(token=answer["token"]), name=NAME)
 

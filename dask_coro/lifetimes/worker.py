@@ -48,6 +48,13 @@ class LifetimesWorkerPlugin(WorkerPlugin):
         # ids this worker has told the scheduler a key ties (drops duplicates)
         self.sent_ties: dict[Key, set[str]] = {}
 
+    def ready(self) -> bool:
+        """Set up on its worker, with its cluster's registry. A task's thread
+        may find it in ``Worker.plugins`` before its ``setup`` ran:
+        ``Worker.plugin_add`` stores it first, then sets it up on the event
+        loop."""
+        return self.token is not None and self.worker is not None
+
     def setup(self, worker: Any) -> None:
         self.worker = worker
         private.add_handlers(worker, rpc={"dask_coro_release": self.release})
