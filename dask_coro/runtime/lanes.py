@@ -132,6 +132,11 @@ class _Seat:
         if started is None:
             self.seats.wait(self)
 
+    def start_seceded(self) -> None:
+        """Run without a thread of the pool, as a step that let go of its
+        seat (``leave``): ``done`` or ``join`` gives the count back."""
+        self.lane.held += 1
+
     def leave(self) -> None:
         release = self.release
         if release is None:
@@ -316,7 +321,7 @@ class Lanes:
     ) -> Any:
         seat = _Seat(self.seats, lane, rank, pause)
         if urgent:
-            lane.held += 1  # as _Seat.leave leaves it: done() gives it back
+            seat.start_seceded()
         else:
             seat.take()
         set_task_thread(key, start, PoolSeat(seat.leave, seat.join))
