@@ -11,7 +11,9 @@ For array and dataframe graphs of about N tasks (``--sizes``):
 * ``wall`` (``--wall``): the collection yielded in a body, and the same
   ``client.compute`` from a ``worker_client`` task, one after the other on
   one ``LocalCluster`` (2 workers, 1 thread each), each from submission to
-  result; their ratio.
+  result; their ratio, and ``removed``: the workers the scheduler removed
+  meanwhile (its ``remove-worker`` events, ``Scheduler.remove_worker``), 0
+  when every worker answered its heartbeats throughout.
 
     python benchmarks/bench_collections.py --sizes 1000 10000 100000
     python benchmarks/bench_collections.py --sizes 1000 10000 --wall
@@ -70,6 +72,10 @@ def in_task(build, n):
         return c.compute(build(n)).result()
 
 
+def removals(dask_scheduler) -> int:
+    return sum(1 for _, e in dask_scheduler.get_events("all") if e.get("action") == "remove-worker")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
@@ -82,8 +88,8 @@ def main() -> None:
         cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
         client = Client(cluster)
     try:
-        print("| graph | tasks | plan (s) | plan per task (us) | body (s) | worker_client (s) | ratio |")
-        print("|---|---|---|---|---|---|---|")
+        print("| graph | tasks | plan (s) | plan per task (us) | body (s) | worker_client (s) | ratio | removed |")
+        print("|---|---|---|---|---|---|---|---|")
         for kind in args.kinds:
             build = KINDS[kind]
             for n in args.sizes:
@@ -96,6 +102,7 @@ def main() -> None:
                     pstats.Stats(prof).sort_stats("cumulative").print_stats(8)
                 row = f"| {kind} {n} | {tasks} | {took:.3f} | {took / tasks * 1e6:.1f} |"
                 if client is not None:
+                    before = client.run_on_scheduler(removals)
                     t0 = time.perf_counter()
                     body = client.compute(in_body(build, n)).result()
                     tb = time.perf_counter() - t0
@@ -103,9 +110,10 @@ def main() -> None:
                     plain = client.submit(in_task, build, n, pure=False).result()
                     tp = time.perf_counter() - t0
                     assert np.allclose(np.asarray(body), np.asarray(plain))
-                    row += f" {tb:.1f} | {tp:.1f} | {tb / tp:.2f} |"
+                    removed = client.run_on_scheduler(removals) - before
+                    row += f" {tb:.1f} | {tp:.1f} | {tb / tp:.2f} | {removed} |"
                 else:
-                    row += " | | |"
+                    row += " | | | |"
                 print(row, flush=True)
     finally:
         if client is not None:
