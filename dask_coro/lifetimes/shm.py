@@ -234,8 +234,11 @@ def segments_held(value: Any) -> list[_Segment]:
 
 #: After sending a host the bytes, the other workers of this host answer
 #: ``busy`` to that host this long: enough for the worker that got them to
-#: tell the scheduler, so the next worker of that host asking fetches from it.
-SENT_GRACE = 2.0
+#: map them and tell the scheduler, so the next worker of that host asking
+#: fetches from it. On a loaded host that took over 2 s (seen in CI: the
+#: bytes crossed twice); what a longer wait costs is only the case where the
+#: worker that got the bytes died meanwhile: the next one waits this long.
+SENT_GRACE = 10.0
 
 
 class sending_to:
