@@ -5,10 +5,13 @@ a failing hook is logged, never the task's error."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from distributed import Scheduler, Worker
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from distributed.utils_test import async_poll_for, captured_logger, gen_cluster, gen_test
+from helpers import cluster
 
 from dask_coro import coroutine
 from dask_coro.runtime import extensions
@@ -42,6 +45,7 @@ class Recorder(Extension):
 
     def __init__(self, fail: str | None = None) -> None:
         self.events: list[tuple] = []
+        self.counted: list[list[int]] = []  # the client's count of the keys released, after the hook
         self.fail = fail
 
     def _event(self, hook: str, *what) -> None:
@@ -71,10 +75,23 @@ class Recorder(Extension):
         self._event("results_received", run.key, list(results))
 
     def released(self, run, futures):
-        self._event("released", run.key, sorted(f.key for f in futures))
+        keys = sorted(f.key for f in futures)
+        self._event("released", run.key, keys, _on_the_workers_loop(run))
+        client = futures[0].client
+        # What the hook queues on the loop runs after the client's own
+        # reference counting of the futures (``Client._dec_ref``).
+        client.loop.add_callback(lambda: self.counted.append([client.refcount.get(k, 0) for k in keys]))
 
     async def run_ended(self, run, outcome):
         self._event("run_ended", run.key, run.notes.get(self.name), outcome)
+
+
+def _on_the_workers_loop(run) -> bool:
+    # A body's thread may run a loop of its own (``async def`` bodies).
+    try:
+        return asyncio.get_running_loop() is run.worker.loop.asyncio_loop
+    except RuntimeError:
+        return False
 
 
 @pytest.fixture
@@ -120,13 +137,40 @@ async def test_a_registered_extension_gets_its_plugins_and_hooks(c, s, a, record
     assert _hooks(recorder, key) == ["run_started", "submitting", "annotations", "results_received", "run_ended", "released"]
     (results,) = [e[2] for e in recorder.events if e[:2] == ("results_received", key)]
     assert results == [11, 12]
-    (released,) = [e[2] for e in recorder.events if e[:2] == ("released", key)]
-    assert released == sorted(children)
+    (released,) = [e[2:] for e in recorder.events if e[:2] == ("released", key)]
+    # On the worker's loop, the futures' release queued there already: what
+    # the hook queues runs before the scheduler's answer to that release
+    # (worker release relies on it).
+    assert released == (sorted(children), True)
+    await async_poll_for(lambda: len(recorder.counted) == 1, timeout=5)
+    assert all(count == 0 for counts in recorder.counted for count in counts)
     for child in children:
         assert _hooks(recorder, child) == ["run_started", "run_ended"]
     (ended,) = [e for e in recorder.events if e[:2] == ("run_ended", key)]
     assert ended[2] == "mine"  # what run_started kept for the run
     assert type(ended[3]).__name__ == "Returned" and ended[3].value == 23
+
+
+@coroutine
+def loop(n):
+    total = 0
+    for i in range(n):
+        total += yield add(i, 1)
+    return total
+
+
+@cluster(nthreads=[("", 1)], config={"coro.inline.enabled": False, "coro.durability.hold-children": False})
+async def test_released_is_told_on_the_loop_after_the_clients_count(c, s, a, recorder):
+    """A body lets go of a yield's children on its thread when it resumes:
+    the hook still hears of it on the worker's loop, once the futures'
+    release is queued there, so that what it queues runs after the client's
+    reference counting and before the scheduler's answer to it."""
+    root = loop(5)
+    assert await c.compute(root) == 15
+    released = [e for e in recorder.events if e[:2] == ("released", root.key)]
+    assert len(released) == 5 and all(on_loop for *_, on_loop in released)
+    await async_poll_for(lambda: len(recorder.counted) == 5, timeout=5)
+    assert all(count == 0 for counts in recorder.counted for count in counts)
 
 
 @pytest.mark.inline

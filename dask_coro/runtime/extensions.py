@@ -57,8 +57,9 @@ plugins are installed:
     The results of a yield, before the children are let go of. What it
     raises is raised at the yield, as a child's error would be.
 ``released(run, futures)``
-    The run let go of these children's futures (from any thread: the body's
-    or the event loop's).
+    The run let go of these children's futures, on the loop: what this hook
+    queues there runs after the client's reference counting of them and
+    before the scheduler's answer to it.
 ``run_left(run)``
     The run is let go of because its worker closes; before its children are
     released (the scheduler reruns it elsewhere).
