@@ -19,6 +19,22 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 
 import ast_guard  # noqa: E402 (importable from this folder once the path is set)
 
+# Worker processes this process starts (LocalCluster, Nanny) fork from one
+# server process that imported distributed, dask_coro and the libraries the
+# tests' tasks use once, instead of each importing them again as "spawn", the
+# default, does: the suite's worker processes cost about a third of its CPU.
+# They still import the test modules themselves, and take the sys.path,
+# working folder and configuration (Nanny passes it) of this process when
+# started. Programs the tests run as scripts, and `dask worker` processes,
+# keep the default, as a user's do.
+dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
+from distributed.utils import get_mp_context  # noqa: E402
+
+# get_mp_context sets distributed's own preload once; this one replaces it.
+get_mp_context().set_forkserver_preload(
+    ["distributed", "dask_coro", "dask.array", "dask.dataframe", "numpy", "pandas", "greenlet"]
+)
+
 # CPython 3.11 before 3.11.8 shares the AST constructor's recursion count
 # between threads: a body's ast.literal_eval fails now and then while another
 # thread builds a tree (tests/ast_guard.py, tests/test_ast_race.py).
@@ -88,6 +104,37 @@ def pytest_configure(config):
         "--validate runs every test (the files where dask_coro's plugins change "
         "the scheduler's and workers' state)",
     )
+
+
+#: Test modules that make shared-memory segments or count the host's
+#: (``shm.segments()`` lists all of /dev/shm): one xdist group, run one after
+#: another, so that no test counts another's segments.
+DEV_SHM = frozenset(
+    {
+        "test_chaos",
+        "test_demo",
+        "test_docs_programs",
+        "test_lifetimes",
+        "test_lifetimes_processes",
+        "test_misuse",
+        "test_notebooks",
+        "test_packaging",
+        "test_readme",
+        "test_shm_faults",
+        "test_shm_local",
+        "test_tls",
+    }
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``--dist loadgroup``, pyproject.toml), a module's
+    tests run on one xdist worker, in order: a module's tests may share its
+    fixtures and files, and a test never runs beside one of its own module."""
+    for item in items:
+        module = item.path.stem
+        item.add_marker(pytest.mark.xdist_group("dev-shm" if module in DEV_SHM else module))
 
 
 @pytest.fixture(autouse=True)
