@@ -59,11 +59,24 @@ def graph(n, deps):
     return {f"t-{i}": (node, i, *(f"t-{d}" for d in deps[i])) for i in range(n)}
 
 
-async def _until(cond, timeout=30.0):
+async def _until(cond, timeout=30.0, what=lambda: ""):
     deadline = asyncio.get_running_loop().time() + timeout
     while not cond():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        assert asyncio.get_running_loop().time() < deadline, f"condition not reached {what()}"
         await asyncio.sleep(0.01)
+
+
+def _held(workers) -> dict:
+    """What each worker still holds: its keys in memory, its tasks' states,
+    and the story of each task (distributed's ``WorkerState.story``)."""
+    return {
+        w.address: {
+            "data": sorted(w.data),
+            "tasks": {k: ts.state for k, ts in w.state.tasks.items()},
+            "stories": {k: w.state.story(k)[-6:] for k in w.state.tasks},
+        }
+        for w in workers
+    }
 
 
 async def run(spec, enabled: bool) -> tuple[list[int], list[int], int]:
@@ -94,7 +107,7 @@ async def run(spec, enabled: bool) -> tuple[list[int], list[int], int]:
                     early = s.plugins[NAME].released_early if enabled else 0
                     futs = more = None  # let go of the keys
                 await _until(lambda: not s.tasks)
-                await _until(lambda: all(not w.data and not w.state.tasks for w in workers))
+                await _until(lambda: all(not w.data and not w.state.tasks for w in workers), what=lambda: _held(workers))
             finally:
                 for w in workers:
                     await w.close()
