@@ -195,3 +195,4 @@ def _inline_setting(request, monkeypatch):
     request.addfinalizer(lambda: logging.setLogRecordFactory(make))
     with dask.config.set(settings):
         yield
+

@@ -16,14 +16,26 @@ from dask_coro import shm
 
 
 @pytest.fixture(autouse=True)
-def no_segment_left():
+def no_segment_left(monkeypatch):
     """Outside a cluster a segment lives as long as its arrays: once a test's
-    arrays are gone, so are the segments it made."""
-    before = set(shm.segments())
+    arrays are gone, so are the segments it made. The segments this process
+    made, by name: the host's (``shm.segments()``) may meanwhile hold a
+    segment of another process of the machine."""
+    from dask_coro.lifetimes import shm as impl
+
+    made: list[str] = []
+    create = impl._create
+
+    def recording(nbytes):
+        segment = create(nbytes)
+        made.append(segment.name)
+        return segment
+
+    monkeypatch.setattr(impl, "_create", recording)
     yield
     gc.collect()
-    left = set(shm.segments()) - before
-    assert not left, f"segments left behind: {sorted(left)}"
+    left = sorted(set(made) & set(shm.segments()))
+    assert not left, f"segments left behind: {left}"
 
 
 def exists(name: str) -> bool:
