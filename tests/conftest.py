@@ -117,7 +117,7 @@ DEV_SHM = frozenset(
         "test_lifetimes",
         "test_lifetimes_processes",
         "test_misuse",
-        "test_multihost",  # its client's process makes segments in this host's /dev/shm
+        "test_multihost",
         "test_notebooks",
         "test_packaging",
         "test_readme",
@@ -195,4 +195,3 @@ def _inline_setting(request, monkeypatch):
     request.addfinalizer(lambda: logging.setLogRecordFactory(make))
     with dask.config.set(settings):
         yield
-
