@@ -797,23 +797,20 @@ class _Run:
         (with worker release on, the children among them marked for our
         client are released at once)."""
         futures = list(futures)
-        if not futures:
-            return
-        if not self.active.released:
-            for f in futures:
-                f.release()
-            return
-        # Both in one callback on the loop: ``Future.release`` queues the
-        # client's reference counting there, and an extension's reaction
-        # (queued after it) then runs before the loop reads the scheduler's
-        # answer to that release. From this thread, the two could be far
-        # apart: descheduled between them, the thread would let the scheduler
-        # free the keys first.
-        try:
-            self.loop.call_soon_threadsafe(self._released, futures)
-        except RuntimeError:  # the loop closed: the worker is gone
-            for f in futures:
-                f.release()
+        if futures and self.active.released:
+            # Both in one callback on the loop: ``Future.release`` queues the
+            # client's reference counting there, and an extension's reaction
+            # (queued after it) then runs before the loop reads the scheduler's
+            # answer to that release. From this thread, the two could be far
+            # apart: descheduled between them, the thread would let the
+            # scheduler free the keys first.
+            try:
+                self.loop.call_soon_threadsafe(self._released, futures)
+                return
+            except RuntimeError:  # the loop closed: the worker is gone
+                pass
+        for f in futures:
+            f.release()
 
     def _released(self, futures: list[Any]) -> None:
         for f in futures:
