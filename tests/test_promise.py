@@ -11,6 +11,7 @@ import dask
 import pytest
 from distributed import Event
 from distributed.utils_test import async_poll_for, gen_cluster
+from helpers import cluster
 
 from dask_coro import Promise, PromiseError, coroutine
 from dask_coro.examples import (
@@ -685,3 +686,34 @@ async def test_promise_whose_creator_finished_before_it_arrived_is_an_error(c, s
     (late,) = c.get(HighLevelGraph({key: layer}, {key: set()}), [key], sync=False)
     with pytest.raises(PromiseError, match="never resolved: the task 'finished-creator'"):
         await late
+
+
+@coroutine
+def _submits_a_child():
+    return (yield _one_task())
+
+
+@coroutine(inline=False)
+def _one_task():
+    return 1
+
+
+@coroutine
+def _returns_an_unresolved_promise():
+    return [Promise()]
+
+
+@cluster(nthreads=[("", 1)], config={"coro.client-batch-interval": "500ms"})
+async def test_a_promise_made_in_a_task_is_on_the_scheduler_before_the_task_ends(c, s, a):
+    """A task's completion travels on its worker's connection, a promise it
+    made on the worker client's batched stream: the client that gets the
+    result could compute the promise before the scheduler heard of it, and
+    be told of lost data. Made in a task, ``Promise()`` waits until the
+    scheduler has it. (The worker's client batches over 500 ms here, set by
+    the first coroutine that submits a child, so the race is won every time
+    without the wait.)"""
+    assert await c.compute(_submits_a_child()) == 1
+    creator = c.compute(_returns_an_unresolved_promise())
+    (p,) = await creator
+    with pytest.raises(PromiseError, match="never resolved"):
+        await c.compute(p)

@@ -125,6 +125,19 @@ class Promise(Delayed):
             (future,) = client.get(
                 HighLevelGraph({key: layer}, {key: set()}), [key], sync=False
             )
+            if creator is not None:
+                # Made in a task: wait until the scheduler has the parked
+                # task. The task's completion travels on the worker's own
+                # connection, and its result (this promise) may be computed
+                # by another client at once; either could overtake this
+                # client's batched stream (one round trip per promise).
+                from .._internals.distributed_private import send_on_client_stream
+
+                mark = uuid.uuid4().hex
+                send_on_client_stream(client, {"op": "dask-coro-promise-mark", "token": mark})
+                reply = client.sync(client.scheduler.dask_coro_promise_sent, mark=mark)
+                if reply.get("status") != "OK":
+                    raise PromiseError(reply.get("message", repr(reply)))
         super().__init__(key, HighLevelGraph.from_collections(key, {key: future}, ()))
         self._future = future
 

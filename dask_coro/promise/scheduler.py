@@ -90,7 +90,11 @@ class PromisePlugin(SchedulerPlugin):
         self.scheduler = scheduler
         private.add_handlers(
             scheduler,
-            rpc={"dask_coro_promise_check": self.check, "dask_coro_promise_applied": self.applied},
+            rpc={
+                "dask_coro_promise_check": self.check,
+                "dask_coro_promise_applied": self.applied,
+                "dask_coro_promise_sent": self.sent,
+            },
             stream={"dask-coro-promise-resolve": self.resolve, "dask-coro-promise-mark": self.mark},
         )
 
@@ -171,17 +175,8 @@ class PromisePlugin(SchedulerPlugin):
         ``{"status": "OK"}`` (with ``"repoint": True`` when the resolver is the
         current target), ``{"status": "OK", "noop": True}`` for a rerun of a
         task that already pointed it onwards, or an error."""
-        if mark is not None:
-            # The mark follows the client's earlier messages on its stream; it
-            # arrives within the stream's batching interval unless the client
-            # is gone (then nobody waits for this answer).
-            _, arrived = self.marks.setdefault(mark, (None, asyncio.Event()))
-            try:
-                await asyncio.wait_for(arrived.wait(), timeout)
-            except asyncio.TimeoutError:
-                return _error(f"resolving promise {promise!r}: the client's stream did not deliver in {timeout} s")
-            finally:
-                self.marks.pop(mark, None)
+        if mark is not None and not await self._arrived(mark, timeout):
+            return _error(f"resolving promise {promise!r}: the client's stream did not deliver in {timeout} s")
         verdict = self._verdict(promise, resolver)
         if verdict["status"] == "OK" and not verdict.get("noop"):
             if target == promise:
@@ -191,6 +186,29 @@ class PromisePlugin(SchedulerPlugin):
                 return _error(_cycle_message(promise, target, cycle))
             self.pending[promise] = (resolver, target)
         return verdict
+
+    async def _arrived(self, mark: str, timeout: float) -> bool:
+        """Wait for ``mark`` on its client's stream, which follows the
+        client's earlier messages there; it arrives within the stream's
+        batching interval unless the client is gone (then nobody waits for
+        the answer). False if it did not within ``timeout``."""
+        _, arrived = self.marks.setdefault(mark, (None, asyncio.Event()))
+        try:
+            await asyncio.wait_for(arrived.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            self.marks.pop(mark, None)
+        return True
+
+    async def sent(self, mark: str, timeout: float = 60) -> dict[str, Any]:
+        """RPC: once everything the client sent before ``mark`` on its stream
+        has been handled (a promise created in a task: its parked task is on
+        the scheduler before the task can finish, whose completion travels on
+        another connection, and before its result can reach anyone)."""
+        if not await self._arrived(mark, timeout):
+            return _error(f"a promise's creation: the client's stream did not deliver in {timeout} s")
+        return {"status": "OK"}
 
     def _path_to(self, promise: Key, start: list[Key], pending: bool) -> list[Key] | None:
         """A dependency path from one of ``start`` to ``promise``, if any: the
