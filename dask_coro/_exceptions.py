@@ -41,9 +41,11 @@ class BadYieldError(DaskCoroError, TypeError):
 
 class BaseExceptionError(DaskCoroError):
     """On a cluster, a coroutine's body raised a ``BaseException`` that is not
-    an ``Exception`` (nor ``SystemExit``, ``KeyboardInterrupt`` or a
-    cancellation, which distributed handles itself): its task ends with this
-    error instead, which ``error`` holds.
+    an ``Exception`` (nor ``SystemExit`` or ``KeyboardInterrupt``, which
+    distributed handles itself): its task ends with this error instead,
+    which ``error`` holds. A body's own ``asyncio.CancelledError`` is one
+    too: a task ending with it would be taken for the task's cancellation
+    (distributed reschedules it, and it would raise again for ever).
 
     distributed records such an exception as the task's error, but a client
     waiting for the task never returns: ``Future.result()`` re-raises it

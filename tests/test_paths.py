@@ -9,6 +9,7 @@ so ``dask.config.set`` here reaches the worker that runs the coroutine).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import threading
@@ -358,6 +359,54 @@ def test_a_root_raising_a_base_exception(client, path):
         compute(path, client, root_raises_base())
     assert type(info.value.error) is UserBase
     assert str(info.value.error) == "from the root"
+
+
+async def cancels_itself(x):
+    await asyncio.sleep(0.01)
+    raise asyncio.CancelledError(f"by itself {x}")
+
+
+cancels_inline = coroutine(cancels_itself, name="cancels_inline")
+cancels_task = coroutine(cancels_itself, inline=False, name="cancels_task")
+
+
+@coroutine
+def catches_cancelled(task):
+    try:
+        yield (cancels_task if task else cancels_inline)(1)
+    except asyncio.CancelledError as e:
+        return f"caught CancelledError: {e}"
+    return "not raised"
+
+
+@coroutine
+async def root_cancels_itself():
+    await inc(1)
+    raise asyncio.CancelledError("from the root")
+
+
+@pytest.mark.parametrize("task", [False, True], ids=["inline-child", "task-child"])
+@pytest.mark.parametrize("path", PATHS)
+def test_a_body_raising_its_own_cancelled_error(client, path, task):
+    # A body's own CancelledError is its error, not a cancel: a task that
+    # ended with one was taken for a cancelled task on a worker (rescheduled,
+    # raising again for ever: a hang). The parent is given it at its yield
+    # on every path.
+    assert compute(path, client, catches_cancelled(task)) == "caught CancelledError: by itself 1"
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_root_raising_its_own_cancelled_error(client, path):
+    from dask_coro import BaseExceptionError
+
+    if path.startswith("local"):
+        with pytest.raises(asyncio.CancelledError, match="from the root"):
+            compute(path, client, root_cancels_itself())
+        return
+    # As any BaseException a client could not be given (above).
+    with pytest.raises(BaseExceptionError, match="CancelledError") as info:
+        compute(path, client, root_cancels_itself())
+    assert type(info.value.error) is asyncio.CancelledError
 
 
 # -- a cancel stops inline calls at the next call ------------

@@ -1037,7 +1037,12 @@ def _deliverable(error: BaseException) -> BaseException:
     """The error a coroutine task ends with for its body's ``error``: as is,
     but for a BaseException a client could not receive (see
     ``BaseExceptionError``)."""
-    if isinstance(error, (Exception, *_NOT_A_CHILD_S)):
+    if isinstance(error, Exception) or (
+        isinstance(error, _NOT_A_CHILD_S) and not isinstance(error, asyncio.CancelledError)
+    ):
+        # The body's own CancelledError is wrapped: raised as is, the worker
+        # would take it for the task's cancellation (``main`` treats one as
+        # the worker closing; ``_run_task_async`` reschedules the task).
         return error
     out = BaseExceptionError(
         f"coroutine raised {error!r}, a BaseException that is not an Exception: a "
