@@ -4,10 +4,12 @@ completion order; and keeps the first run's deadline."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import uuid
 
+import pytest
 from distributed import Event, Nanny, Queue
 from distributed.utils_test import async_poll_for
 from helpers import cluster
@@ -30,6 +32,32 @@ def replayed_parent(tag, n):
     with dask_coro.group() as g:
         for i in range(n):
             g.spawn(after(f"{tag}-{i}", i))
+        while g:
+            child, value = yield g.next()
+            assert value == child.index
+            order.append(value)
+            Queue(tag).put([run, value])
+    return order
+
+
+async def _after_async(name, x):
+    while not Event(name).is_set():
+        await asyncio.sleep(0.02)
+    return x
+
+
+#: A small ``async def`` call: with inline calls on, it runs beside its
+#: parent, without a task (``runtime/beside.py``).
+after_async = coroutine(_after_async)
+
+
+@coroutine
+def replayed_parent_beside(tag, n):
+    run = uuid.uuid4().hex
+    order = []
+    with dask_coro.group() as g:
+        for i in range(n):
+            g.spawn(after_async(f"{tag}-{i}", i))
         while g:
             child, value = yield g.next()
             assert value == child.index
@@ -72,6 +100,30 @@ async def test_a_re_run_parent_is_given_the_same_children_in_the_same_order(c, s
         _, got = await q.get(timeout=60)
         assert got == i
     assert await fut == [3, 0, 4, 5, 1, 2]
+
+
+@pytest.mark.inline
+@cluster(nthreads=[("", 2)] * 2, Worker=Nanny, timeout=120)
+async def test_a_re_run_parent_is_given_its_beside_children_in_the_same_order(c, s, a, b):
+    tag = f"rb-{uuid.uuid4().hex}"
+    key = f"rbparent-{tag}"
+    fut = c.compute(replayed_parent_beside(tag, 5, dask_key_name=key))
+    q = await Queue(tag, client=c)
+    first = [2, 4]
+    for i in first:
+        await Event(f"{tag}-{i}", client=c).set()
+        _, got = await q.get(timeout=60)
+        assert got == i
+    # No child was a task: they ran beside the parent.
+    assert set(s.tasks) == {key}
+    await _kill_the_parents_worker(s, (a, b), key)
+    # The re-run runs them again (no key held them; their events are set, so
+    # several finish at once) and is given 2 and 4 first, in that order.
+    for i in [0, 1, 3]:
+        await Event(f"{tag}-{i}", client=c).set()
+    replay = [(await q.get(timeout=60))[1] for _ in range(5)]
+    assert replay[:2] == first and sorted(replay[2:]) == [0, 1, 3]
+    assert (await fut)[:2] == first
 
 
 @coroutine

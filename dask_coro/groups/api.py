@@ -6,8 +6,10 @@ where it was opened, and one of three *backends* does it:
 
 - in a body on a distributed worker (``group/worker.py``): each child is a
   task, submitted by the run as a yield's children are (keys derived from
-  the run's key, held for a re-run); ``next()`` waits on the event loop for
-  the first to finish (the body's run holds no thread while it waits);
+  the run's key, held for a re-run), or, a small ``async def`` call, a run
+  beside the parent's on its worker (``runtime/beside.py``); ``next()``
+  waits on the event loop for the first to finish (the body's run holds no
+  thread while it waits);
 - in a body run without a cluster (``LocalBackend``, here): children run one
   at a time, oldest first, when ``next()`` asks, each delivered as it
   finishes;

@@ -1,13 +1,15 @@
 """A group in a body running on a distributed worker.
 
-Every child is a task: the run submits it as it submits a yield's children
+A child is a task: the run submits it as it submits a yield's children
 (``_Run.start_children``: a key derived from the run's key, the group's
 number and the child's index; ranked as the run's child, annotated with the
 parent's key, so ``DurablePlugin`` holds it for a re-run). The spawns of one
-step go in one message. A task per child, never a call run inline: a group
+step go in one message. Never a call run in the body's thread: a group
 exists to act on each child as it finishes, and a child run inline would
 make the body wait for all of it, so neither a first-of nor a deadline could
-hold.
+hold. But a small ``async def`` call (``_near``) runs *beside* the run on
+this worker, a run of its own without a task (``runtime/beside.py``): it
+mostly awaits, and a task would cost two trips through the scheduler.
 
 Threads: the body (``spawn``, ``next``) runs on the run's lane; children's
 results arrive on the worker's event loop. The group's book is shared under
@@ -27,9 +29,14 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from .. import _config
 from .._exceptions import BaseExceptionError
 from .._internals import distributed_private as private
+from ..core.engine import NOT_DONE
 from ..durability.scheduler import GROUP_LOG
+from ..runtime.beside import run_beside
+from ..runtime.call import ASYNC, CoroutineCall
+from ..runtime.errors import task_error
 from .book import CANCELLED, Child
 from .request import Request
 
@@ -57,6 +64,7 @@ class WorkerBackend:
         self.timer: asyncio.TimerHandle | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.durable = False  # DurablePlugin keeps what this group delivered
+        self.near: dict[int, asyncio.Task[None]] = {}  # children run beside the run, by index
         self.settled: list[tuple[Child, Future]] = []  # ended, to gather
         self.watchers: dict[int, asyncio.Task[None]] = {}  # by index, until settled
         self.gathering = False
@@ -145,13 +153,28 @@ class WorkerBackend:
         self.run.urgent = True
         self._stop(self.group.expire(), closing=True)
 
+    def _start_here(self, children: list[Child]) -> None:
+        """``start``, on the loop: flushed now, not on the loop's next turn."""
+        with self.group.lock:
+            self.pending.extend(children)
+            if self.flushing:
+                return  # a flush is queued: it takes these too
+            self.flushing = True
+        self._flush()
+
     def _flush(self) -> None:
         with self.group.lock:
             batch, self.pending = self.pending, []
             self.flushing = False
         batch = [c for c in batch if c.state != CANCELLED]
-        if batch:
-            task = asyncio.ensure_future(self._submit(batch))
+        tasks = []
+        for c in batch:
+            if _near(c.obj):
+                self.near[c.index] = asyncio.ensure_future(self._beside(c))
+            else:
+                tasks.append(c)
+        if tasks:
+            task = asyncio.ensure_future(self._submit(tasks))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
@@ -176,6 +199,33 @@ class WorkerBackend:
                 continue
             self.futures[c.index] = f
             self.watchers[c.index] = asyncio.ensure_future(self._watch(c, f))
+
+    async def _beside(self, child: Child) -> None:
+        """Run ``child`` (a small ``async def`` call) beside the run: no task,
+        no round trip through the scheduler (``runtime.beside``)."""
+        call, child.obj = child.obj, None
+        g = self.group
+        try:
+            value = await run_beside(
+                self.run, call.__dask_coro_inline__, call.__dask_coro_args__, call._fn.prefix,
+                {"dask_coro_deadline": g.deadline} if g.deadline is not None else None,
+            )
+        except BaseException as e:  # the child's error, whatever it is
+            me = asyncio.current_task()
+            if child.state == CANCELLED or (me is not None and me.cancelling()):
+                # The group let go of it (``_stop``), or the worker is closing.
+                if isinstance(e, asyncio.CancelledError):
+                    raise
+                return
+            # A CancelledError of the body's own too: its error, as a task's
+            # would reach us (``runtime.errors.task_error``).
+            self._finished(child, False, task_error(e))
+            return
+        finally:
+            self.near.pop(child.index, None)
+            del call
+        if child.state != CANCELLED:
+            self._finished(child, True, value)
 
     async def _watch(self, child: Child, future: Future) -> None:
         """Wait until the client hears that ``future`` ended (no message),
@@ -205,7 +255,7 @@ class WorkerBackend:
                     continue
                 futures = [f for _, f in batch]
                 try:
-                    values = await futures[0].client.gather(futures, asynchronous=True)
+                    values = await self._gather(futures)
                 except BaseException:  # a child's error (any class): each child on its own
                     for c, f in batch:
                         self._spawn_task(self._gather_one(c, f))
@@ -218,9 +268,19 @@ class WorkerBackend:
                 self.gathering = True
                 self._spawn_task(self._gather_settled())
 
+    async def _gather(self, futures: Any) -> Any:
+        """``Client.gather`` as from a task of this worker: values in its
+        memory read in place, the others straight from the workers holding
+        them (``Client._gather`` with ``get_worker()`` answering; on the
+        worker's loop outside a task it would go through the scheduler,
+        ``Scheduler.gather``, which costs two hops more)."""
+        client = (futures[0] if isinstance(futures, list) else futures).client
+        with private.as_worker(self.run.worker):
+            return await client.gather(futures, asynchronous=True)
+
     async def _gather_one(self, child: Child, future: Future) -> None:
         try:
-            value = await future.client.gather(future, asynchronous=True)
+            value = await self._gather(future)
         except asyncio.CancelledError:
             if child.state == CANCELLED:
                 return
@@ -243,7 +303,7 @@ class WorkerBackend:
         if f is not None:
             self.run.release([f])  # consumed: held for a re-run within the budget
         if more:
-            self.start(more)
+            self._start_here(more)
         _wake(waiter)
 
     def _stop(self, children: list[Child], closing: bool) -> None:
@@ -251,6 +311,9 @@ class WorkerBackend:
         else wants; a coroutine child's run closes its body)."""
         out = [f for f in (self.futures.pop(c.index, None) for c in children) if f is not None]
         for c in children:
+            near = self.near.get(c.index)
+            if near is not None:
+                near.cancel()  # closes its body at its await; gone from ``near`` once closed
             watcher = self.watchers.pop(c.index, None)
             if watcher is not None:
                 watcher.cancel()  # a released future's state never settles
@@ -263,6 +326,15 @@ class WorkerBackend:
             with self.group.lock:
                 waiter, self.waiter = self.waiter, None
             _wake(waiter)
+
+    async def _ended(self, keys: list[Any]) -> None:
+        """Until every child run beside us has closed (``_stop`` cancelled
+        them, on this loop, before this) and the scheduler runs none of ``keys``."""
+        near = list(self.near.values())
+        if near:
+            await asyncio.wait(near)
+        if keys:
+            await self._gone(keys)
 
     async def _gone(self, keys: list[Any]) -> None:
         """Until the scheduler runs none of ``keys`` (forgotten, or finished
@@ -279,6 +351,23 @@ class WorkerBackend:
 
 
 _ENDED = (None, "memory", "erred", "released", "forgotten")
+
+
+def _near(obj: Any) -> bool:
+    """Whether child ``obj`` runs beside the run rather than as a task: a
+    call of an ``async def`` coroutine that may run inline (plain
+    arguments, no name, no annotations of its own, not ``inline=False``),
+    with inline calls enabled. Such a child mostly awaits (I/O, timers),
+    holding no thread, so running it here costs the worker nothing a task
+    would not, and saves the round trip through the scheduler."""
+    return (
+        type(obj) is CoroutineCall
+        and obj.__dask_coro_inline__ is not None
+        and obj.__dask_coro_value__ is NOT_DONE
+        and obj._fn is not None
+        and obj._fn.kind == ASYNC
+        and bool(_config.get("coro.inline.enabled"))
+    )
 
 
 def _wake(waiter: asyncio.Future[None] | None) -> None:
@@ -337,13 +426,11 @@ async def _all(g: _Group) -> list[Any]:
 
 
 async def _aclose(g: _Group) -> None:
-    """Cancel the rest, and wait until the scheduler let go of every child."""
+    """Cancel the rest, and wait until the scheduler let go of every child
+    task and every child run beside us has closed."""
     backend: WorkerBackend = g.backend
     with g.lock:
         stop = [] if g.book.closed else g.book.cancel_all()
     keys = [backend.futures[c.index].key for c in stop if c.index in backend.futures]
     backend.stop(stop, closing=True)
-    if keys:
-        await asyncio.wrap_future(
-            asyncio.run_coroutine_threadsafe(backend._gone(keys), backend.loop)
-        )
+    await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(backend._ended(keys), backend.loop))

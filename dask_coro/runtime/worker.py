@@ -482,6 +482,13 @@ class _Run:
         done = asyncio.run_coroutine_threadsafe(self._side(value), self.loop)
         return asyncio.wrap_future(done)
 
+    async def side(self, value: Any) -> Any:
+        """``value`` computed as one child of ours (``gathered``), on our
+        worker's loop: for an asyncio Task the body made, and for a body
+        run beside us (``runtime.beside``). Released once its value is here,
+        or when the awaiting task is cancelled (the scheduler cancels it)."""
+        return await self._side(value)
+
     async def _side(self, value: Any) -> Any:
         if self.ended:
             # A Task the body made and left running awaits after the body ended.

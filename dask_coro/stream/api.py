@@ -62,9 +62,10 @@ def emit(x: Any) -> Any:
         raise RuntimeError("dask_coro.emit() is called in a coroutine body, or in plain code a body calls")
     if tramp.host is None:
         req = InPlace(_local_emit, x)
-    elif len(tramp.stack) > 1:
-        # A call the run's body yielded, run inline here: it is no stream's
-        # producer (the run's own task is), so its items are dropped.
+    elif len(tramp.stack) > 1 or getattr(tramp.host, "beside", False):
+        # A call the run's body yielded, run inline here, or a body run
+        # beside the run (``runtime.beside``): it is no stream's producer
+        # (the run's own task is), so its items are dropped.
         req = InPlace(_dropped, x)
     else:
         from .remote import emit_on_worker

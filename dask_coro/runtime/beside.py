@@ -1,0 +1,177 @@
+"""A body run beside a run, on its worker, without a task of its own.
+
+A feature that starts small ``async def`` children of a run (a group's,
+``groups/worker.py``) may run them here instead of submitting them: no
+scheduler, no key, no round trip. Such a body gets what a run's body gets on
+a worker, but the task:
+
+- a trampoline of its own, stepped on a lane of its own (``Lanes.pick``),
+  each step holding a thread of the pool as the run's steps do
+  (``Lanes.run``, ranked as the run's tree), so the pool still bounds the
+  user code running at once; its asyncio awaits run on the lane's loop
+  while it holds no thread;
+- the cluster work it waits for (``await f(x)``, ``await gather(...)``, a
+  ``result()`` in plain code it calls) is computed as *side children* of
+  the run (``_Run.side``: one task per wait, keyed under the run, released
+  once its value is here), as for an asyncio Task the run's body made;
+- a group it opens submits through the run; an item it emits is dropped
+  (it is no stream's producer, as a coroutine computed plainly).
+
+Cancelling the asyncio task that awaits ``run_beside`` closes the body at
+its current await (``GeneratorExit``; its ``finally`` blocks run, on its
+lane) and releases its side children (the scheduler cancels them, closing
+their bodies). A body stepping cannot be interrupted until it awaits, as an
+inline call cannot.
+
+Without a key it is not held for a re-run: a parent run again runs it
+again, as a call it ran inline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from typing import Any
+
+from .. import _config
+from .._exceptions import BaseExceptionError
+from .._internals import distributed_private as private
+from ..core.engine import Await, Done, Frame, Raised, Returned, Submit
+from .aio import check
+from .call import trampoline
+
+logger = logging.getLogger("dask_coro")
+
+
+class Beside:
+    """The host a body run beside ``run`` sees (``Trampoline.host``): the
+    run for what it submits, with a step urgency of its own, and no
+    stream's producer."""
+
+    beside = True
+
+    def __init__(self, run: Any, annotations: dict[str, Any]):
+        self.run = run
+        self.extra = annotations
+        #: The next step need not wait for a thread (a deadline passed).
+        self.urgent = False
+
+    def annotations(self) -> dict[str, Any]:
+        """The run's task annotations, with those its starter gave (a
+        group's deadline, which a group the body opens takes)."""
+        return {**self.run.annotations(), **self.extra}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.run, name)
+
+
+async def run_beside(
+    run: Any, func: Any, args: tuple[Any, ...], name: str, annotations: dict[str, Any] | None = None
+) -> Any:
+    """Run the body ``func(*args)`` beside ``run`` (a ``_Run``, or a
+    ``Beside``; on its worker's loop) to its end: its value, or its error
+    raised (see the module). ``annotations``: what ``host.annotations()``
+    adds to the run's."""
+    lanes = run.watcher.lanes_of(run.worker)
+    lane = lanes.pick()
+    host = Beside(run, annotations or {})
+    tramp = trampoline(name, inline=bool(_config.get("coro.inline.enabled")))
+    tramp.host = host
+    ctx = run.ctx.copy()
+    awaited: list[asyncio.Future[Any]] = []  # what the body awaits now, on its lane's loop
+
+    def on_lane(fn: Any, args: tuple[Any, ...]) -> Any:
+        if awaited and fn == tramp.close:
+            awaited.pop().cancel()  # as asyncio cancels what a cancelled task awaits
+        awaited.clear()
+        out = ctx.run(fn, *args)
+        if type(out) is Await:
+            out.obj = _watch(out, awaited)
+        return out
+
+    async def step(fn: Any, *args: Any) -> Any:
+        urgent, host.urgent = host.urgent, False
+        return await lanes.run(lane, run.key, run.start, on_lane, fn, args, rank=run.rank, urgent=urgent)
+
+    # Side children started for each frame's remote leaves: (frame, position) -> (task, i).
+    started: dict[tuple[int, int], tuple[asyncio.Task[Any], int]] = {}
+    try:
+        out = await step(tramp.start, func, args, {})
+        while type(out) is not Done:
+            for frame, positions in out.batches:
+                task = asyncio.ensure_future(run.side([frame.leaves[p] for p in positions]))
+                for i, p in enumerate(positions):
+                    started[id(frame), p] = (task, i)
+            if type(out) is Await:
+                error = await asyncio.wrap_future(out.obj)
+                out = await step(tramp.proceed, error)
+            elif type(out) is Submit and out.wait:
+                out = await _join(step, tramp, out.frame, started)
+            else:  # a Submit that does not wait; never Stopped (no pause, no cancel hook)
+                out = await step(tramp.run)
+    except asyncio.CancelledError:
+        # Cancelled by the feature that started it: close the body where it
+        # waits, on its lane (its finally blocks run there), or here if the
+        # worker is closing (its lanes may be gone), as a run does.
+        if private.worker_is_closing(run.worker):
+            try:
+                tramp.close()
+            except ValueError as e:  # "generator already executing": a step still runs
+                logger.debug("coroutine %r not closed: %r", name, e)
+            raise
+        for error in await asyncio.shield(step(tramp.close)):
+            logger.warning("coroutine %r raised while closing after cancellation: %r", name, error)
+        raise
+    finally:
+        for task, _ in started.values():
+            task.cancel()  # released by ``side``: the scheduler cancels them
+        started.clear()
+        lanes.unpin(lane)
+    # How the body ended, raised outside the ``try``: a body's own
+    # CancelledError is its error, not a cancel of this run.
+    end = out.step
+    if type(end) is Returned:
+        return end.value
+    assert type(end) is Raised
+    raise end.error
+
+
+async def _join(step: Any, tramp: Any, frame: Frame, started: dict[tuple[int, int], tuple[asyncio.Task[Any], int]]) -> Any:
+    """Resume ``frame`` with the values of its remote leaves, or raise the
+    first error at its yield."""
+    values = []
+    try:
+        for p in frame.remote:
+            task, i = started.pop((id(frame), p))
+            values.append((await task)[i])
+    except asyncio.CancelledError:
+        raise
+    except BaseException as e:  # a child's error, whatever it is
+        if type(e) is BaseExceptionError:
+            e = e.error
+        for k in [k for k in started if k[0] == id(frame)]:
+            started.pop(k)[0].cancel()
+        return await step(tramp.throw, e)
+    return await step(tramp.resume, values)
+
+
+def _watch(out: Await, awaited: list[asyncio.Future[Any]]) -> concurrent.futures.Future[BaseException | None]:
+    """As ``_Run._watch``: a future set when the body may go on (None, or
+    the error to raise at its await)."""
+    ready: concurrent.futures.Future[BaseException | None] = concurrent.futures.Future()
+    error = check(out, asyncio.get_running_loop())
+    if error is not None or out.obj is None:
+        ready.set_result(error)
+        return ready
+    obj = out.obj
+    awaited.append(obj)
+
+    def wake(_: Any) -> None:
+        try:
+            ready.set_result(None)
+        except concurrent.futures.InvalidStateError:
+            pass
+
+    obj.add_done_callback(wake)
+    return ready
