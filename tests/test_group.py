@@ -512,3 +512,35 @@ async def test_a_coroutine_child_inherits_the_tighter_deadline(c, s, a, b):
     assert got == outer  # the parent's, tighter
     got, outer = await c.compute(outer_group(3600, 600))
     assert got < outer  # its own, tighter
+
+
+# -- aclose() waits for a child task's body to close on its worker ------------
+
+CLOSING: list[str] = []  # gen_cluster's workers run in this process
+
+
+@coroutine(inline=False)
+def closes_slowly(tag):
+    try:
+        yield after(f"never-{tag}", 0)
+    finally:
+        time.sleep(0.5)  # a finally block that takes a while
+        CLOSING.append(tag)
+
+
+@coroutine
+def first_then_aclose_tasks(tag):
+    with dask_coro.group() as g:
+        g.spawn(closes_slowly(tag))
+        g.spawn(sq(3))
+        _, value = yield g.next()
+        yield g.aclose()
+        return value, tag in CLOSING
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_aclose_waits_until_a_child_tasks_finally_has_run(c, s, a, b):
+    # The scheduler forgets the cancelled child at once; its worker is still
+    # closing the body for 0.5 s: aclose() waits for the worker.
+    assert await c.compute(first_then_aclose_tasks("slowclose")) == (9, True)
+    await async_poll_for(lambda: not s.tasks, timeout=10)

@@ -9,6 +9,7 @@ Dask, agree."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import dask
@@ -147,6 +148,38 @@ def first_then_aclose(tag):
 @cluster(nthreads=[("", 2), ("", 2)])
 async def test_aclose_waits_until_a_beside_child_has_closed(c, s, a, b):
     assert await c.compute(first_then_aclose("ac")) == (7, True)
+    await async_poll_for(lambda: not s.tasks, timeout=10)
+
+
+GATE = threading.Event()  # set by the test once the parent returned
+
+
+async def stuck(tag):
+    GATE.wait(60)  # blocks its lane's thread: code between two awaits
+    await asyncio.sleep(0)
+    return tag
+
+
+stuck_c = coroutine(stuck)
+
+
+@coroutine
+def first_then_aclose_stuck():
+    with dask_coro.group() as g:
+        g.spawn(stuck_c("stuck"))
+        g.spawn(naps(5, 0.01))
+        _, value = yield g.next()
+        yield g.aclose()  # does not wait for a child that cannot be stopped
+        return value
+
+
+@cluster(nthreads=[("", 2)])
+async def test_aclose_does_not_wait_for_a_beside_child_running_code(c, s, a):
+    GATE.clear()
+    try:
+        assert await c.compute(first_then_aclose_stuck()) == 5
+    finally:
+        GATE.set()
     await async_poll_for(lambda: not s.tasks, timeout=10)
 
 

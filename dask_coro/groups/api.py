@@ -184,8 +184,13 @@ class Group:
         return self._backend().request("all")
 
     def aclose(self) -> Any:
-        """Cancel every child not yet delivered and wait until every one has
-        ended: ``yield g.aclose()`` / ``await g.aclose()``."""
+        """Cancel every child not yet delivered and wait until they have
+        ended: ``yield g.aclose()`` / ``await g.aclose()``. A coroutine child
+        waiting at a yield or an await is closed there (its ``finally``
+        blocks run) before this returns; one running code between two
+        yields, or a plain function, is not waited for (nothing can stop
+        it; it is closed at its next yield, a plain function's result is
+        dropped)."""
         return self._backend().request("aclose")
 
     def __len__(self) -> int:

@@ -34,9 +34,10 @@ from .._exceptions import BaseExceptionError
 from .._internals import distributed_private as private
 from ..core.engine import NOT_DONE
 from ..durability.scheduler import GROUP_LOG
-from ..runtime.beside import run_beside
+from ..runtime.beside import Beside, run_beside
 from ..runtime.call import ASYNC, CoroutineCall
 from ..runtime.errors import task_error
+from ..runtime.worker import closing_here
 from .book import CANCELLED, Child
 from .request import Request
 
@@ -64,7 +65,8 @@ class WorkerBackend:
         self.timer: asyncio.TimerHandle | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.durable = False  # DurablePlugin keeps what this group delivered
-        self.near: dict[int, asyncio.Task[None]] = {}  # children run beside the run, by index
+        # Children run beside the run, by index: the task running each, and its host.
+        self.near: dict[int, tuple[asyncio.Task[None], Beside]] = {}
         self.settled: list[tuple[Child, Future]] = []  # ended, to gather
         self.watchers: dict[int, asyncio.Task[None]] = {}  # by index, until settled
         self.gathering = False
@@ -170,7 +172,8 @@ class WorkerBackend:
         tasks = []
         for c in batch:
             if _near(c.obj):
-                self.near[c.index] = asyncio.ensure_future(self._beside(c))
+                host = Beside(self.run, {"dask_coro_deadline": self.group.deadline} if self.group.deadline is not None else None)
+                self.near[c.index] = (asyncio.ensure_future(self._beside(c, host)), host)
             else:
                 tasks.append(c)
         if tasks:
@@ -200,16 +203,12 @@ class WorkerBackend:
             self.futures[c.index] = f
             self.watchers[c.index] = asyncio.ensure_future(self._watch(c, f))
 
-    async def _beside(self, child: Child) -> None:
+    async def _beside(self, child: Child, host: Beside) -> None:
         """Run ``child`` (a small ``async def`` call) beside the run: no task,
         no round trip through the scheduler (``runtime.beside``)."""
         call, child.obj = child.obj, None
-        g = self.group
         try:
-            value = await run_beside(
-                self.run, call.__dask_coro_inline__, call.__dask_coro_args__, call._fn.prefix,
-                {"dask_coro_deadline": g.deadline} if g.deadline is not None else None,
-            )
+            value = await run_beside(host, call.__dask_coro_inline__, call.__dask_coro_args__, call._fn.prefix)
         except BaseException as e:  # the child's error, whatever it is
             me = asyncio.current_task()
             if child.state == CANCELLED or (me is not None and me.cancelling()):
@@ -313,7 +312,7 @@ class WorkerBackend:
         for c in children:
             near = self.near.get(c.index)
             if near is not None:
-                near.cancel()  # closes its body at its await; gone from ``near`` once closed
+                near[0].cancel()  # closes its body at its await; gone from ``near`` once closed
             watcher = self.watchers.pop(c.index, None)
             if watcher is not None:
                 watcher.cancel()  # a released future's state never settles
@@ -330,11 +329,16 @@ class WorkerBackend:
     async def _ended(self, keys: list[Any]) -> None:
         """Until every child run beside us has closed (``_stop`` cancelled
         them, on this loop, before this) and the scheduler runs none of ``keys``."""
-        near = list(self.near.values())
-        if near:
-            await asyncio.wait(near)
+        while True:
+            # As for child tasks (``_closed``): not one whose body runs code
+            # between two awaits, which may never get to its next.
+            closing = [task for task, host in self.near.values() if host.closing or not host.stepping]
+            if not closing:
+                break
+            await asyncio.wait(closing, timeout=0.05)
         if keys:
             await self._gone(keys)
+            await self._closed(keys)
 
     async def _gone(self, keys: list[Any]) -> None:
         """Until the scheduler runs none of ``keys`` (forgotten, or finished
@@ -350,7 +354,31 @@ class WorkerBackend:
             delay = min(delay * 2, 0.1)
 
 
+    async def _closed(self, keys: list[Any]) -> None:
+        """Until no worker has a coroutine child of ``keys`` to close: the
+        scheduler forgets a cancelled task at once, while its worker still
+        closes the child's body (its ``finally`` blocks). Asked of every
+        worker (``Client.run``), as only the workers know. A child running
+        code between two yields, or a plain function, is not waited for:
+        nothing can stop it, and it may never get to its next yield (it is
+        closed there; a plain function's result is dropped)."""
+        client = await self.run.submitting_client()
+        delay = 0.005
+        while True:
+            running = await client.run(_closing_here, keys=keys)
+            if not any(running.values()):
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
 _ENDED = (None, "memory", "erred", "released", "forgotten")
+
+
+def _closing_here(dask_worker: Any, keys: list[Any]) -> list[Any]:
+    """Which of ``keys`` are coroutine runs this worker has yet to close
+    (``Client.run``; ``runtime.worker.closing_here``)."""
+    return closing_here(dask_worker, keys)
 
 
 def _near(obj: Any) -> bool:

@@ -51,11 +51,19 @@ class Beside:
 
     beside = True
 
-    def __init__(self, run: Any, annotations: dict[str, Any]):
+    def __init__(self, run: Any, annotations: dict[str, Any] | None = None):
         self.run = run
-        self.extra = annotations
+        self.extra = annotations or {}
         #: The next step need not wait for a thread (a deadline passed).
         self.urgent = False
+        #: A step runs on the body's lane now (``run_beside``).
+        self.step: asyncio.Future[Any] | None = None
+        #: Cancelled, and the body's close began (after any step running then).
+        self.closing = False
+
+    @property
+    def stepping(self) -> bool:
+        return self.step is not None and not self.step.done()
 
     def annotations(self) -> dict[str, Any]:
         """The run's task annotations, with those its starter gave (a
@@ -66,16 +74,14 @@ class Beside:
         return getattr(self.run, name)
 
 
-async def run_beside(
-    run: Any, func: Any, args: tuple[Any, ...], name: str, annotations: dict[str, Any] | None = None
-) -> Any:
-    """Run the body ``func(*args)`` beside ``run`` (a ``_Run``, or a
+async def run_beside(host: Beside, func: Any, args: tuple[Any, ...], name: str) -> Any:
+    """Run the body ``func(*args)`` beside ``host.run`` (a ``_Run``, or a
     ``Beside``; on its worker's loop) to its end: its value, or its error
-    raised (see the module). ``annotations``: what ``host.annotations()``
-    adds to the run's."""
+    raised (see the module). ``host`` is what the body sees as its
+    trampoline's host, and says whether it steps or closes now."""
+    run = host.run
     lanes = run.watcher.lanes_of(run.worker)
     lane = lanes.pick()
-    host = Beside(run, annotations or {})
     tramp = trampoline(name, inline=bool(_config.get("coro.inline.enabled")))
     tramp.host = host
     ctx = run.ctx.copy()
@@ -92,7 +98,12 @@ async def run_beside(
 
     async def step(fn: Any, *args: Any) -> Any:
         urgent, host.urgent = host.urgent, False
-        return await lanes.run(lane, run.key, run.start, on_lane, fn, args, rank=run.rank, urgent=urgent)
+        # Shielded: a cancel stops our wait, not the step, which runs on
+        # (its user code cannot be interrupted) until its next await.
+        host.step = asyncio.ensure_future(
+            lanes.run(lane, run.key, run.start, on_lane, fn, args, rank=run.rank, urgent=urgent)
+        )
+        return await asyncio.shield(host.step)
 
     # Side children started for each frame's remote leaves: (frame, position) -> (task, i).
     started: dict[tuple[int, int], tuple[asyncio.Task[Any], int]] = {}
@@ -112,8 +123,12 @@ async def run_beside(
                 out = await step(tramp.run)
     except asyncio.CancelledError:
         # Cancelled by the feature that started it: close the body where it
-        # waits, on its lane (its finally blocks run there), or here if the
-        # worker is closing (its lanes may be gone), as a run does.
+        # waits, on its lane (its finally blocks run there), once a step
+        # running now got to its next await; or here if the worker is
+        # closing (its lanes may be gone), as a run does.
+        if host.step is not None and not host.step.done() and not private.worker_is_closing(run.worker):
+            await asyncio.wait([host.step])
+        host.closing = True
         if private.worker_is_closing(run.worker):
             try:
                 tramp.close()

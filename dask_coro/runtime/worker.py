@@ -331,6 +331,18 @@ def _watcher(worker: Worker) -> _KeyWatcher:
     return w
 
 
+def closing_here(worker: Worker, keys: list[Key]) -> list[Key]:
+    """Those of ``keys`` whose coroutine run on ``worker`` will close (or
+    closes now) once it hears it was cancelled: it waits at a yield or an
+    await, or its body is being closed. Not one whose body runs code
+    between two yields (it is closed at its next one, which may never
+    come). On the worker's loop."""
+    w = private.worker_plugin(worker, _KeyWatcher.name)
+    if w is None:
+        return []
+    return [k for k in keys if (run := w.runs.get(k)) is not None and (run.closing or not run.stepping)]
+
+
 def _secede_after() -> float | None:
     """``coro.secede-after``, read at each blocking call of the worker's
     client in a body (``_internals.seceding_waits``)."""
@@ -394,6 +406,8 @@ class _Run:
         #: The next step need not wait for a thread of the pool (``Lanes.run``):
         #: set by a feature waking the body for a deadline.
         self.urgent = False
+        self.stepping = False  # a step runs on our lane (user code, or a close)
+        self.closing = False  # cancelled: closing the body
 
         self.planned: _Planned | None = None  # the last step's batches, planned on the lane
 
@@ -418,10 +432,14 @@ class _Run:
         if lane is None:
             lane = self.lane = lanes.pick()
         urgent, self.urgent = self.urgent, False
-        return await lanes.run(
-            lane, self.key, self.start, self._on_lane, tramp, fn, args,
-            rank=self.rank, pause=self._pause, urgent=urgent,
-        )
+        self.stepping = True
+        try:
+            return await lanes.run(
+                lane, self.key, self.start, self._on_lane, tramp, fn, args,
+                rank=self.rank, pause=self._pause, urgent=urgent,
+            )
+        finally:
+            self.stepping = False
 
     def _pause(self) -> None:
         """A step of an older tree waits for a thread of the pool (``Seats``,
@@ -658,6 +676,7 @@ class _Run:
             raise _deliverable(step.error)  # type: ignore[union-attr]
         except Released:
             logger.debug("coroutine %r cancelled; closing it", self.key)
+            self.closing = True
             step = None
             for error in await self._step(tramp, tramp.close):
                 logger.warning(
