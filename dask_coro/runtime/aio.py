@@ -13,6 +13,7 @@ that judges what a coroutine yielded.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +52,30 @@ def check(out: Await, loop: asyncio.AbstractEventLoop) -> BaseException | None:
         return RuntimeError(f"yield was used instead of yield from with {obj!r}")
     obj._asyncio_future_blocking = False
     return None
+
+
+def watch(out: Await) -> tuple[concurrent.futures.Future[BaseException | None], asyncio.Future[Any] | None]:
+    """What asyncio's ``Task.__step`` does with what a coroutine yields, on
+    the running loop (a lane's, on its thread): a future set once the body
+    may go on (with None, or the error to raise at its await), and the
+    asyncio future it waits for (None if it goes on at once: a bare
+    ``yield``, as ``asyncio.sleep(0)`` makes, or an error), which the
+    caller cancels if the body is closed meanwhile."""
+    ready: concurrent.futures.Future[BaseException | None] = concurrent.futures.Future()
+    error = check(out, asyncio.get_running_loop())
+    if error is not None or out.obj is None:
+        ready.set_result(error)
+        return ready, None
+    obj = out.obj
+
+    def wake(_: Any) -> None:
+        try:
+            ready.set_result(None)
+        except concurrent.futures.InvalidStateError:
+            pass  # the runner stopped waiting (cancelled)
+
+    obj.add_done_callback(wake)
+    return ready, obj
 
 
 def thread_loop() -> asyncio.AbstractEventLoop:

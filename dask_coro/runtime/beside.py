@@ -30,7 +30,6 @@ again, as a call it ran inline.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 from typing import Any
 
@@ -38,7 +37,7 @@ from .. import _config
 from .._exceptions import BaseExceptionError
 from .._internals import distributed_private as private
 from ..core.engine import Await, Done, Frame, Raised, Returned, Submit
-from .aio import check
+from .aio import watch
 from .call import trampoline
 
 logger = logging.getLogger("dask_coro")
@@ -93,7 +92,9 @@ async def run_beside(host: Beside, func: Any, args: tuple[Any, ...], name: str) 
         awaited.clear()
         out = ctx.run(fn, *args)
         if type(out) is Await:
-            out.obj = _watch(out, awaited)
+            out.obj, obj = watch(out)
+            if obj is not None:
+                awaited.append(obj)
         return out
 
     async def step(fn: Any, *args: Any) -> Any:
@@ -169,24 +170,3 @@ async def _join(step: Any, tramp: Any, frame: Frame, started: dict[tuple[int, in
             started.pop(k)[0].cancel()
         return await step(tramp.throw, e)
     return await step(tramp.resume, values)
-
-
-def _watch(out: Await, awaited: list[asyncio.Future[Any]]) -> concurrent.futures.Future[BaseException | None]:
-    """As ``_Run._watch``: a future set when the body may go on (None, or
-    the error to raise at its await)."""
-    ready: concurrent.futures.Future[BaseException | None] = concurrent.futures.Future()
-    error = check(out, asyncio.get_running_loop())
-    if error is not None or out.obj is None:
-        ready.set_result(error)
-        return ready
-    obj = out.obj
-    awaited.append(obj)
-
-    def wake(_: Any) -> None:
-        try:
-            ready.set_result(None)
-        except concurrent.futures.InvalidStateError:
-            pass
-
-    obj.add_done_callback(wake)
-    return ready

@@ -34,7 +34,6 @@ distributed awaits ``CoroutineTask.__call__`` on the worker's event loop
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import logging
 import sys
@@ -69,7 +68,7 @@ from ..core.plan import Plan, plan_yield
 from ..core.scope import Scope
 from ..resources.worker import lent
 from . import extensions
-from .aio import check, gathered
+from .aio import gathered, watch
 from .call import trampoline
 from .extensions import Active, Extension
 from .inplace import localizer
@@ -467,29 +466,9 @@ class _Run:
             # builds its graph in its own: a big one never blocks the loop.
             self.planned = self.ctx.run(self._plan, out.batches, tramp.own_annotations)
         if type(out) is Await:
-            out.obj = self._watch(out)
+            # Watched here, on the lane, whose loop runs the awaited future.
+            out.obj, self.awaited = watch(out)
         return out
-
-    def _watch(self, out: Await) -> concurrent.futures.Future[BaseException | None]:
-        """What asyncio's ``Task.__step`` does with what a coroutine yields
-        (on the lane, whose loop runs here): wait for an asyncio future of
-        this loop; go on at once after a bare ``yield`` (``asyncio.sleep(0)``);
-        raise at the await for anything else."""
-        ready: concurrent.futures.Future[BaseException | None] = concurrent.futures.Future()
-        error = check(out, asyncio.get_running_loop())
-        if error is not None or out.obj is None:
-            ready.set_result(error)
-        else:
-            obj = self.awaited = out.obj
-
-            def wake(_: Any) -> None:
-                try:
-                    ready.set_result(None)
-                except concurrent.futures.InvalidStateError:
-                    pass  # we stopped waiting (cancelled)
-
-            obj.add_done_callback(wake)
-        return ready
 
     def _gather_in_task(self, value: Any) -> asyncio.Future[Any]:
         """``await gather(value)`` in an asyncio Task the body made (on the
@@ -497,7 +476,7 @@ class _Run:
         ours (``gathered``), awaited on the worker's loop; a future of the
         lane's loop for it. Cancelling that future (the Task cancelled: a
         timeout) releases the child."""
-        done = asyncio.run_coroutine_threadsafe(self._side(value), self.loop)
+        done = asyncio.run_coroutine_threadsafe(self.side(value), self.loop)
         return asyncio.wrap_future(done)
 
     async def side(self, value: Any) -> Any:
@@ -505,9 +484,6 @@ class _Run:
         worker's loop: for an asyncio Task the body made, and for a body
         run beside us (``runtime.beside``). Released once its value is here,
         or when the awaiting task is cancelled (the scheduler cancels it)."""
-        return await self._side(value)
-
-    async def _side(self, value: Any) -> Any:
         if self.ended:
             # A Task the body made and left running awaits after the body ended.
             raise RuntimeError(
