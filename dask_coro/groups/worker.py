@@ -344,15 +344,14 @@ class WorkerBackend:
         """Until the scheduler runs none of ``keys`` (forgotten, or finished
         before the release reached it: held for a re-run)."""
         client = await self.run.submitting_client()
-        delay = 0.005
-        while True:
+
+        async def running() -> list[Any]:
+            nonlocal keys  # asked again for those still running only
             states = await client.scheduler.get_task_status(keys=keys)
             keys = [k for k, s in states.items() if s not in _ENDED]
-            if not keys:
-                return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.1)
+            return keys
 
+        await _until_none(running)
 
     async def _closed(self, keys: list[Any]) -> None:
         """Until no worker has a coroutine child of ``keys`` to close: the
@@ -363,13 +362,21 @@ class WorkerBackend:
         nothing can stop it, and it may never get to its next yield (it is
         closed there; a plain function's result is dropped)."""
         client = await self.run.submitting_client()
-        delay = 0.005
-        while True:
-            running = await client.run(_closing_here, keys=keys)
-            if not any(running.values()):
-                return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.1)
+
+        async def closing() -> list[Any]:
+            per_worker = await client.run(_closing_here, keys=keys)
+            return [k for ks in per_worker.values() for k in ks]
+
+        await _until_none(closing)
+
+
+async def _until_none(ask: Any) -> None:
+    """Ask ``ask()`` again, less and less often (5 ms, doubling up to
+    100 ms), until it answers nothing."""
+    delay = 0.005
+    while await ask():
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.1)
 
 
 _ENDED = (None, "memory", "erred", "released", "forgotten")
