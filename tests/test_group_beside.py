@@ -136,18 +136,22 @@ sleeps_then_records_c = coroutine(sleeps_then_records)
 
 
 @coroutine
-def first_then_aclose(tag):
+def first_then_aclose(slow, args, value):
+    """The first of ``slow(*args)`` and a quick child giving ``value``, then
+    ``aclose()``; what ``finally`` blocks recorded by the time it returned.
+    (``slow`` is the function: a call given as an argument would be computed
+    before this body starts.)"""
     with dask_coro.group() as g:
-        g.spawn(sleeps_then_records_c(f"{tag}-slow", 60))
-        g.spawn(naps(7, 0.01))
-        _, value = yield g.next()
+        g.spawn(slow(*args))
+        g.spawn(naps(value, 0.01))
+        _, got = yield g.next()
         yield g.aclose()
-        return value, f"{tag}-slow" in CLOSED  # closed by the time aclose returns
+        return got, sorted(CLOSED)
 
 
 @cluster(nthreads=[("", 2), ("", 2)])
 async def test_aclose_waits_until_a_beside_child_has_closed(c, s, a, b):
-    assert await c.compute(first_then_aclose("ac")) == (7, True)
+    assert await c.compute(first_then_aclose(sleeps_then_records_c, ("ac-slow", 60), 7)) == (7, ["ac-slow"])
     await async_poll_for(lambda: not s.tasks, timeout=10)
 
 
@@ -163,21 +167,12 @@ async def stuck(tag):
 stuck_c = coroutine(stuck)
 
 
-@coroutine
-def first_then_aclose_stuck():
-    with dask_coro.group() as g:
-        g.spawn(stuck_c("stuck"))
-        g.spawn(naps(5, 0.01))
-        _, value = yield g.next()
-        yield g.aclose()  # does not wait for a child that cannot be stopped
-        return value
-
-
 @cluster(nthreads=[("", 2)])
 async def test_aclose_does_not_wait_for_a_beside_child_running_code(c, s, a):
+    # aclose() does not wait for a child that cannot be stopped.
     GATE.clear()
     try:
-        assert await c.compute(first_then_aclose_stuck()) == 5
+        assert (await c.compute(first_then_aclose(stuck_c, ("stuck",), 5)))[0] == 5
     finally:
         GATE.set()
     await async_poll_for(lambda: not s.tasks, timeout=10)

@@ -25,21 +25,6 @@ def after(name, x):
     return x
 
 
-@coroutine
-def replayed_parent(tag, n):
-    run = uuid.uuid4().hex
-    order = []
-    with dask_coro.group() as g:
-        for i in range(n):
-            g.spawn(after(f"{tag}-{i}", i))
-        while g:
-            child, value = yield g.next()
-            assert value == child.index
-            order.append(value)
-            Queue(tag).put([run, value])
-    return order
-
-
 async def _after_async(name, x):
     while not Event(name).is_set():
         await asyncio.sleep(0.02)
@@ -52,12 +37,16 @@ after_async = coroutine(_after_async)
 
 
 @coroutine
-def replayed_parent_beside(tag, n):
+def replayed_parent(tag, n, beside=False):
+    """Spawns ``n`` children, each ended by its Event, and puts each value
+    it is given on the Queue ``tag`` with the run's id; with ``beside``, the
+    children run beside it (async ones), else they are tasks."""
     run = uuid.uuid4().hex
     order = []
+    child_of = after_async if beside else after
     with dask_coro.group() as g:
         for i in range(n):
-            g.spawn(after_async(f"{tag}-{i}", i))
+            g.spawn(child_of(f"{tag}-{i}", i))
         while g:
             child, value = yield g.next()
             assert value == child.index
@@ -107,7 +96,7 @@ async def test_a_re_run_parent_is_given_the_same_children_in_the_same_order(c, s
 async def test_a_re_run_parent_is_given_its_beside_children_in_the_same_order(c, s, a, b):
     tag = f"rb-{uuid.uuid4().hex}"
     key = f"rbparent-{tag}"
-    fut = c.compute(replayed_parent_beside(tag, 5, dask_key_name=key))
+    fut = c.compute(replayed_parent(tag, 5, beside=True, dask_key_name=key))
     q = await Queue(tag, client=c)
     first = [2, 4]
     for i in first:
