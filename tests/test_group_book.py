@@ -107,3 +107,60 @@ def test_a_handle_pickles_without_its_group():
     back = pickle.loads(pickle.dumps(err))
     assert back.dask_coro_child.index == 0
     assert repr(back.dask_coro_child) == "<child 0 of group 0 of 'p' (started)>"
+
+
+def test_a_stream_child_is_delivered_per_item_and_its_end_is_not():
+    b = GroupBook(limit=1)
+    s, _ = b.spawn(None, "stream", True)
+    p, started = b.spawn(None, "plain")
+    assert not started  # the stream holds the one place while its producer runs
+    b.emitted(s, "a")
+    b.emitted(s, "b")
+    assert b.take() is s and s.outcome == (True, "a") and s.state == STARTED
+    assert b.take() is s and s.outcome == (True, "b")
+    assert b.take() is None and len(b) == 2
+    # Its end (a value) is nothing to deliver: delivered at once, the place freed.
+    assert b.finished(s, True, "returned") == [p]
+    assert s.state == DELIVERED and len(b) == 1
+    b.finished(p, True, 1)
+    assert b.take() is p and len(b) == 0
+    assert b.delivered == [0, 0, 1]
+
+
+def test_a_stream_childs_error_comes_after_its_items_and_ended_items_stay():
+    b = GroupBook()
+    s, _ = b.spawn(None, "stream", True)
+    b.emitted(s, 1)
+    b.finished(s, False, ValueError("late"))
+    b.emitted(s, 2)  # after its end: dropped
+    assert b.take() is s and s.outcome == (True, 1) and s.state == DONE
+    assert b.take() is s and s.outcome[0] is False and s.state == DELIVERED
+    assert b.take() is None and len(b) == 0
+    # Ended with items not yet taken: delivered, then done.
+    t, _ = b.spawn(None, "stream", True)
+    b.emitted(t, 3)
+    b.finished(t, True, None)
+    assert len(b) == 1 and b.take() is t and t.state == DELIVERED and len(b) == 0
+
+
+def test_a_replay_names_a_stream_child_once_per_item():
+    b = GroupBook(replay=[1, 0, 0])
+    s, _ = b.spawn(None, "stream", True)
+    p, _ = b.spawn(None, "plain")
+    b.emitted(s, "x")  # the replay wants p first
+    assert b.take() is None
+    b.finished(p, True, "p")
+    assert b.take() is p
+    assert b.take() is s and s.outcome == (True, "x")
+    b.emitted(s, "y")
+    b.finished(s, True, None)
+    assert b.take() is s and s.outcome == (True, "y") and b.delivered == [1, 0, 0]
+
+
+def test_cancelling_a_stream_child_drops_its_items():
+    b = GroupBook()
+    s, _ = b.spawn(None, "stream", True)
+    b.emitted(s, 1)
+    b.emitted(s, 2)
+    assert b.cancel(s) is True  # its producer runs: to stop
+    assert s.state == CANCELLED and not s.items and b.take() is None and len(b) == 0

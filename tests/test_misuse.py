@@ -128,6 +128,30 @@ def iterates_a_closed_stream():
 
 
 @coroutine
+def spawns_a_stream_twice():
+    s = dask_coro.stream(numbers(3))
+    with dask_coro.group() as g:
+        g.spawn(s)
+        g.spawn(s)
+
+
+@coroutine
+def iterates_a_spawned_stream():
+    s = dask_coro.stream(numbers(3))
+    with dask_coro.group() as g:
+        g.spawn(s)
+        return list(s)
+
+
+@coroutine
+def spawns_a_started_stream():
+    s = dask_coro.stream(numbers(3))
+    next(iter(s))
+    with dask_coro.group() as g:
+        g.spawn(s)
+
+
+@coroutine
 def asks_a_stream_result_early():
     s = dask_coro.stream(numbers(3))
     next(iter(s))
@@ -205,7 +229,7 @@ LOCAL = [
     Case("spawn() after the group's block was left", lambda: spawns_after_its_block().compute(), RuntimeError,
          "spawn() on a group that was closed (its block was left)"),
     Case("next() of a group with no child left", lambda: asks_an_empty_group().compute(), RuntimeError,
-         "next() on a group with no child left to deliver (test `while g:` first)"),
+         "next() on a group with no child left to deliver (test `while g:` first; a stream child's end is known only when it comes"),
     Case("stream() of what is not a coroutine call", lambda: dask_coro.stream(3), TypeError,
          "dask_coro.stream() takes a call of a @coroutine function, not int"),
     Case("a stream buffer that is not a positive int", lambda: dask_coro.stream(numbers(3), buffer=0), ValueError,
@@ -216,6 +240,12 @@ LOCAL = [
          "iterating a stream that was closed"),
     Case("a stream's result before its last item", lambda: asks_a_stream_result_early().compute(), RuntimeError,
          "a stream's result is known once every item was taken (iterate it to its end)"),
+    Case("spawn a stream in two groups, or twice", lambda: spawns_a_stream_twice().compute(), RuntimeError,
+         "a stream is spawned in one group, once"),
+    Case("iterate a stream spawned in a group", lambda: iterates_a_spawned_stream().compute(), RuntimeError,
+         "a stream spawned in a group is read through it: for child, item in g"),
+    Case("spawn a stream already iterated", lambda: spawns_a_started_stream().compute(), RuntimeError,
+         "spawn a stream in a group before iterating or closing it"),
     Case("shm array of Python objects", lambda: shm.empty(10, dtype=object), TypeError,
          "holds Python objects, which cannot live in shared memory"),
     Case("shm array of a negative shape", lambda: shm.empty(-1), ValueError,

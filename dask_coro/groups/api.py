@@ -142,9 +142,23 @@ class Group:
     def spawn(self, x: Any) -> Child:
         """Start ``x`` (anything a yield accepts) as a child; its handle.
         Over the limit, it waits in the group until another finishes. May be
-        called while iterating."""
+        called while iterating.
+
+        A ``dask_coro.stream`` (made in the same body, or the same client
+        code, and not yet iterated) is delivered once per item, ``(child,
+        item)``, in the stream's order; its producer's error after its
+        items; its return value is not delivered (it is ``s.result``). It
+        holds a place under the limit until its producer ended, and the
+        group takes its next items once the body has taken the last ones
+        (the stream's ``buffer`` holds as it does for ``for item in s``).
+        """
         backend = self._backend()
-        backend.check(x)
+        claim = getattr(x, "__dask_coro_stream__", None)
+        is_stream = claim is not None and not isinstance(x, type)
+        if is_stream:
+            backend.check_stream(x)
+        else:
+            backend.check(x)
         with self.lock:
             if self.expired:
                 # Cancelled at once: the body hears of the deadline at its
@@ -154,7 +168,9 @@ class Group:
                 return child
             if self.book.closed:
                 raise RuntimeError("spawn() on a group that was closed (its block was left)")
-            child, start = self.book.spawn(self, x)
+            if claim is not None and is_stream:
+                x = claim()
+            child, start = self.book.spawn(self, x, is_stream)
         if start:
             backend.start([child])
         return child
@@ -174,7 +190,9 @@ class Group:
         ``dask_coro.result(g.next())`` from plain code. A child's error is
         raised here (its handle is the exception's ``dask_coro_child``).
         ``TimeoutError`` once the deadline passed; ``RuntimeError`` if no
-        child is left (``while g:`` stops before)."""
+        child is left (``while g:`` stops before; with streams in the group,
+        their end is known only when it comes, so iterate with ``for child,
+        item in g``, which stops there)."""
         return self._backend().request("next")
 
     def all(self) -> Any:
@@ -203,11 +221,17 @@ class Group:
         from ..runtime.result import result
 
         while self:
-            yield result(self.next())
+            got = result(self._backend().request("more"))
+            if got is None:
+                return  # the last children were streams that ended without an item
+            yield got
 
     async def _aiter(self) -> AsyncIterator[tuple[Child, Any]]:
         while self:
-            yield await self.next()
+            got = await self._backend().request("more")
+            if got is None:
+                return
+            yield got
 
     def __aiter__(self) -> AsyncIterator[tuple[Child, Any]]:
         return self._aiter()
@@ -243,7 +267,32 @@ class Group:
         return TimeoutError(f"the group's deadline passed {self._late()}: its children were cancelled")
 
     def no_child(self, what: str) -> RuntimeError:
-        return RuntimeError(f"{what}() on a group with no child left to deliver (test `while g:` first)")
+        return RuntimeError(
+            f"{what}() on a group with no child left to deliver (test `while g:` first; a stream "
+            "child's end is known only when it comes: iterate with `for child, item in g`)"
+        )
+
+    def place(self, s: Any, where: str, same: bool) -> None:
+        """A stream spawned in a group is read where it was made: a body's
+        on its worker (or without a cluster), a client's on that client."""
+        if getattr(s.backend, "where", None) != where or not same:
+            raise TypeError(
+                "spawn a stream in a group opened where the stream was made: in the same "
+                f"coroutine body, or the same client code ({s!r})"
+            )
+
+    def collect(self, out: dict[int, Any], delivered: tuple[Child, Any]) -> None:
+        """``all()``: a child's value by index; a stream child's items in a list."""
+        child, value = delivered
+        if child.items is None:
+            out[child.index] = value
+        else:
+            out.setdefault(child.index, []).append(value)
+
+    def values(self, pending: list[Child], out: dict[int, Any]) -> list[Any]:
+        """``all()``'s answer: of the children ``pending`` when it began, in
+        spawn order (a stream child: its items, maybe none)."""
+        return [out.get(c.index, []) if c.items is not None else out[c.index] for c in pending]
 
     def __repr__(self) -> str:
         return f"<group: {len(self)} left, limit {self.book.limit}>"
@@ -262,6 +311,9 @@ class LocalBackend:
     def check(self, x: Any) -> None:
         pass
 
+    def check_stream(self, s: Any) -> None:
+        self.group.place(s, "local", True)
+
     def start(self, children: list[Child]) -> None:
         pass  # run when next() asks
 
@@ -269,7 +321,7 @@ class LocalBackend:
         pass  # nothing runs while the body does
 
     def request(self, kind: str) -> Request:
-        fn = {"next": _local_next, "all": _local_all, "aclose": _local_aclose}[kind]
+        fn = {"next": _local_next, "more": _local_more, "all": _local_all, "aclose": _local_aclose}[kind]
         return Request(fn, self.group)
 
 
@@ -294,12 +346,18 @@ async def _local_step(g: Group) -> Child | None:
         if c is None:
             return None
         obj = c.obj
-        try:
-            value = await gather(obj)
-        except Exception as e:  # a child's error: delivered in its turn
-            ok, value = False, e
+        if c.items is not None:  # a stream: its producer runs to its end here
+            for item in await obj._batch():
+                book.emitted(c, item)
+            assert obj.end is not None
+            ok, value = obj.end
         else:
-            ok = True
+            try:
+                value = await gather(obj)
+            except Exception as e:  # a child's error: delivered in its turn
+                ok, value = False, e
+            else:
+                ok = True
         del obj
         book.finished(c, ok, value)
 
@@ -311,15 +369,22 @@ async def _local_next(g: Group) -> tuple[Child, Any]:
     return g.deliver(child)
 
 
+async def _local_more(g: Group) -> tuple[Child, Any] | None:
+    child = await _local_step(g)
+    return None if child is None else g.deliver(child)
+
+
 async def _local_all(g: Group) -> list[Any]:
     if _expired(g):
         raise g.timeout_error()
+    pending = g.book.pending()
     out: dict[int, Any] = {}
     while g:
         child = await _local_step(g)
-        assert child is not None
-        out[child.index] = g.deliver(child)[1]
-    return [out[i] for i in sorted(out)]
+        if child is None:
+            break
+        g.collect(out, g.deliver(child))
+    return g.values(pending, out)
 
 
 async def _local_aclose(g: Group) -> None:

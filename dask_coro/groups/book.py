@@ -14,11 +14,19 @@ A child moves through::
 
 ``limit`` bounds the children STARTED and not yet DONE; the rest wait
 QUEUED, as plain objects in the parent (no key, task, thread or slot): one
-``Child`` (five slots) and its place in a deque. DONE children wait to be
+``Child`` (six slots) and its place in a deque. DONE children wait to be
 delivered in the order they finished (``ready``), unless a replay prescribes
 another: a parent run again after its worker died is given the children it
 had already been given, in the same order (``replay``), and only then goes on
 in completion order.
+
+A *stream* child (``Group.spawn`` of a ``dask_coro.stream``) is delivered
+once per item: each item it hands out joins ``ready`` (``emitted``), in the
+stream's order, and the child stays STARTED (its producer runs, holding a
+place under the limit) until its end (``finished``). An error ends it as a
+last item; a value ends it with nothing to deliver, so a stream's last item
+may be followed by no delivery at all. A replay names a stream child once
+per item it was given.
 """
 
 from __future__ import annotations
@@ -45,14 +53,17 @@ class Child:
     error)`` once DONE, dropped once delivered.
     """
 
-    __slots__ = ("group", "index", "obj", "state", "outcome", "__weakref__")
+    __slots__ = ("group", "index", "obj", "state", "outcome", "items", "__weakref__")
 
-    def __init__(self, group: Any, index: int, obj: Any):
+    def __init__(self, group: Any, index: int, obj: Any, stream: bool = False):
         self.group = group
         self.index = index
         self.obj = obj
         self.state = QUEUED
         self.outcome: tuple[bool, Any] | None = None
+        #: A stream child's outcomes not yet delivered (its items, then maybe
+        #: its error), in order; None for any other child.
+        self.items: deque[tuple[bool, Any]] | None = deque() if stream else None
 
     def done(self) -> bool:
         """Whether this child has ended: finished (delivered or not) or cancelled."""
@@ -124,11 +135,12 @@ class GroupBook:
         self.delivered: list[int] = []
         self.closed = False
 
-    def spawn(self, group: Any, obj: Any) -> tuple[Child, bool]:
-        """A new child of ``obj``; True if it starts now (within the limit)."""
+    def spawn(self, group: Any, obj: Any, stream: bool = False) -> tuple[Child, bool]:
+        """A new child of ``obj`` (a stream child: delivered per item); True
+        if it starts now (within the limit)."""
         if self.closed:
             raise RuntimeError("spawn() on a group that was closed")
-        child = Child(group, len(self.children), obj)
+        child = Child(group, len(self.children), obj, stream)
         self.children.append(child)
         self.left += 1
         if self.limit is None or self.started < self.limit:
@@ -147,9 +159,24 @@ class GroupBook:
         self.started -= 1
         child.state = DONE
         child.obj = None
-        child.outcome = (ok, value)
-        self.ready.append(child)
+        items = child.items
+        if items is None:
+            child.outcome = (ok, value)
+            self.ready.append(child)
+        elif not ok:
+            items.append((False, value))  # delivered after the items before it
+            self.ready.append(child)
+        elif not items:
+            self._delivered(child)  # its end is nothing to deliver
         return self._fill()
+
+    def emitted(self, child: Child, value: Any) -> None:
+        """Stream child ``child`` (started) handed out ``value``: delivered
+        after its items before it. Dropped if the child was cancelled."""
+        if child.state != STARTED or child.items is None:
+            return
+        child.items.append((True, value))
+        self.ready.append(child)
 
     def _fill(self) -> list[Child]:
         out = []
@@ -170,18 +197,26 @@ class GroupBook:
             if index >= len(self.children):
                 return None  # not spawned yet by this run
             child = self.children[index]
-            if child.state != DONE:
-                return None  # wait for that one
+            if child.state != DONE and not child.items:
+                return None  # wait for that one (a stream child: its next item)
             self.replayed += 1
             self.ready.remove(child)
         elif self.ready:
             child = self.ready.popleft()
         else:
             return None
+        self.delivered.append(child.index)
+        items = child.items
+        if items is not None:
+            child.outcome = items.popleft()
+            if child.state == STARTED or items:
+                return child  # more to come from this stream
+        self._delivered(child)
+        return child
+
+    def _delivered(self, child: Child) -> None:
         child.state = DELIVERED
         self.left -= 1
-        self.delivered.append(child.index)
-        return child
 
     def replaying(self) -> Child | None:
         """The child a replay waits for next (spawned, not done), or None."""
@@ -199,7 +234,7 @@ class GroupBook:
         """The oldest child started and not done (without a cluster, the next
         to run), or, with none started, None."""
         want = self.replaying()
-        if want is not None and want.state == STARTED:
+        if want is not None and want.state == STARTED and not want.items:
             return want
         for c in self.children:
             if c.state == STARTED:
@@ -214,13 +249,15 @@ class GroupBook:
             self.queued.remove(child)
         elif state == STARTED:
             self.started -= 1
-        elif state == DONE:
-            self.ready.remove(child)
-        else:
+        elif state != DONE:
             return False
+        if state == DONE or child.items:
+            self.ready = deque(c for c in self.ready if c is not child)
         child.state = CANCELLED
         child.obj = None
         child.outcome = None
+        if child.items is not None:
+            child.items.clear()
         self.left -= 1
         return state == STARTED
 

@@ -8,10 +8,16 @@ the oldest is delivered first. ``dask_coro.result(g.next())`` and ``for
 child, value in g`` block; with an asynchronous client, ``await g.next()``
 and ``async for``. Leaving the block cancels the children not yet delivered
 (``Client.cancel``: a coroutine child's run closes its body).
+
+A stream child is read in *rounds*: one batch of items at a time, fetched
+on the client's loop (``Stream._batch``), the next once the body took the
+last; ``next()`` waits for the first of a child's future and a round.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import time
 from typing import Any
 
@@ -29,28 +35,92 @@ class ClientBackend:
         self.group = group
         self.client = default_client()
         self.futures: dict[int, Any] = {}  # started children's futures, by index
+        self.streams: dict[int, Any] = {}  # started stream children, by index
+        self.rounds: dict[int, concurrent.futures.Future[list[Any]]] = {}  # their batches asked for
 
     def check(self, x: Any) -> None:
         pass
+
+    def check_stream(self, s: Any) -> None:
+        self.group.place(s, "client", getattr(s.backend, "client", None) is self.client)
 
     def start(self, children: list[Child]) -> None:
         from distributed import Future
 
         for c in children:
             obj, c.obj = c.obj, None
+            if c.items is not None:
+                self.streams[c.index] = obj  # read in rounds (``_ask``)
+                continue
             self.futures[c.index] = obj if isinstance(obj, Future) else self.client.compute(obj)
 
     def stop(self, children: list[Child], closing: bool) -> None:
         out = [f for f in (self.futures.pop(c.index, None) for c in children) if f is not None]
         if out:
             self.client.cancel(out)
+        for c in children:
+            s = self.streams.pop(c.index, None)
+            if s is not None:
+                r = self.rounds.pop(c.index, None)
+                if r is not None:
+                    r.cancel()
+                s.close()  # its producer's future released: the scheduler cancels it
+
+    def _ask(self) -> None:
+        """A round for each stream child whose items the body took."""
+        book = self.group.book
+        loop = self.client.loop.asyncio_loop
+        for i, s in self.streams.items():
+            if i not in self.rounds and not book.children[i].items:
+                self.rounds[i] = asyncio.run_coroutine_threadsafe(s._batch(), loop)
+
+    def _settle_rounds(self) -> None:
+        """The items of the rounds that ended, each delivered on its own;
+        a stream's end."""
+        book = self.group.book
+        for i, r in list(self.rounds.items()):
+            if not r.done():
+                continue
+            del self.rounds[i]
+            child, s = book.children[i], self.streams[i]
+            try:
+                items = r.result()
+            except Exception as e:  # the fetch failed: the child's error
+                end: tuple[bool, Any] | None = (False, e)
+            else:
+                for item in items:
+                    book.emitted(child, item)
+                end = s.end
+            if end is not None:
+                del self.streams[i]
+                more = book.finished(child, *end)
+                if more:
+                    self.start(more)
+
+    async def _first(self, timeout: float | None) -> None:
+        """Until a started child's future or a stream's round is done;
+        ``TimeoutError`` after ``timeout`` seconds."""
+        from .._internals import distributed_private as private
+
+        settled: list[asyncio.Future[Any]] = [private.future_settled(f) for f in self.futures.values()]
+        rounds: list[asyncio.Future[Any]] = [asyncio.wrap_future(r) for r in self.rounds.values()]
+        try:
+            done, _ = await asyncio.wait([*settled, *rounds], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in settled:
+                w.cancel()  # off the future's event (a round's wrapper is left: cancelling it cancels the round)
+        if not done:
+            raise TimeoutError
+
+    def _done(self) -> list[Any]:
+        return [f for f in self.futures.values() if f.done()]
 
     def request(self, kind: str) -> Request | _Awaitable:
         g = self.group
         if self.client.asynchronous:
-            fn = {"next": self._anext, "all": self._aall, "aclose": self._aaclose}[kind]
+            fn = {"next": self._anext, "more": self._amore, "all": self._aall, "aclose": self._aaclose}[kind]
             return _Awaitable(fn, g)
-        sync = {"next": self._next, "all": self._all, "aclose": self._aclose}[kind]
+        sync = {"next": self._next, "more": self._more, "all": self._all, "aclose": self._aclose}[kind]
         return Request(_in_body, g, sync)
 
     # -- blocking ------------------------------------------------------------
@@ -87,8 +157,6 @@ class ClientBackend:
         return g.timeout_error()
 
     def _take(self) -> Child | None:
-        from distributed import wait
-
         g = self.group
         while True:
             child = g.book.take()
@@ -101,11 +169,13 @@ class ClientBackend:
             remaining = self._remaining()
             if remaining is not None and remaining <= 0:
                 raise self._timeout()
+            self._ask()
             try:
-                done, _ = wait(list(self.futures.values()), timeout=remaining, return_when="FIRST_COMPLETED")
+                self.client.sync(self._first, remaining)
             except TimeoutError:
                 raise self._timeout() from None
-            self._settle(done)
+            self._settle(self._done())
+            self._settle_rounds()
 
     def _next(self) -> tuple[Child, Any]:
         child = self._take()
@@ -113,11 +183,17 @@ class ClientBackend:
             raise self.group.no_child("next")
         return self.group.deliver(child)
 
+    def _more(self) -> tuple[Child, Any] | None:
+        child = self._take()
+        return None if child is None else self.group.deliver(child)
+
     def _all(self) -> list[Any]:
+        g = self.group
+        pending = g.book.pending()
         out: dict[int, Any] = {}
         while (child := self._take()) is not None:
-            out[child.index] = self.group.deliver(child)[1]
-        return [out[i] for i in sorted(out)]
+            g.collect(out, g.deliver(child))
+        return g.values(pending, out)
 
     def _aclose(self) -> None:
         from distributed import wait
@@ -131,8 +207,6 @@ class ClientBackend:
     # -- with an asynchronous client -------------------------------------------
 
     async def _atake(self) -> Child | None:
-        from distributed import wait
-
         g = self.group
         while True:
             child = g.book.take()
@@ -145,10 +219,12 @@ class ClientBackend:
             remaining = self._remaining()
             if remaining is not None and remaining <= 0:
                 raise self._timeout()
+            self._ask()
             try:
-                done, _ = await wait(list(self.futures.values()), timeout=remaining, return_when="FIRST_COMPLETED")
+                await self._first(remaining)
             except TimeoutError:
                 raise self._timeout() from None
+            done = self._done()
             values = {}
             for f in done:
                 if f.status == "finished":
@@ -156,6 +232,7 @@ class ClientBackend:
                 elif f.status == "error":
                     values[id(f)] = await f.exception()
             self._settle(done, values)
+            self._settle_rounds()
 
     async def _anext(self) -> tuple[Child, Any]:
         child = await self._atake()
@@ -163,11 +240,17 @@ class ClientBackend:
             raise self.group.no_child("next")
         return self.group.deliver(child)
 
+    async def _amore(self) -> tuple[Child, Any] | None:
+        child = await self._atake()
+        return None if child is None else self.group.deliver(child)
+
     async def _aall(self) -> list[Any]:
+        g = self.group
+        pending = g.book.pending()
         out: dict[int, Any] = {}
         while (child := await self._atake()) is not None:
-            out[child.index] = self.group.deliver(child)[1]
-        return [out[i] for i in sorted(out)]
+            g.collect(out, g.deliver(child))
+        return g.values(pending, out)
 
     async def _aaclose(self) -> None:
         self.group.close()

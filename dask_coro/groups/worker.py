@@ -69,6 +69,9 @@ class WorkerBackend:
         self.near: dict[int, tuple[asyncio.Task[None], Beside]] = {}
         self.settled: list[tuple[Child, Future]] = []  # ended, to gather
         self.watchers: dict[int, asyncio.Task[None]] = {}  # by index, until settled
+        # Stream children, by index: the task taking their items, the stream,
+        # and an event set once the body took every item given so far.
+        self.streams: dict[int, tuple[asyncio.Task[None], Any, asyncio.Event]] = {}
         self.gathering = False
         # Set once the replay (what an earlier run of the parent was given)
         # and the deadline are known: the first take waits for it.
@@ -77,6 +80,9 @@ class WorkerBackend:
 
     def check(self, x: Any) -> None:
         pass  # planning it raises (at the next wait) what a yield would
+
+    def check_stream(self, s: Any) -> None:
+        self.group.place(s, "worker", getattr(s.backend, "run", None) is self.run)
 
     # -- on the lane (the body's thread) -------------------------------------
 
@@ -92,12 +98,17 @@ class WorkerBackend:
         self.loop.call_soon_threadsafe(self._stop, children, closing)
 
     def request(self, kind: str) -> Request:
-        fn = {"next": _next, "all": _all, "aclose": _aclose}[kind]
+        fn = {"next": _next, "more": _more, "all": _all, "aclose": _aclose}[kind]
         return Request(fn, self.group)
 
     def delivered(self, child: Child, replayed: bool) -> None:
         """``child`` was taken for the body (on the lane): record it for a
-        re-run, unless it was replayed (recorded by the run that took it first)."""
+        re-run, unless it was replayed (recorded by the run that took it first).
+        A stream child whose items were all taken: its next ones may come."""
+        if child.items is not None and not child.items:
+            entry = self.streams.get(child.index)
+            if entry is not None:
+                self.loop.call_soon_threadsafe(entry[2].set)
         if self.durable and not replayed:
             self.loop.call_soon_threadsafe(self._spawn_task, self._log(index=child.index))
 
@@ -171,7 +182,12 @@ class WorkerBackend:
         batch = [c for c in batch if c.state != CANCELLED]
         tasks = []
         for c in batch:
-            if _near(c.obj):
+            if c.items is not None:
+                if self.group.deadline is not None:  # its producer's groups take the tighter
+                    c.obj.backend.annotations["dask_coro_deadline"] = self.group.deadline
+                drained = asyncio.Event()
+                self.streams[c.index] = (asyncio.ensure_future(self._pump(c, c.obj, drained)), c.obj, drained)
+            elif _near(c.obj):
                 host = Beside(self.run, {"dask_coro_deadline": self.group.deadline} if self.group.deadline is not None else None)
                 self.near[c.index] = (asyncio.ensure_future(self._beside(c, host)), host)
             else:
@@ -225,6 +241,35 @@ class WorkerBackend:
             del call
         if child.state != CANCELLED:
             self._finished(child, True, value)
+
+    async def _pump(self, child: Child, s: Any, drained: asyncio.Event) -> None:
+        """Take stream child ``child``'s items as its producer hands them out,
+        each delivered on its own; the next batch once the body took this
+        one (the stream's buffer holds: the producer is not let run further
+        ahead of the body than its buffer and one batch)."""
+        g = self.group
+        try:
+            while True:
+                drained.clear()
+                items = await s._batch()
+                if items:
+                    with g.lock:
+                        for item in items:
+                            g.book.emitted(child, item)
+                        waiter, self.waiter = self.waiter, None
+                    _wake(waiter)
+                if s.end is not None:
+                    self._finished(child, *s.end)
+                    return
+                if items:
+                    await drained.wait()
+        except asyncio.CancelledError:
+            raise  # the group let go of it (``_stop``), or the worker is closing
+        except Exception as e:  # the stream's fetch failed: the child's error
+            if child.state != CANCELLED:
+                self._finished(child, False, e)
+        finally:
+            self.streams.pop(child.index, None)
 
     async def _watch(self, child: Child, future: Future) -> None:
         """Wait until the client hears that ``future`` ended (no message),
@@ -316,6 +361,10 @@ class WorkerBackend:
             watcher = self.watchers.pop(c.index, None)
             if watcher is not None:
                 watcher.cancel()  # a released future's state never settles
+            stream = self.streams.pop(c.index, None)
+            if stream is not None:
+                stream[0].cancel()
+                stream[1].close()  # its producer is let go of: the scheduler cancels it
         if out:
             self.run.release(out)
         if closing:
@@ -405,6 +454,13 @@ def _near(obj: Any) -> bool:
     )
 
 
+def _producer_key(backend: WorkerBackend, child: Child) -> Any:
+    """The key of stream child ``child``'s producer, if it was submitted."""
+    entry = backend.streams.get(child.index)
+    future = None if entry is None else entry[1].backend.future
+    return None if future is None else future.key
+
+
 def _wake(waiter: asyncio.Future[None] | None) -> None:
     if waiter is None:
         return
@@ -450,14 +506,21 @@ async def _next(g: _Group) -> tuple[Child, Any]:
     return g.deliver(child)
 
 
+async def _more(g: _Group) -> tuple[Child, Any] | None:
+    child = await _take(g)
+    return None if child is None else g.deliver(child)
+
+
 async def _all(g: _Group) -> list[Any]:
+    with g.lock:
+        pending = g.book.pending()
     out: dict[int, Any] = {}
     while True:
         child = await _take(g)
         if child is None:
             break
-        out[child.index] = g.deliver(child)[1]
-    return [out[i] for i in sorted(out)]
+        g.collect(out, g.deliver(child))
+    return g.values(pending, out)
 
 
 async def _aclose(g: _Group) -> None:
@@ -467,5 +530,6 @@ async def _aclose(g: _Group) -> None:
     with g.lock:
         stop = [] if g.book.closed else g.book.cancel_all()
     keys = [backend.futures[c.index].key for c in stop if c.index in backend.futures]
+    keys += [k for k in (_producer_key(backend, c) for c in stop) if k is not None]
     backend.stop(stop, closing=True)
     await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(backend._ended(keys), backend.loop))

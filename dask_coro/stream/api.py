@@ -130,6 +130,31 @@ class Stream:
         self.index = 0  # items received
         self.end: tuple[bool, Any] | None = None
         self.closed = False
+        self.grouped = False  # spawned in a group: read through it
+
+    # -- in a group ------------------------------------------------------------
+
+    def __dask_coro_stream__(self) -> Stream:
+        """Claim this stream for a group (``g.spawn(s)``): the group reads
+        its items from now on (``_batch``)."""
+        if self.grouped:
+            raise RuntimeError("a stream is spawned in one group, once")
+        if self.index or self.closed:
+            raise RuntimeError("spawn a stream in a group before iterating or closing it")
+        self.grouped = True
+        return self
+
+    async def _batch(self) -> list[Any]:
+        """For the group that spawned it: the next items the producer handed
+        out, waiting for one or the end (on the loop the stream's backend
+        fetches on: the worker's for a body's stream, the client's for a
+        client's, the body's without a cluster). Once ended, ``end`` is set."""
+        items, end = await self.backend.batch(self.index)
+        self.index += len(items)
+        if end is not None:
+            self.end = end
+            self.backend.release()
+        return items
 
     # -- receiving -----------------------------------------------------------
 
@@ -156,9 +181,14 @@ class Stream:
     def _request(self, futures: bool) -> InPlace:
         return InPlace(self.backend.next, self.index, futures)
 
+    def _unclaimed(self) -> None:
+        if self.grouped:
+            raise RuntimeError("a stream spawned in a group is read through it: for child, item in g")
+
     def _iter(self, futures: bool) -> Iterator[Any]:
         from ..runtime.result import result
 
+        self._unclaimed()
         while True:
             item = self._pop()
             if item is _END:
@@ -183,6 +213,7 @@ class Stream:
         return self._iter(True)
 
     async def _aiter(self) -> AsyncIterator[Any]:
+        self._unclaimed()
         while True:
             item = self._pop()
             if item is _END:
@@ -239,6 +270,8 @@ class LocalConsumer:
     the consumer first asks; its items are given in order, then its value
     or its error."""
 
+    where = "local"
+
     def __init__(self, call: Any):
         self.call: Any = call
 
@@ -257,6 +290,8 @@ class LocalConsumer:
         finally:
             _local_sinks.remove(sink)
         return sink, (True, value)
+
+    batch = next
 
     def release(self) -> None:
         self.call = None

@@ -182,6 +182,8 @@ class WorkerConsumer(RemoteConsumer):
     the run (``_Run.start_children``: a key derived from the run's key, held
     for a re-run); the body waits for items as for a yield (no thread)."""
 
+    where = "worker"
+
     def __init__(self, call: Any, buffer: int | None, run: Any):
         from .._internals.dask_private import annotations_in_effect
 
@@ -199,6 +201,10 @@ class WorkerConsumer(RemoteConsumer):
     async def _fetch(self, index: int, futures: bool) -> tuple[list[Any], tuple[bool, Any] | None]:
         return await self.fetch(await self.run.submitting_client(), index, futures)
 
+    async def batch(self, index: int) -> tuple[list[Any], tuple[bool, Any] | None]:
+        """``fetch`` on the worker's loop (where a group's children end)."""
+        return await self._fetch(index, False)
+
     async def next(self, index: int, futures: bool = False) -> tuple[list[Any], tuple[bool, Any] | None]:
         """On the run's lane: ``fetch`` on the worker's loop."""
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._fetch(index, futures), self.run.loop))
@@ -212,6 +218,8 @@ class WorkerConsumer(RemoteConsumer):
 class ClientConsumer(RemoteConsumer):
     """A stream opened in client code: the producer is a future of the
     default client."""
+
+    where = "client"
 
     def __init__(self, call: Any, buffer: int | None):
         from distributed import default_client
@@ -227,6 +235,8 @@ class ClientConsumer(RemoteConsumer):
 
     async def next(self, index: int, futures: bool = False) -> tuple[list[Any], tuple[bool, Any] | None]:
         return await self.fetch(self.client, index, futures)
+
+    batch = next  # on the client's loop
 
     def next_sync(self, index: int, futures: bool = False) -> tuple[list[Any], tuple[bool, Any] | None]:
         return self.client.sync(self.fetch, self.client, index, futures)

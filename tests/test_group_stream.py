@@ -1,0 +1,247 @@
+"""A stream spawned in a group (``g.spawn(s)``): one ``(child, item)`` per
+item, in the stream's order, beside the group's other children; the
+producer's error after its items; leaving the group cancels the producer;
+the buffer still holds; on a worker, without a cluster and on the client.
+Plain Dask has no streaming child to compare with (dask/distributed #4754):
+the items are checked against the producer's own list."""
+
+from __future__ import annotations
+
+import dask
+import pytest
+from distributed import Client, Event, LocalCluster, Variable
+from distributed.utils_test import async_poll_for
+from helpers import cluster
+
+import dask_coro
+from dask_coro import coroutine, emit, stream
+
+
+@coroutine
+def sq(x):
+    return x * x
+
+
+@coroutine
+def squares(n, offset=0):
+    """Emits the squares of offset .. offset+n-1, each a yield of its own first."""
+    for i in range(offset, offset + n):
+        yield emit((yield sq(i)))
+    return n
+
+
+@coroutine
+def fails_after(k):
+    for i in range(k):
+        yield emit(i)
+    raise ValueError(f"failed after {k}")
+
+
+@coroutine
+def merge(n, m):
+    """Two streams and a plain child in one group, read in one loop."""
+    s1, s2 = stream(squares(n), buffer=2), stream(squares(m, 100))
+    got: dict = {}
+    with dask_coro.group() as g:
+        h1, h2, h3 = g.spawn(s1), g.spawn(s2), g.spawn(sq(7))
+        for child, item in g:
+            got.setdefault({h1: 1, h2: 2, h3: 3}[child], []).append(item)
+        left = len(g)
+    return got, s1.result, s2.result, left, h1.done(), h2.done()
+
+
+def _merged(n, m):
+    return {1: [i * i for i in range(n)], 2: [i * i for i in range(100, 100 + m)], 3: [49]}, n, m, 0, True, True
+
+
+@coroutine
+async def amerge(n):
+    s = stream(squares(n))
+    out = []
+    async with dask_coro.group() as g:
+        g.spawn(s)
+        g.spawn(sq(3))
+        async for _, item in g:
+            out.append(item)
+    return sorted(out)
+
+
+@coroutine
+def error_after_items(k):
+    got = []
+    with dask_coro.group() as g:
+        h = g.spawn(stream(fails_after(k)))
+        try:
+            for _, item in g:
+                got.append(item)
+        except ValueError as e:
+            return got, str(e), e.dask_coro_child.index == h.index
+    return got, None, None
+
+
+@coroutine
+def all_of_them(n):
+    with dask_coro.group() as g:
+        g.spawn(sq(2))
+        g.spawn(stream(squares(n)))
+        g.spawn(stream(squares(0)))  # no item at all
+        return (yield g.all())
+
+
+@coroutine
+def while_g(n):
+    """``while g: yield g.next()`` can find the stream's end with nothing to give."""
+    got = []
+    with dask_coro.group() as g:
+        g.spawn(stream(squares(n)))
+        try:
+            while g:
+                got.append((yield g.next())[1])
+        except RuntimeError as e:
+            return got, str(e)
+    return got, None
+
+
+# -- a cluster -----------------------------------------------------------------
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_items_of_streams_and_a_plain_child_in_one_group(c, s, a, b):
+    assert await c.compute(merge(6, 4)) == _merged(6, 4)
+    assert await c.compute(amerge(5)) == sorted([9, *(i * i for i in range(5))])
+    # Nothing of the streams is left on the scheduler.
+    await async_poll_for(lambda: not s.plugins["dask-coro-streams"].books, timeout=30)
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_a_producers_error_after_its_items_names_the_child(c, s, a, b):
+    assert await c.compute(error_after_items(3)) == ([0, 1, 2], "failed after 3", True)
+
+
+@cluster(nthreads=[("", 2)])
+async def test_all_gives_a_stream_childs_items_as_a_list(c, s, a):
+    assert await c.compute(all_of_them(3)) == [4, [0, 1, 4], []]
+
+
+@cluster(nthreads=[("", 2)])
+async def test_next_after_a_streams_last_item_says_to_iterate(c, s, a):
+    got, error = await c.compute(while_g(3))
+    assert got == [0, 1, 4]
+    assert "for child, item in g" in error
+
+
+@coroutine
+def endless(tag):
+    try:
+        i = 0
+        while True:
+            yield emit(i)
+            i += 1
+    finally:
+        Variable(f"closed-{tag}").set(True)
+
+
+@coroutine
+def first_over(threshold, tag):
+    with dask_coro.group() as g:
+        g.spawn(stream(endless(tag), buffer=2))
+        for _, x in g:
+            if x > threshold:
+                return x  # leaving the block cancels the producer
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_leaving_the_group_cancels_the_producer(c, s, a, b):
+    assert await c.compute(first_over(4, "g1")) == 5
+    await async_poll_for(lambda: "closed-g1" in s.extensions["variables"].variables, timeout=30)
+    await async_poll_for(lambda: not s.plugins["dask-coro-streams"].books, timeout=30)
+    await async_poll_for(lambda: not [k for k in s.tasks if "endless" in str(k)], timeout=30)
+
+
+@coroutine
+def counted(n, tag):
+    for i in range(n):
+        Variable(f"{tag}-emitted").set(i)
+        yield emit(i)
+    return n
+
+
+@coroutine
+def reader_held(n, tag):
+    with dask_coro.group() as g:
+        g.spawn(stream(counted(n, tag), buffer=2))
+        got = []
+        for _, x in g:
+            got.append(x)
+            if x == 0:
+                Event(f"{tag}-go").wait()  # the body holds on to its first item's turn
+        return got
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_the_buffer_holds_in_a_group(c, s, a, b):
+    fut = c.compute(reader_held(20, "b1"))
+    emitted = Variable("b1-emitted", client=c)
+    await async_poll_for(lambda: s.extensions["variables"].variables.get("b1-emitted") is not None, timeout=30)
+    import asyncio
+
+    await asyncio.sleep(0.5)  # room for the producer to run ahead, if it could
+    # The group took a batch (at most the buffer: 2 items) and waits until
+    # the body took them; the producer may fill its buffer again (2 more)
+    # and stops at its next emit: item 4 at most.
+    assert (await emitted.get()) <= 4
+    await Event("b1-go", client=c).set()
+    assert await fut == list(range(20))
+
+
+# -- without a cluster, and on the client -----------------------------------------
+
+
+def test_without_a_cluster():
+    with dask.config.set(scheduler="sync"):
+        assert merge(6, 4).compute() == _merged(6, 4)
+        assert error_after_items(2).compute() == ([0, 1], "failed after 2", True)
+        assert all_of_them(2).compute() == [4, [0, 1], []]
+
+
+def test_on_the_client_with_the_default_client():
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
+        with Client(lc) as client:
+            s1, s2 = stream(squares(4), buffer=1), stream(squares(3, 100))
+            got: dict = {}
+            with dask_coro.group() as g:
+                h1, h2 = g.spawn(s1), g.spawn(s2)
+                g.spawn(client.submit(lambda: "plain"))
+                for child, item in g:
+                    got.setdefault({h1: 1, h2: 2}.get(child, 3), []).append(item)
+            assert got == {1: [0, 1, 4, 9], 2: [10000, 10201, 10404], 3: ["plain"]}
+            assert (s1.result, s2.result) == (4, 3)
+            with dask_coro.group() as g:
+                g.spawn(stream(fails_after(2)))
+                got2 = []
+                with pytest.raises(ValueError, match="failed after 2"):
+                    for _, item in g:
+                        got2.append(item)
+            assert got2 == [0, 1]
+
+
+def test_bad_spawns():
+    with dask.config.set(scheduler="sync"):
+
+        @coroutine
+        def twice():
+            s = stream(squares(2))
+            with dask_coro.group() as g:
+                g.spawn(s)
+                with pytest.raises(RuntimeError, match="one group, once"):
+                    g.spawn(s)
+                with pytest.raises(RuntimeError, match="read through it"):
+                    list(s)
+            s2 = stream(squares(2))
+            next(iter(s2))
+            with dask_coro.group() as g:
+                with pytest.raises(RuntimeError, match="before iterating"):
+                    g.spawn(s2)
+            return "ok"
+
+        assert twice().compute() == "ok"
