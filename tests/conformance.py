@@ -25,6 +25,17 @@ is one of::
                              the order they were delivered; without ``catch``
                              a child's error leaves the group (the rest are
                              cancelled) and the node
+    ("emit", x)              ``emit(x)``: hand the int ``x`` to the stream this
+                             node produces (only a stream step's producer has
+                             these; anywhere else an item is dropped)
+    ("stream", producer, buffer, catch, grouped)
+                             read ``dask_coro.stream(call of producer,
+                             buffer=buffer)`` to its end (in a ``for`` loop,
+                             or, ``grouped``, spawned in a group); an event
+                             ``("stream", items, ("ok", its value) or ("err",
+                             type, message))``: the items it emitted before
+                             its end, then its value or its error (raised
+                             again without ``catch``)
 
 A shape nests children in containers dask traverses (list, tuple, dict, a
 namedtuple, an OrderedDict, a dataclass). A child is::
@@ -236,6 +247,60 @@ def _group_event(events: list, delivered: list) -> int:
     return sum(_numbers(d[2]) for d in delivered if d[0] == "ok")
 
 
+def _open_stream(step: tuple, epoch: int) -> Any:
+    producer = step[1]
+    return dask_coro.stream(FUNCTIONS[producer[2], producer[3]](pickle.dumps((epoch, producer))), buffer=step[2])
+
+
+def _stream_event(events: list, step: tuple, items: list, s: Any, error: BaseException | None) -> int:
+    """The event of a stream step: its items, then its value or its error
+    (raised again without ``catch``)."""
+    if error is not None:
+        if not step[3]:
+            raise error
+        end: tuple = ("err", type(error).__name__, str(error))
+    else:
+        end = ("ok", describe(s.result))
+    events.append(("stream", tuple(items), end))
+    return sum(items) + (_numbers(end[1]) if end[0] == "ok" else 0)
+
+
+def _read_stream(step: tuple, epoch: int, events: list) -> int:
+    """A stream step in a generator body or plain code: ``for`` waits as
+    ``result()`` does."""
+    s = _open_stream(step, epoch)
+    items: list = []
+    try:
+        if step[4]:
+            with dask_coro.group() as g:
+                g.spawn(s)
+                for _, item in g:
+                    items.append(item)
+        else:
+            for item in s:
+                items.append(item)
+    except Exception as e:
+        return _stream_event(events, step, items, s, e)
+    return _stream_event(events, step, items, s, None)
+
+
+async def _aread_stream(step: tuple, epoch: int, events: list) -> int:
+    s = _open_stream(step, epoch)
+    items: list = []
+    try:
+        if step[4]:
+            async with dask_coro.group() as g:
+                g.spawn(s)
+                async for _, item in g:
+                    items.append(item)
+        else:
+            async for item in s:
+                items.append(item)
+    except Exception as e:
+        return _stream_event(events, step, items, s, e)
+    return _stream_event(events, step, items, s, None)
+
+
 def _gen(src: bytes) -> Any:
     epoch, node = pickle.loads(src)
     _ran(epoch, ("node", node[1]))
@@ -246,6 +311,12 @@ def _gen(src: bytes) -> Any:
         for step in node[4]:
             if step[0] == "raise":
                 _raise(step[1] if len(step) > 1 else True, f"node {node[1]} raised")
+            if step[0] == "emit":
+                yield dask_coro.emit(step[1])
+                continue
+            if step[0] == "stream":
+                total += _read_stream(step, epoch, events)
+                continue
             if step[0] == "group":
                 delivered: list = []
                 with dask_coro.group(limit=step[2]) as g:
@@ -286,6 +357,12 @@ async def _async(src: bytes) -> Any:
         for step in node[4]:
             if step[0] == "raise":
                 _raise(step[1] if len(step) > 1 else True, f"node {node[1]} raised")
+            if step[0] == "emit":
+                await dask_coro.emit(step[1])
+                continue
+            if step[0] == "stream":
+                total += await _aread_stream(step, epoch, events)
+                continue
             if step[0] == "group":
                 delivered: list = []
                 async with dask_coro.group(limit=step[2]) as g:
@@ -333,6 +410,12 @@ def _plain(src: bytes) -> Any:
         for step in node[4]:
             if step[0] == "raise":
                 _raise(step[1] if len(step) > 1 else True, f"node {node[1]} raised")
+            if step[0] == "emit":
+                dask_coro.emit(step[1])  # from plain code: waits there as result() does
+                continue
+            if step[0] == "stream":
+                total += _read_stream(step, epoch, events)
+                continue
             if step[0] == "group":
                 delivered: list = []
                 with dask_coro.group(limit=step[2]) as g:
@@ -440,7 +523,9 @@ class Reference:
         self.open: set = set()
         self.raised = False  # anything raised, caught or not
 
-    def node(self, node: tuple) -> Out:
+    def node(self, node: tuple, sink: list | None = None) -> Out:
+        """A node's run; ``sink``: the items it emits, as a stream's producer
+        (else dropped)."""
         self.runs[("node", node[1])] += 1
         made: list = []
         events: list = []
@@ -453,6 +538,24 @@ class Reference:
                 seen = error_seen(kind, message, node[2])
                 local = error_seen(kind, message, node[2], "local") if node[1] == 0 else None
                 raise Raised(*seen, local if local != seen else None)
+            if step[0] == "emit":
+                if sink is not None:
+                    sink.append(step[1])
+                continue
+            if step[0] == "stream":
+                items: list = []
+                try:
+                    out = self.node(step[1], items)
+                except Raised as e:
+                    if not step[3]:
+                        raise
+                    events.append(("stream", tuple(items), ("err", e.kind, e.message)))
+                    total += sum(items)
+                    continue
+                value = ("Out", out.total, out.events)
+                events.append(("stream", tuple(items), ("ok", value)))
+                total += sum(items) + _numbers(value)
+                continue
             if step[0] == "group":
                 delivered = self.group(step)
                 events.append(("group", tuple(delivered)))
@@ -587,6 +690,8 @@ def _may_fail(spec: Any) -> bool:
                 return True
             if step[0] == "group" and not step[3] and any(_may_fail(c) for c in step[1]):
                 return True
+            if step[0] == "stream" and not step[3] and _may_fail(("call", step[1])):
+                return True
             if step[0] == "wait" and not step[2] and _shape_may_fail(step[1]):
                 return True
         return False
@@ -659,7 +764,7 @@ def programs(max_depth: int = 3, futures: bool = True):  # -> hypothesis strateg
     containers = st.sampled_from(["list", "tuple", "dict", "pair", "box", "odict"])
 
     @st.composite
-    def node(draw, depth: int, counter: list, futures: bool) -> tuple:
+    def node(draw, depth: int, counter: list, futures: bool, producer: bool = False) -> tuple:
         ident = counter[0]
         counter[0] += 1
         made = 0
@@ -709,6 +814,14 @@ def programs(max_depth: int = 3, futures: bool = True):  # -> hypothesis strateg
                     counter[0] += 1
                     kids.append(("leaf" if kind == "call" else kind, counter[0], draw(st.integers(0, 9)) == 0))
             steps.append(("group", tuple(kids), draw(st.sampled_from([None, 1, 2])), draw(st.booleans())))
+        if depth < max_depth and draw(st.integers(0, 5)) == 0:
+            # A stream read to its end: a producer node emitting between its waits.
+            sub = draw(node(depth + 1, counter, futures, True))
+            steps.append(("stream", sub, draw(st.sampled_from([None, 1, 2])), draw(st.booleans()), draw(st.booleans())))
+        if producer:
+            for _ in range(draw(st.integers(0, 3))):
+                counter[0] += 1
+                steps.insert(draw(st.integers(0, len(steps))), ("emit", counter[0]))
         if draw(st.integers(0, 9)) == 0:
             steps.append(("raise", draw(st.sampled_from(_ERROR_KINDS))))
         return ("node", ident, draw(forms), draw(st.booleans()), tuple(steps))
@@ -895,6 +1008,32 @@ EXAMPLES["group error leaves"] = (
     "async",
     False,
     (("group", (("leaf", 1, False), ("leaf", 2, True), ("call", ("node", 3, "gen", True, ()))), 1, False),),
+)
+# Producers of each form, read with for and in a group, one of them failing
+# after its items (caught), one inside another's producer.
+_PRODUCE = (("emit", 11), ("wait", ("leaf", 12, False), False), ("emit", 13))
+EXAMPLES["streams"] = (
+    "node",
+    0,
+    "gen",
+    True,
+    (
+        ("stream", ("node", 1, "gen", True, _PRODUCE), 1, False, False),
+        ("stream", ("node", 2, "async", False, (*_PRODUCE, ("raise",))), None, True, True),
+        ("stream", ("node", 3, "plain", True, (
+            ("emit", 14),
+            ("stream", ("node", 4, "async", True, (("emit", 15),)), 2, False, True),
+            ("emit", 16),
+        )), 2, False, False),
+    ),
+)
+# A producer's error not caught: the consumer raises it after the items.
+EXAMPLES["stream error leaves"] = (
+    "node",
+    0,
+    "async",
+    True,
+    (("stream", ("node", 1, "plain", False, (("emit", 1), ("raise", "Unpicklable"))), None, False, False),),
 )
 
 

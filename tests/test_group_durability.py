@@ -152,3 +152,49 @@ def test_delivery_log():
     assert log.get("p", 1) == {"deadline": None, "order": [1]}
     log.end("p")
     assert log.get("p", 0) == {"deadline": None, "order": []}
+
+
+@coroutine
+def gated_items(tag, n):
+    for i in range(n):
+        yield after(f"{tag}-s{i}", None)
+        yield dask_coro.emit(i * 10)
+    return n
+
+
+@coroutine
+def stream_parent(tag):
+    """A stream and a plain child in one group; each delivery on the Queue."""
+    run = uuid.uuid4().hex
+    got = []
+    with dask_coro.group() as g:
+        g.spawn(dask_coro.stream(gated_items(tag, 3), buffer=1))
+        g.spawn(after(f"{tag}-p", "plain"))
+        for child, value in g:
+            got.append((child.index, value))
+            Queue(tag).put([run, child.index, value])
+    return got
+
+
+@cluster(nthreads=[("", 2)] * 2, Worker=Nanny, timeout=120)
+async def test_a_re_run_parent_is_given_a_streams_items_in_the_same_order(c, s, a, b):
+    tag = f"rs-{uuid.uuid4().hex}"
+    key = f"rsparent-{tag}"
+    fut = c.compute(stream_parent(tag, dask_key_name=key))
+    q = await Queue(tag, client=c)
+    first = [(0, 0), (1, "plain"), (0, 10)]
+    runs = set()
+    for gate, want in zip(["s0", "p", "s1"], first, strict=True):
+        await Event(f"{tag}-{gate}", client=c).set()
+        run, *got = await q.get(timeout=60)
+        assert tuple(got) == want
+        runs.add(run)
+    await _kill_the_parents_worker(s, (a, b), key)
+    # The re-run reads the stream from its first item again and is given
+    # item 0, the plain child and item 1 in the first run's order.
+    replay = [await q.get(timeout=60) for _ in first]
+    assert [tuple(r[1:]) for r in replay] == first
+    assert {r[0] for r in replay}.isdisjoint(runs)
+    await Event(f"{tag}-s2", client=c).set()
+    assert await fut == [*first, (0, 20)]
+    await async_poll_for(lambda: not s.plugins["dask-coro-streams"].books, timeout=30)

@@ -75,3 +75,56 @@ async def test_a_re_run_producer_emitting_another_item_fails(c, s, a, b):
     got, error = await _run_and_kill(c, s, a, b, differ=True)
     assert got[0][0] == "pid" and got[1:] == [1, 2]
     assert error == "StreamReplayInconsistentError"
+
+
+@coroutine
+def hold(name):
+    Event(name).wait()
+
+
+@coroutine
+def numbered(tag):
+    for i in range(3):
+        yield emit(i)
+    yield after(f"{tag}-go", None)
+    for i in range(3, 5):
+        yield emit(i)
+    return "ok"
+
+
+@coroutine
+def consume_on(tag, producer_at):
+    got = []
+    with dask.annotate(workers=[producer_at], allow_other_workers=True):
+        s = stream(numbered(tag), buffer=1)  # one item a request: 2 taken when 2 arrives
+    for x in s:
+        got.append(x)
+        if x == 2:
+            yield hold(f"{tag}-took")  # a wait, to be killed in
+    return got, s.result, os.getpid()
+
+
+@cluster(nthreads=[("", 2)] * 3, Worker=Nanny, timeout=120)
+async def test_a_re_run_consumer_reads_from_the_first_item_again(c, s, a, b, w3):
+    """The consumer's worker is SIGKILLed after it took items 0..2: its
+    re-run elsewhere reads 0..4 again (its producer runs again under a key
+    of its own, the first one let go of), as the same program's plain
+    twin, a task that reads a list, would give its whole list again."""
+    tag = f"cr-{uuid.uuid4().hex}"
+    fut = c.compute(consume_on(tag, b.worker_address), workers=[a.worker_address], allow_other_workers=True)
+
+    def holding():
+        return any("hold" in str(k) and ts.state == "processing" for k, ts in s.tasks.items())
+
+    await async_poll_for(holding, timeout=60)
+    [(first, book)] = s.plugins["dask-coro-streams"].books.items()
+    assert book.taken == 2  # items 0 and 1 let go of: a re-run cannot read them here
+    os.kill(a.process.process.pid, signal.SIGKILL)
+    await async_poll_for(lambda: a.worker_address not in s.workers, timeout=30)
+    await Event(f"{tag}-took", client=c).set()
+    await Event(f"{tag}-go", client=c).set()
+    got, result, pid = await fut
+    assert got == [0, 1, 2, 3, 4] and result == "ok"
+    assert pid != a.process.process.pid
+    # The first producer was let go of; nothing of either is left.
+    await async_poll_for(lambda: first not in s.tasks and not s.plugins["dask-coro-streams"].books, timeout=30)

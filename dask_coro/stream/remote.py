@@ -143,6 +143,11 @@ class RemoteConsumer:
     async def submit(self, client: Any, call: Any, ann: dict[str, Any]) -> Any:
         raise NotImplementedError
 
+    async def restart(self, client: Any, taken: int) -> bool:
+        """An earlier run of this consumer took ``taken`` items, let go of:
+        run the producer again from its first item; False if we cannot."""
+        return False
+
     def release(self) -> None:
         raise NotImplementedError
 
@@ -153,8 +158,13 @@ class RemoteConsumer:
             self.future = await self.submit(client, call, {ANNOTATION: {"buffer": self.buffer}})
         key = self.future.key
         r = await client.scheduler.dask_coro_stream_next(key=key, index=index, client=client.id if futures else None)
-        if "error" in r:
-            return [], (False, DaskCoroError(r["error"]))
+        if "restart" in r:
+            if await self.restart(client, r["restart"]):
+                return await self.fetch(client, index, futures)
+            return [], (False, DaskCoroError(
+                f"the stream of {key!r} was consumed up to item {r['restart']} by another consumer; "
+                f"item {index} is no longer held"
+            ))
         keys = [tuple(k) if isinstance(k, list) else k for k in r["keys"]]
         if keys:
             small = r.get("values")
@@ -190,13 +200,32 @@ class WorkerConsumer(RemoteConsumer):
         super().__init__(call, buffer)
         self.run = run
         self.ident = run.ident("stream")
+        self.again: Any = None  # the call, to run it again (``restart``)
+        self.generation = 0
         # ``with dask.annotate(...)`` around ``stream()`` in the body: the
         # producer's (its workers, resources, priority).
         self.annotations = dict(annotations_in_effect.get() or {})
 
     async def submit(self, client: Any, call: Any, ann: dict[str, Any]) -> Any:
-        [future] = await self.run.start_children([call], [(0,)], self.ident, {**self.annotations, **ann})
+        self.again = call
+        path = (self.generation,)  # the first producer's key is the same in every run of the consumer
+        [future] = await self.run.start_children([call], [path], self.ident, {**self.annotations, **ann})
         return future
+
+    async def restart(self, client: Any, taken: int) -> bool:
+        """This run of the consumer is a re-run (its worker died) and the
+        first run took ``taken`` items: the producer, deterministic as any
+        task a re-run asks for again, runs again under a key of its own,
+        and the first one is let go of (its consumer is gone)."""
+        if self.again is None or self.generation:
+            return False  # not ours to run again, or already run again
+        logger.info("stream %r: read up to item %d by an earlier run of its consumer; its producer runs again",
+                    self.future.key, taken)
+        old, self.future = self.future, None
+        self.generation = 1
+        self.run.release([old])
+        self.future = await self.submit(client, self.again, {ANNOTATION: {"buffer": self.buffer}})
+        return True
 
     async def _fetch(self, index: int, futures: bool) -> tuple[list[Any], tuple[bool, Any] | None]:
         return await self.fetch(await self.run.submitting_client(), index, futures)

@@ -132,11 +132,10 @@ class StreamPlugin(SchedulerPlugin):
         book = self._book(key)
         if index < book.taken:
             # A consumer run again (its worker died) asks for items an
-            # earlier run took, let go of since: not kept (see the docs).
-            return {"keys": [], "ended": None, "values": None, "error": (
-                f"the stream of {key!r} was consumed up to item {book.taken} by an earlier run of its "
-                f"consumer; item {index} is no longer held"
-            )}
+            # earlier run took, let go of since (holding every item taken
+            # would make a stream's memory unbounded): its producer runs
+            # again from its first item, under a key of its own.
+            return {"keys": [], "ended": None, "values": None, "restart": book.taken}
         self._let_go(key, book.take(index))
         self._wake(key)  # a producer waiting for room
         while True:
