@@ -85,23 +85,30 @@ async def _room(run: Any, p: Producer, index: int) -> bool:
     return not r["gone"]
 
 
-def _send(run: Any, index: int, x: Any) -> None:
-    """On the worker's loop: item ``index`` into the worker's memory, and
-    published on the worker's stream to the scheduler, ordered with the
-    message that the producer's task finished (so the consumer hears of
-    every item before it hears the producer ended)."""
+def _publication(run: Any, index: int, x: Any) -> dict[str, Any]:
+    """On the run's lane: what publishes item ``index``. Its token (for a
+    re-run to compare) is computed here, on the producer's thread, not on
+    the worker's loop, which serves the items' transfers meanwhile (hashing
+    10 MB takes milliseconds)."""
     from distributed.protocol.pickle import dumps
 
-    from .book import item_key
-
-    key = item_key(run.key, index)
-    private.store_own_data(run.worker, {key: x})
     nbytes = sizeof(x)
     msg = {"op": PUBLISH, "key": run.key, "index": index, "token": tokenize(x), "nbytes": nbytes}
     if nbytes <= SMALL:
         # A copy rides along: the consumer gets it from the scheduler with
         # the item's key, without a gather from this worker.
         msg["value"] = dumps(x)
+    return msg
+
+
+def _send(run: Any, x: Any, msg: dict[str, Any]) -> None:
+    """On the worker's loop: the item into the worker's memory, and
+    published on the worker's stream to the scheduler, ordered with the
+    message that the producer's task finished (so the consumer hears of
+    every item before it hears the producer ended)."""
+    from .book import item_key
+
+    private.store_own_data(run.worker, {item_key(run.key, msg["index"]): x})
     private.send_on_worker_stream(run.worker, msg)
 
 
@@ -123,7 +130,7 @@ async def emit_on_worker(run: Any, x: Any) -> None:
         if not await _on_loop(run, _room(run, p, i)):
             return
     p.index = i + 1
-    run.loop.call_soon_threadsafe(_send, run, i, x)
+    run.loop.call_soon_threadsafe(_send, run, x, _publication(run, i, x))
 
 
 # -- the consumer's side -------------------------------------------------------
@@ -151,6 +158,9 @@ class RemoteConsumer:
     def release(self) -> None:
         raise NotImplementedError
 
+    async def gather(self, client: Any, futures: list[Any]) -> list[Any]:
+        return await client.gather(futures, asynchronous=True)
+
     async def fetch(self, client: Any, index: int, futures: bool = False) -> tuple[list[Any], tuple[bool, Any] | None]:
         if self.future is None:
             await install(client)
@@ -175,7 +185,7 @@ class RemoteConsumer:
             held = [private.future_in_memory(client, k) for k in keys]
             if futures:  # the scheduler holds them for our client now
                 return held, None
-            values = await client.gather(held, asynchronous=True)
+            values = await self.gather(client, held)
             del held
             return list(values), None
         if r["ended"] == "forgotten":
@@ -230,12 +240,23 @@ class WorkerConsumer(RemoteConsumer):
     async def _fetch(self, index: int, futures: bool) -> tuple[list[Any], tuple[bool, Any] | None]:
         return await self.fetch(await self.run.submitting_client(), index, futures)
 
+    async def gather(self, client: Any, futures: list[Any]) -> list[Any]:
+        """Straight from the producer's worker, as a task of this worker
+        would (``Client._gather`` with ``get_worker()`` answering); on the
+        worker's loop outside a task it would go through the scheduler
+        (``Scheduler.gather``): a large item's bytes twice over the network."""
+        with private.as_worker(self.run.worker):
+            return await client.gather(futures, asynchronous=True)
+
     async def batch(self, index: int) -> tuple[list[Any], tuple[bool, Any] | None]:
         """``fetch`` on the worker's loop (where a group's children end)."""
         return await self._fetch(index, False)
 
     async def next(self, index: int, futures: bool = False) -> tuple[list[Any], tuple[bool, Any] | None]:
-        """On the run's lane: ``fetch`` on the worker's loop."""
+        """On the run's lane: ``fetch`` on the worker's loop. (Not asked
+        ahead while the body works on a batch: the scheduler counts an
+        item taken once a later one is asked for, and ``buffer`` bounds the
+        items the body has not taken.)"""
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._fetch(index, futures), self.run.loop))
 
     def release(self) -> None:
