@@ -10,7 +10,7 @@ from __future__ import annotations
 import dask
 import pytest
 from distributed import Client, Event, LocalCluster, Variable
-from distributed.utils_test import async_poll_for
+from distributed.utils_test import async_poll_for, gen_cluster
 from helpers import cluster
 
 import dask_coro
@@ -192,6 +192,64 @@ async def test_the_buffer_holds_in_a_group(c, s, a, b):
     assert (await emitted.get()) <= 4
     await Event("b1-go", client=c).set()
     assert await fut == list(range(20))
+
+
+@coroutine
+def until_the_deadline(tag):
+    got = []
+    with dask_coro.group(timeout=1) as g:
+        g.spawn(stream(endless(tag), buffer=2))
+        try:
+            for _, x in g:  # an endless stream: the deadline ends it
+                got.append(x)
+        except TimeoutError as e:
+            return got[:3], len(got), str(e)
+    return got, len(got), None
+
+
+@coroutine
+def cancels_the_stream_child(tag):
+    with dask_coro.group() as g:
+        h = g.spawn(stream(endless(tag), buffer=1))
+        p = g.spawn(sq(5))
+        got = []
+        for child, x in g:
+            if child is h:
+                got.append(x)
+                if x == 1:
+                    h.cancel()  # the rest of this stream is never delivered
+            else:
+                got.append(("plain", x))
+        return sorted(map(str, got)), h.cancelled(), p.done()
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_a_deadline_closes_a_stream_child(c, s, a, b):
+    got, n, error = await c.compute(until_the_deadline("d1"))
+    assert got == [0, 1, 2] and n > 3 and "deadline passed" in error
+    await async_poll_for(lambda: "closed-d1" in s.extensions["variables"].variables, timeout=30)
+    await async_poll_for(lambda: not s.plugins["dask-coro-streams"].books, timeout=30)
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_cancelling_a_stream_child_closes_its_producer(c, s, a, b):
+    got, cancelled, plain_done = await c.compute(cancels_the_stream_child("k1"))
+    assert cancelled and plain_done
+    assert "('plain', 25)" in got and "0" in got and "1" in got
+    await async_poll_for(lambda: "closed-k1" in s.extensions["variables"].variables, timeout=30)
+    await async_poll_for(lambda: not s.plugins["dask-coro-streams"].books, timeout=30)
+
+
+@gen_cluster(client=True, nthreads=[("", 2)])
+async def test_a_group_of_streams_on_an_asynchronous_client(c, s, a):
+    got = []
+    async with dask_coro.group() as g:
+        g.spawn(stream(squares(3), buffer=1))
+        g.spawn(c.submit(lambda: "plain"))
+        async for _, x in g:
+            got.append(x)
+    assert sorted(map(str, got)) == ["0", "1", "4", "plain"]
+    await async_poll_for(lambda: not s.plugins["dask-coro-streams"].books, timeout=30)
 
 
 # -- without a cluster, and on the client -----------------------------------------
