@@ -1,7 +1,9 @@
 """ns per inline call of fib(20) in one process, for the Cython question of the
 compiled core: the pure engine as it is, the same two modules (core/engine.py,
 runtime/call.py) compiled unchanged by Cython (pure-Python mode), and the least
-generator trampoline in Python and typed in a ``.pyx`` (floor_pyx). Each number
+generator trampoline in Python and typed in a ``.pyx`` (floor_pyx), and the call
+object with the stepping loop typed in a ``.pyx`` (cycall) beside the C
+prototype (../ccall, when built there), bare and wired as a worker wires a run. Each number
 is the fastest of 15 runs, in a fresh process per driver set, ``--rounds``
 times; the median over rounds is printed.
 
@@ -42,6 +44,37 @@ if not compiled:
     assert floor_pyx.floor_run(P._floor_body, (20,)) == P._fib(20)
     out["floor"] = best(lambda: P._floor_run(P._floor_body, (20,)))
     out["floor_pyx"] = best(lambda: floor_pyx.floor_run(P._floor_body, (20,)))
+    import cycall
+
+    @cycall.coroutine
+    def cyfib(i):
+        if i < 2:
+            return i
+        a, b = yield [cyfib(i - 1), cyfib(i - 2)]
+        return a + b
+
+    from dask_coro._internals.dask_private import annotations_in_effect
+    from dask_coro.core.engine import Idle
+
+    def wired(mod, root):
+        # as a worker wires a run: a cancelled() callback, an Idle, the annotations read
+        mod.set_annotations_var(annotations_in_effect)
+        try:
+            return mod.Trampoline(cancelled=lambda: False, idle=Idle(0)).run(root)
+        finally:
+            mod.set_annotations_var(None)
+
+    assert cycall.Trampoline().run(cyfib(20)) == P._fib(20) == wired(cycall, cyfib(20))
+    out["cycall"] = best(lambda: cycall.Trampoline().run(cyfib(20)))
+    out["cycall_wired"] = best(lambda: wired(cycall, cyfib(20)))
+    try:
+        sys.path.insert(0, {ccall!r})
+        import _ccall, fibc
+    except ImportError:
+        pass
+    else:
+        out["ccall"] = best(lambda: _ccall.Trampoline().run(fibc.fib(20)))
+        out["ccall_wired"] = best(lambda: wired(_ccall, fibc.fib(20)))
 print(repr((compiled, out)))
 """
 
@@ -61,7 +94,8 @@ def build_compiled_copy(tmp: str) -> str:
 
 
 def run(path: str) -> tuple[bool, dict]:
-    code = CHILD.format(bench=os.path.join(ROOT, "benchmarks"), here=HERE, calls=CALLS)
+    code = CHILD.format(bench=os.path.join(ROOT, "benchmarks"), here=HERE, calls=CALLS,
+                        ccall=os.path.join(os.path.dirname(HERE), "ccall"))
     env = {**os.environ, "PYTHONPATH": path}
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=path, check=True, capture_output=True, text=True)
     return eval(out.stdout.strip().splitlines()[-1])
@@ -85,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         "pure seq": "sequential Python (`def fib`)",
         "pure floor": "least generator trampoline in Python (`_floor_run`)",
         "pure floor_pyx": "the same loop typed in Cython (`floor_pyx.pyx`: cdef Frames, PyIter_Send)",
+        "pure cycall": "call object and loop typed in Cython (`cycall.pyx`), bare: counting and the stop flag",
+        "pure ccall": "the C prototype (`../ccall`, if built), bare",
+        "pure cycall_wired": "`cycall.pyx` wired as a worker (counting, `cancelled()`, stop flag, `Idle.n`, annotations read)",
+        "pure ccall_wired": "the C prototype, wired the same way",
         "pure worker": "pure engine, wired as a worker (`_worker_fib`)",
         "cython worker": "the same, core/engine.py and runtime/call.py compiled by Cython unchanged",
     }
@@ -92,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     print("| ns per call of fib(20), one process | ns per call | / sequential |")
     print("|---|---|---|")
     for key, name in names.items():
+        if key not in rows:
+            continue
         v = statistics.median(rows[key])
         print(f"| {name} | {v:,.0f} ({min(rows[key]):,.0f}-{max(rows[key]):,.0f}) | {v / seq:.1f} x |")
     return 0
