@@ -23,6 +23,20 @@ cdef extern from "Python.h":
         PYGEN_NEXT
     PySendResult PyIter_Send(object it, object arg, PyObject **presult)
     bint PyGen_CheckExact(object o)
+    int PyContextVar_Get(object var, PyObject *default_value, PyObject **value) except -1
+
+
+cdef inline object _ann():
+    """The annotations in effect (the contextvar's value), or None."""
+    cdef PyObject *v = NULL
+    if ANN_VAR is None:
+        return None
+    PyContextVar_Get(ANN_VAR, NULL, &v)
+    if v == NULL:
+        return None
+    o = <object>v
+    Py_XDECREF(v)
+    return o
 
 
 cdef int _raise() except -1:
@@ -109,7 +123,7 @@ cdef class CoroutineFunction:
         if plain and ANN_VAR is not None:
             # as CoroutineFunction.__call__: annotations other than the run's
             # own make the call a task (the run's own looked up once)
-            ann = ANN_VAR.get(None)
+            ann = _ann()
             if ann is not None and ann is not OWN_SEEN and ann:
                 if CURRENT_OWN is not None and (ann is CURRENT_OWN or ann == CURRENT_OWN):
                     OWN_SEEN = ann
@@ -242,7 +256,7 @@ cdef class Trampoline:
                 pending = _check(y)
                 if pending is None and ANN_VAR is not None:
                     # a yield under dask.annotate other than the run's own: every leaf a task
-                    now = ANN_VAR.get(None)
+                    now = _ann()
                     if now is not None and now is not own and now and (own is None or now != own):
                         pending = TypeError("a yield under dask.annotate makes every leaf a task: needs a "
                                             "cluster, not in the prototype")
