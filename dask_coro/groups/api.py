@@ -153,7 +153,8 @@ class Group:
         (the stream's ``buffer`` holds as it does for ``for item in s``).
         """
         backend = self._backend()
-        claim = getattr(x, "__dask_coro_stream__", None)
+        # Looked up on the type: a lazy value's __getattr__ would answer anything.
+        claim = getattr(type(x), "__dask_coro_stream__", None)
         is_stream = claim is not None and not isinstance(x, type)
         if is_stream:
             backend.check_stream(x)
@@ -169,7 +170,7 @@ class Group:
             if self.book.closed:
                 raise RuntimeError("spawn() on a group that was closed (its block was left)")
             if claim is not None and is_stream:
-                x = claim()
+                x = claim(x)
             child, start = self.book.spawn(self, x, is_stream)
         if start:
             backend.start([child])

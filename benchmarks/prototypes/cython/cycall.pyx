@@ -14,7 +14,7 @@ read at every call and every yield; calls started and failed are counted per
 function.
 """
 
-from cpython.ref cimport PyObject, Py_XDECREF
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
 
 cdef extern from "Python.h":
     ctypedef enum PySendResult:
@@ -54,7 +54,9 @@ def set_annotations_var(var):
     global ANN_VAR
     ANN_VAR = var
 
-cdef set PLAIN = {int, float, str, bool, bytes, complex, type(None)}
+cdef inline bint _plain(object a):
+    t = type(a)
+    return t is int or t is float or t is str or a is None or t is bool or t is bytes or t is complex
 
 
 cdef class Call:
@@ -94,45 +96,68 @@ cdef class CoroutineFunction:
     def __wrapped__(self):
         return self.func
 
-    def __call__(self, *args, **kwargs):
-        cdef Call call = Call.__new__(Call)
-        cdef bint plain = self.inline_ is not None
-        cdef object a
+    # Calls go through _fn_call (set as the type's tp_call below): a def
+    # __call__ with **kwargs would make an empty dict on every call.
+
+
+cdef object _make(CoroutineFunction self, tuple args, object kwargs):
+    """A call of ``self``: inline only if its arguments are plain values, it
+    has no ``dask_key_name`` and no annotations but the run's own are in effect."""
+    cdef Call call = Call.__new__(Call)
+    cdef bint plain = self.inline_ is not None
+    cdef object a
+    if plain:
+        for a in args:
+            if not _plain(a):
+                plain = False
+                break
+    call.fn = self
+    call.args = args
+    call.key_name = None
+    if kwargs:
+        name = kwargs.pop("dask_key_name", None)
+        if name is not None:
+            call.key_name = name
+            plain = False
         if plain:
-            for a in args:
-                if type(a) not in PLAIN:
+            for a in kwargs.values():
+                if not _plain(a):
                     plain = False
                     break
-        call.fn = self
-        call.args = args
-        call.key_name = None
-        if kwargs:
-            name = kwargs.pop("dask_key_name", None)
-            if name is not None:
-                call.key_name = name
+        call.kwargs = kwargs if kwargs else None
+    else:
+        call.kwargs = None
+    global OWN_SEEN
+    if plain and ANN_VAR is not None:
+        # as CoroutineFunction.__call__: annotations other than the run's
+        # own make the call a task (the run's own looked up once)
+        ann = _ann()
+        if ann is not None and ann is not OWN_SEEN and ann:
+            if CURRENT_OWN is not None and (ann is CURRENT_OWN or ann == CURRENT_OWN):
+                OWN_SEEN = ann
+            else:
                 plain = False
-            if plain:
-                for a in kwargs.values():
-                    if type(a) not in PLAIN:
-                        plain = False
-                        break
-            call.kwargs = kwargs if kwargs else None
-        else:
-            call.kwargs = None
-        global OWN_SEEN
-        if plain and ANN_VAR is not None:
-            # as CoroutineFunction.__call__: annotations other than the run's
-            # own make the call a task (the run's own looked up once)
-            ann = _ann()
-            if ann is not None and ann is not OWN_SEEN and ann:
-                if CURRENT_OWN is not None and (ann is CURRENT_OWN or ann == CURRENT_OWN):
-                    OWN_SEEN = ann
-                else:
-                    plain = False
-        call.inline_ = self.inline_ if plain else None
-        call.value = NOT_DONE
-        call.error = None
-        return call
+    call.inline_ = self.inline_ if plain else None
+    call.value = NOT_DONE
+    call.error = None
+    return call
+
+
+cdef extern from "Python.h":
+    ctypedef PyObject *(*ternaryfunc)(PyObject *, PyObject *, PyObject *)
+    ctypedef struct PyTypeObject:
+        ternaryfunc tp_call
+    void PyType_Modified(PyTypeObject *t)
+
+
+cdef PyObject *_fn_call(PyObject *self, PyObject *args, PyObject *kwds) except NULL:
+    cdef object r = _make(<CoroutineFunction>self, <tuple>args, None if kwds == NULL else dict(<object>kwds))
+    Py_INCREF(r)
+    return <PyObject *>r
+
+
+(<PyTypeObject *>CoroutineFunction).tp_call = <ternaryfunc>_fn_call
+PyType_Modified(<PyTypeObject *>CoroutineFunction)
 
 
 def coroutine(func=None, *, inline=True):
@@ -207,9 +232,13 @@ cdef class Trampoline:
             counts[0] += started
             counts[1] += failed
 
-    cdef void _close(self, list stack, CoroutineFunction run_fn, Py_ssize_t run_n):
-        while stack:
-            (<Frame>stack.pop()).gen.close()
+    cdef void _close(self, list stack, Py_ssize_t depth, CoroutineFunction run_fn, Py_ssize_t run_n):
+        cdef Frame f
+        while depth:
+            depth -= 1
+            f = <Frame>stack[depth]
+            f.gen.close()
+            f.gen = f.leaves = f.results = None
         if run_fn is not None:
             self._count(run_fn, run_n, 0)
 
@@ -238,7 +267,7 @@ cdef class Trampoline:
         cdef Frame top
         cdef Call leaf
         cdef CoroutineFunction run_fn = None
-        cdef Py_ssize_t run_n = 0, pos
+        cdef Py_ssize_t run_n = 0, pos, depth = 0
         cdef bint fresh = True
         cdef int countdown = self.check_every
         rc = PyIter_Send(body, None, &res)
@@ -248,8 +277,10 @@ cdef class Trampoline:
         Py_XDECREF(res)
         if rc == PYGEN_RETURN:
             return y
+        # frames are reused by depth: a frame is made once per depth reached
         top = _frame(body)
         stack.append(top)
+        depth = 1
         while True:
             if fresh:
                 # the top body yielded y: its calls run, or it is thrown an error
@@ -276,17 +307,17 @@ cdef class Trampoline:
                         top.results[pos] = leaf.value
                     continue
                 if self.idle is not None and self.idle.n > 0:
-                    self._close(stack, run_fn, run_n)
+                    self._close(stack, depth, run_fn, run_n)
                     raise NotImplementedError("idle threads elsewhere: handing calls out (stealing) is "
                                               "not in the prototype")
                 if self.stop:
-                    self._close(stack, run_fn, run_n)
+                    self._close(stack, depth, run_fn, run_n)
                     return STOPPED
                 countdown -= 1
                 if countdown == 0:
                     countdown = self.check_every
                     if self.cancelled is not None and self.cancelled():
-                        self._close(stack, run_fn, run_n)
+                        self._close(stack, depth, run_fn, run_n)
                         return STOPPED
                 if leaf.fn is not run_fn:
                     if run_fn is not None:
@@ -324,8 +355,14 @@ cdef class Trampoline:
                     y = None
                     fresh = False
                     continue
-                top = _frame(o)
-                stack.append(top)
+                if depth == len(stack):
+                    top = _frame(o)
+                    stack.append(top)
+                else:
+                    top = <Frame>stack[depth]
+                    top.gen = o
+                    top.n = top.next = 0
+                depth += 1
                 fresh = True  # its yield
                 continue
             # -- resume the top body: its error thrown in, or its results ----------
@@ -352,14 +389,15 @@ cdef class Trampoline:
                 fresh = True
                 continue
             # -- the top body ended: returned y, or raised err -------------------------
-            stack.pop()
-            if not stack:
+            top.gen = top.leaves = top.results = None
+            depth -= 1
+            if depth == 0:
                 if run_fn is not None:
                     self._count(run_fn, run_n, 0)
                 if rc == PYGEN_ERROR:
                     raise err
                 return y
-            top = <Frame>stack[len(stack) - 1]
+            top = <Frame>stack[depth - 1]
             leaf = <Call>top.leaves[top.next - 1]
             if rc == PYGEN_ERROR:
                 leaf.error, leaf.inline_ = err, None
