@@ -100,7 +100,8 @@ def stream(call: Any, buffer: int | None = None) -> Stream:
     ``async def`` body. After the last item, ``s.result`` is the producer's
     return value; a producer's error is raised after the items it emitted
     before it. ``s.close()`` (or leaving ``with s:``, or dropping ``s``)
-    cancels the producer if it runs.
+    cancels the producer if it runs. ``g.spawn(s)`` reads it in a group
+    instead, ``(child, item)`` per item beside the group's other children.
     """
     from ..runtime.call import CoroutineCall
 
