@@ -19,14 +19,15 @@ import inspect
 import logging
 import os
 import signal
+import threading
 import traceback
 import uuid
 from pathlib import Path
 
 import pytest
-from distributed import Client, Event, Future, Nanny, get_client
+from distributed import Client, Event, Future, LocalCluster, Nanny, get_client
 from distributed.client import FutureCancelledError
-from distributed.utils_test import async_poll_for, captured_logger
+from distributed.utils_test import async_poll_for, captured_logger, poll_for
 from filelog import append as _append
 from filelog import lines as _lines
 from filelog import ticks_after_cancel
@@ -431,6 +432,67 @@ async def test_cancel_root_waiting_on_a_child_that_never_finishes(c, s, a, tmp_p
         await Event(never, client=c).set()
     await async_poll_for(lambda: not a.state.tasks, timeout=20)
     assert not a.data
+
+
+#: Gates of ``holds_a_thread`` (in-process workers share them): a thread
+#: blocked on a threading.Event runs code no cancel interrupts, where a
+#: distributed primitive's wait in a body gives its seat back.
+GATES: dict = {}
+
+
+@coroutine
+def holds_a_thread(started: str, never: str) -> int:
+    """A plain child that blocks its thread until ``never`` is set."""
+    GATES.setdefault(started, threading.Event()).set()
+    GATES.setdefault(never, threading.Event()).wait(60)
+    return 1
+
+
+@coroutine
+def under_a_stuck_pair(tag: str, folder: str):
+    try:
+        return (yield holds_a_thread(f"{tag}-b-started", f"{tag}-never"))
+    finally:
+        _touch(folder, "inner-finally", "ran")
+
+
+@coroutine
+def stuck_pair(tag: str, folder: str):
+    try:
+        a, b = yield [holds_a_thread(f"{tag}-a-started", f"{tag}-never"), under_a_stuck_pair(tag, folder)]
+        return a + b
+    finally:
+        _touch(folder, "outer-finally", "ran")
+
+
+# Two threads, both held by children no cancel interrupts (a LocalCluster as
+# a user starts one): closing a body needs a thread, so the runs let go of
+# their children first.
+def test_cancel_clears_the_tree_while_every_thread_is_held(tmp_path):
+    """Cancelling the root takes the whole tree off the scheduler at once,
+    as cancelling a plain Future of a running task does, though both
+    threads still run children's code and no body could be closed yet."""
+    tag = uuid.uuid4().hex
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as lc, \
+            Client(lc) as c:
+        s, a = lc.scheduler, lc.workers[0]
+        try:
+            fut = c.compute(stuck_pair(tag, str(tmp_path)))
+            for name in ("a-started", "b-started"):
+                assert GATES.setdefault(f"{tag}-{name}", threading.Event()).wait(20)
+            fut.cancel()
+            poll_for(lambda: not s.tasks, timeout=20)
+            # Their code still runs on both threads (the worker keeps them
+            # executing, cancelled), so no body could be closed yet.
+            held = [ts.state for ts in a.state.tasks.values() if "holds_a_thread" in str(ts.key)]
+            assert held == ["cancelled", "cancelled"]
+            assert not (tmp_path / "outer-finally").exists()
+        finally:
+            GATES.setdefault(f"{tag}-never", threading.Event()).set()
+        # Once a thread is free, every body is closed (its finally ran).
+        poll_for(lambda: (tmp_path / "outer-finally").exists(), timeout=20)
+        poll_for(lambda: (tmp_path / "inner-finally").exists(), timeout=20)
+        poll_for(lambda: not a.state.tasks, timeout=20)
 
 
 @coroutine

@@ -654,6 +654,12 @@ class _Run:
             logger.debug("coroutine %r cancelled; closing it", self.key)
             self.closing = True
             step = None
+            # Let go of our children first, here on the loop: the scheduler
+            # cancels their subtrees now, while closing the body below takes
+            # a step, which waits for a thread (every thread may be running
+            # code no cancel interrupts). The body is closed at its yield and
+            # never sees their values.
+            self._let_go_of_children()
             for error in await self._step(tramp, tramp.close):
                 logger.warning(
                     "coroutine %r raised while closing after cancellation: %r",
@@ -692,9 +698,13 @@ class _Run:
                 watcher.lanes_of(self.worker).unpin(self.lane)
             if watcher.runs.get(self.key) is self:
                 del watcher.runs[self.key]
-            for scope in self.scopes.values():
-                self._release((*scope.end_yield(), *scope.end_body()))
-            self.scopes.clear()
+            self._let_go_of_children()
+
+    def _let_go_of_children(self) -> None:
+        """Release every child our yields hold (on the loop, no step runs)."""
+        for scope in self.scopes.values():
+            self._release((*scope.end_yield(), *scope.end_body()))
+        self.scopes.clear()
 
     # -- children of a feature's own (a group's), outside any yield ---------
 
