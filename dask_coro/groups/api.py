@@ -293,7 +293,8 @@ class Group:
     def values(self, pending: list[Child], out: dict[int, Any]) -> list[Any]:
         """``all()``'s answer: of the children ``pending`` when it began, in
         spawn order (a stream child: its items, maybe none)."""
-        return [out.get(c.index, []) if c.items is not None else out[c.index] for c in pending]
+        return [out.get(c.index, []) if c.items is not None else out[c.index]
+                for c in pending if c.items is not None or c.index in out]  # not one cancelled meanwhile
 
     def __repr__(self) -> str:
         return f"<group: {len(self)} left, limit {self.book.limit}>"
