@@ -14,6 +14,7 @@ from distributed import Event, Nanny
 from distributed.utils_test import async_poll_for
 from helpers import cluster
 
+import dask_coro
 from dask_coro import coroutine, emit, stream
 
 
@@ -128,3 +129,42 @@ async def test_a_re_run_consumer_reads_from_the_first_item_again(c, s, a, b, w3)
     assert pid != a.process.process.pid
     # The first producer was let go of; nothing of either is left.
     await async_poll_for(lambda: first not in s.tasks and not s.plugins["dask-coro-streams"].books, timeout=30)
+
+
+@coroutine
+def consume_in_a_group(tag, where):
+    got = []
+    with dask.annotate(workers=[where], allow_other_workers=True):
+        s = stream(replayable(tag, False), buffer=2)
+    with dask_coro.group() as g:
+        g.spawn(s)
+        g.spawn(after(f"{tag}-plain", "plain"))
+        for _, x in g:
+            got.append(x)
+    return got, s.result
+
+
+@cluster(nthreads=[("", 2)] * 2, Worker=Nanny, timeout=120)
+async def test_a_stream_child_whose_producer_died_gives_each_item_once(c, s, a, b):
+    """The producer of a group's stream child is SIGKILLed after 3 items: its
+    re-run skips them, the group delivers each item once, in order."""
+    tag = f"sg-{uuid.uuid4().hex}"
+    fut = c.compute(consume_in_a_group(tag, b.worker_address), workers=[a.worker_address],
+                    allow_other_workers=False)
+
+    def published():
+        plugin = s.plugins.get("dask-coro-streams")
+        books = list(plugin.books.values()) if plugin else []
+        return len(books) == 1 and books[0].published == 3
+
+    await async_poll_for(published, timeout=60)
+    [book] = s.plugins["dask-coro-streams"].books.values()
+    address = s.tasks[book.producer].processing_on.address
+    assert address == b.worker_address
+    os.kill(b.process.process.pid, signal.SIGKILL)
+    await async_poll_for(lambda: address not in s.workers, timeout=30)
+    await Event(f"{tag}-go", client=c).set()
+    await Event(f"{tag}-plain", client=c).set()
+    got, result = await fut
+    assert [x for x in got if x != "plain"] == [0, 1, 2, 3, 4] and "plain" in got
+    assert result == "ok"
