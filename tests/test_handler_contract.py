@@ -42,7 +42,7 @@ WRAPPED = {
     ("scheduler", "stream_handlers"): {
         "update-graph",  # lifetimes: shared arrays stay handles on the scheduler
         "release-worker-data",  # release: counts keys workers released early
-        "client-desires-keys",  # release: revokes a mark a client now wants
+        "client-desires-keys",  # release: revokes a mark a client now wants; durability: a late fire_and_forget
         "client-releases-keys",  # durability: a held child let go of
         "cancel-keys",  # durability: lets go of held children a cancel would reach
         "long-running",  # inline: a thread may be idle

@@ -120,3 +120,22 @@ async def test_the_tree_plugin_cleans_the_queue_of_a_forgotten_requeued_key(c, s
     assert sorted(results[2:]) == sorted(inc(j) for j in range(6) if j != i)
     assert plugin.queue_cleanings == 1
     del old
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="distributed keeps a key for the fire-and-forget client for ever when "
+    "fire_and_forget asks for it after the task finished (the memory transition is where "
+    "it lets go); dask_coro's DurablePlugin lets go of it then (this passes once "
+    "distributed does)",
+)
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_plain_distributed_keeps_a_late_fire_and_forget_key(c, s, a):
+    """No dask_coro plugin on this cluster."""
+    from distributed import fire_and_forget
+
+    f = c.submit(inc, 1, key="late-ff")
+    assert await f == 2
+    fire_and_forget(f)
+    del f
+    await async_poll_for(lambda: "late-ff" not in s.tasks, timeout=5)

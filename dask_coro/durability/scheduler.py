@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from time import time
 from typing import Any
 
 from dask.typing import Key
@@ -61,6 +62,9 @@ RUN_LEFT = "dask-coro-run-left"
 GROUP_LOG = "dask-coro-group-log"
 GROUP_REPLAY = "dask_coro_group_replay"
 _ENDED = ("memory", "erred", "forgotten")
+_DONE = ("memory", "erred")
+#: The scheduler's client of ``distributed.fire_and_forget`` (``Scheduler.__init__``).
+FIRE_AND_FORGET = "fire-and-forget"
 
 
 def holder(parent: Key) -> str:
@@ -97,6 +101,7 @@ class DurablePlugin(SchedulerPlugin):
         self.scheduler = scheduler
         private.wrap_stream_handler(scheduler, "client-releases-keys", self._then_released, "_dask_coro_durable")
         private.wrap_stream_handler(scheduler, "cancel-keys", self._cancelling_first, "_dask_coro_durable")
+        private.wrap_stream_handler(scheduler, "client-desires-keys", self._late_fire_and_forget, "_dask_coro_durable")
         private.add_handlers(
             scheduler,
             rpc={GROUP_REPLAY: self._group_replay},
@@ -237,6 +242,32 @@ class DurablePlugin(SchedulerPlugin):
             return result
 
         return client_releases_keys
+
+    def _late_fire_and_forget(self, handler: Any) -> Any:
+        """``distributed.fire_and_forget`` asks for a key that has already
+        finished: let it go for the fire-and-forget client at once, as the
+        key's transition to memory (or to erred) would have, had the ask come
+        first (``SchedulerState._transition_processing_memory``). The ask goes
+        on the client's batched stream after the graph, so a task that runs
+        within one batch interval (a worker's client: 2 ms here, 10 ms by
+        default) can finish before it: the scheduler would then keep the key
+        for that client for ever."""
+
+        def client_desires_keys(**kwargs: Any) -> Any:
+            result = handler(**kwargs)
+            if kwargs.get("client") == FIRE_AND_FORGET:
+                try:
+                    tasks = self.scheduler.tasks
+                    done = [k for k in kwargs.get("keys") or () if (ts := tasks.get(k)) is not None and ts.state in _DONE]
+                    if done:
+                        self.scheduler.client_releases_keys(
+                            keys=done, client=FIRE_AND_FORGET, stimulus_id=f"dask-coro-late-fire-and-forget-{time()}"
+                        )
+                except Exception:  # a hook's error must not close the client's stream
+                    logger.exception("dask_coro: DurablePlugin failed on client-desires-keys")
+            return result
+
+        return client_desires_keys
 
     def _cancelling_first(self, handler: Any) -> Any:
         def cancel_keys(**kwargs: Any) -> Any:
