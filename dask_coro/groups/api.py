@@ -154,9 +154,8 @@ class Group:
         """
         backend = self._backend()
         # Looked up on the type: a lazy value's __getattr__ would answer anything.
-        claim = getattr(type(x), "__dask_coro_stream__", None)
-        is_stream = claim is not None and not isinstance(x, type)
-        if is_stream:
+        claim = None if isinstance(x, type) else getattr(type(x), "__dask_coro_stream__", None)
+        if claim is not None:
             backend.check_stream(x)
         else:
             backend.check(x)
@@ -169,9 +168,9 @@ class Group:
                 return child
             if self.book.closed:
                 raise RuntimeError("spawn() on a group that was closed (its block was left)")
-            if claim is not None and is_stream:
+            if claim is not None:
                 x = claim(x)
-            child, start = self.book.spawn(self, x, is_stream)
+            child, start = self.book.spawn(self, x, claim is not None)
         if start:
             backend.start([child])
         return child
@@ -364,16 +363,16 @@ async def _local_step(g: Group) -> Child | None:
         book.finished(c, ok, value)
 
 
-async def _local_next(g: Group) -> tuple[Child, Any]:
-    child = await _local_step(g)
-    if child is None:
-        raise g.no_child("next")
-    return g.deliver(child)
-
-
 async def _local_more(g: Group) -> tuple[Child, Any] | None:
     child = await _local_step(g)
     return None if child is None else g.deliver(child)
+
+
+async def _local_next(g: Group) -> tuple[Child, Any]:
+    got = await _local_more(g)
+    if got is None:
+        raise g.no_child("next")
+    return got
 
 
 async def _local_all(g: Group) -> list[Any]:

@@ -177,15 +177,15 @@ class ClientBackend:
             self._settle(self._done())
             self._settle_rounds()
 
-    def _next(self) -> tuple[Child, Any]:
-        child = self._take()
-        if child is None:
-            raise self.group.no_child("next")
-        return self.group.deliver(child)
-
     def _more(self) -> tuple[Child, Any] | None:
         child = self._take()
         return None if child is None else self.group.deliver(child)
+
+    def _next(self) -> tuple[Child, Any]:
+        got = self._more()
+        if got is None:
+            raise self.group.no_child("next")
+        return got
 
     def _all(self) -> list[Any]:
         g = self.group
@@ -234,15 +234,15 @@ class ClientBackend:
             self._settle(done, values)
             self._settle_rounds()
 
-    async def _anext(self) -> tuple[Child, Any]:
-        child = await self._atake()
-        if child is None:
-            raise self.group.no_child("next")
-        return self.group.deliver(child)
-
     async def _amore(self) -> tuple[Child, Any] | None:
         child = await self._atake()
         return None if child is None else self.group.deliver(child)
+
+    async def _anext(self) -> tuple[Child, Any]:
+        got = await self._amore()
+        if got is None:
+            raise self.group.no_child("next")
+        return got
 
     async def _aall(self) -> list[Any]:
         g = self.group

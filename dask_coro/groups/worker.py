@@ -299,7 +299,7 @@ class WorkerBackend:
                     continue
                 futures = [f for _, f in batch]
                 try:
-                    values = await self._gather(futures)
+                    values = await self.run.gather(futures)
                 except BaseException:  # a child's error (any class): each child on its own
                     for c, f in batch:
                         self._spawn_task(self._gather_one(c, f))
@@ -312,19 +312,9 @@ class WorkerBackend:
                 self.gathering = True
                 self._spawn_task(self._gather_settled())
 
-    async def _gather(self, futures: Any) -> Any:
-        """``Client.gather`` as from a task of this worker: values in its
-        memory read in place, the others straight from the workers holding
-        them (``Client._gather`` with ``get_worker()`` answering; on the
-        worker's loop outside a task it would go through the scheduler,
-        ``Scheduler.gather``, which costs two hops more)."""
-        client = (futures[0] if isinstance(futures, list) else futures).client
-        with private.as_worker(self.run.worker):
-            return await client.gather(futures, asynchronous=True)
-
     async def _gather_one(self, child: Child, future: Future) -> None:
         try:
-            value = await self._gather(future)
+            value = await self.run.gather(future)
         except asyncio.CancelledError:
             if child.state == CANCELLED:
                 return
@@ -499,16 +489,16 @@ async def _take(g: _Group) -> Child | None:
         await waiter
 
 
-async def _next(g: _Group) -> tuple[Child, Any]:
-    child = await _take(g)
-    if child is None:
-        raise g.no_child("next")
-    return g.deliver(child)
-
-
 async def _more(g: _Group) -> tuple[Child, Any] | None:
     child = await _take(g)
     return None if child is None else g.deliver(child)
+
+
+async def _next(g: _Group) -> tuple[Child, Any]:
+    got = await _more(g)
+    if got is None:
+        raise g.no_child("next")
+    return got
 
 
 async def _all(g: _Group) -> list[Any]:

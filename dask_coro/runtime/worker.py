@@ -750,6 +750,17 @@ class _Run:
         """Let go of children ``start_children`` made (thread-safe)."""
         self._release(futures)
 
+    async def gather(self, futures: Any) -> Any:
+        """``Client.gather`` of ``futures`` (a list, or one) as from a task of
+        this worker, on its loop: values in its memory read in place, the
+        others straight from the workers holding them (``Client._gather``
+        with ``get_worker()`` answering; outside a task it would go through
+        the scheduler, ``Scheduler.gather``: two hops more, and a large
+        value's bytes twice over the network)."""
+        client = (futures[0] if isinstance(futures, list) else futures).client
+        with private.as_worker(self.worker):
+            return await client.gather(futures, asynchronous=True)
+
     async def submitting_client(self) -> Client:
         """The worker's client this run submits with (made on first use)."""
         return await self._client()

@@ -241,12 +241,7 @@ class WorkerConsumer(RemoteConsumer):
         return await self.fetch(await self.run.submitting_client(), index, futures)
 
     async def gather(self, client: Any, futures: list[Any]) -> list[Any]:
-        """Straight from the producer's worker, as a task of this worker
-        would (``Client._gather`` with ``get_worker()`` answering); on the
-        worker's loop outside a task it would go through the scheduler
-        (``Scheduler.gather``): a large item's bytes twice over the network."""
-        with private.as_worker(self.run.worker):
-            return await client.gather(futures, asynchronous=True)
+        return await self.run.gather(futures)  # straight from the producer's worker
 
     async def batch(self, index: int) -> tuple[list[Any], tuple[bool, Any] | None]:
         """``fetch`` on the worker's loop (where a group's children end)."""
