@@ -12,6 +12,7 @@ import pytest
 from distributed import Client, Event, LocalCluster, Variable
 from distributed.utils_test import async_poll_for, gen_cluster
 from helpers import cluster
+from workloads import endless
 
 import dask_coro
 from dask_coro import coroutine, emit, stream
@@ -128,17 +129,6 @@ async def test_next_after_a_streams_last_item_says_to_iterate(c, s, a):
     got, error = await c.compute(while_g(3))
     assert got == [0, 1, 4]
     assert "for child, item in g" in error
-
-
-@coroutine
-def endless(tag):
-    try:
-        i = 0
-        while True:
-            yield emit(i)
-            i += 1
-    finally:
-        Variable(f"closed-{tag}").set(True)
 
 
 @coroutine

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import dask
 import pytest
-from distributed import Client, Event, LocalCluster, Variable
+from distributed import Client, Event, LocalCluster
 from distributed.utils_test import async_poll_for, gen_cluster
 from helpers import Recorder, cluster
+from workloads import endless
 
 import dask_coro
 from dask_coro import coroutine, emit, stream
@@ -176,17 +177,6 @@ async def test_backpressure_suspends_the_producer_at_its_next_emit(c, s, a, b):
     assert all(item_key(book.producer, i) in s.tasks for i in range(1, 3))
     await Event("go", client=c).set()
     assert await fut == ([i * i for i in range(12)], 12)
-
-
-@coroutine
-def endless(tag):
-    try:
-        i = 0
-        while True:
-            yield emit(i)
-            i += 1
-    finally:
-        Variable(f"closed-{tag}").set(True)
 
 
 @coroutine

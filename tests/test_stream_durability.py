@@ -50,20 +50,26 @@ def consume(tag, differ, where):
 async def _run_and_kill(c, s, a, b, differ):
     tag = f"sr-{uuid.uuid4().hex}"
     fut = c.compute(consume(tag, differ, b.worker_address), workers=[a.worker_address], allow_other_workers=False)
+    await _kill_the_producers_worker(s, b, lambda book: book.published == 3 and book.taken >= 3)
+    await Event(f"{tag}-go", client=c).set()
+    return await fut
 
-    def published():
+
+async def _kill_the_producers_worker(s, b, when):
+    """Once the one stream's book satisfies ``when``, SIGKILL ``b``, the
+    worker its producer runs on, and wait until the scheduler lost it."""
+
+    def ready():
         plugin = s.plugins.get("dask-coro-streams")
         books = list(plugin.books.values()) if plugin else []
-        return len(books) == 1 and books[0].published == 3 and books[0].taken >= 3
+        return len(books) == 1 and when(books[0])
 
-    await async_poll_for(published, timeout=60)
+    await async_poll_for(ready, timeout=60)
     [book] = s.plugins["dask-coro-streams"].books.values()
     address = s.tasks[book.producer].processing_on.address
     assert address == b.worker_address
     os.kill(b.process.process.pid, signal.SIGKILL)
     await async_poll_for(lambda: address not in s.workers, timeout=30)
-    await Event(f"{tag}-go", client=c).set()
-    return await fut
 
 
 @cluster(nthreads=[("", 2)] * 2, Worker=Nanny, timeout=120)
@@ -151,18 +157,7 @@ async def test_a_stream_child_whose_producer_died_gives_each_item_once(c, s, a, 
     tag = f"sg-{uuid.uuid4().hex}"
     fut = c.compute(consume_in_a_group(tag, b.worker_address), workers=[a.worker_address],
                     allow_other_workers=False)
-
-    def published():
-        plugin = s.plugins.get("dask-coro-streams")
-        books = list(plugin.books.values()) if plugin else []
-        return len(books) == 1 and books[0].published == 3
-
-    await async_poll_for(published, timeout=60)
-    [book] = s.plugins["dask-coro-streams"].books.values()
-    address = s.tasks[book.producer].processing_on.address
-    assert address == b.worker_address
-    os.kill(b.process.process.pid, signal.SIGKILL)
-    await async_poll_for(lambda: address not in s.workers, timeout=30)
+    await _kill_the_producers_worker(s, b, lambda book: book.published == 3)
     await Event(f"{tag}-go", client=c).set()
     await Event(f"{tag}-plain", client=c).set()
     got, result = await fut

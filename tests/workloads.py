@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dask_coro import coroutine
+from distributed import Variable
+
+from dask_coro import coroutine, emit
 from dask_coro.examples import afib, fib, generate_data, inc, my_len, process_all  # noqa: F401
 
 
@@ -50,3 +52,16 @@ def does_not_catch():
 
 def sequential_fib(i):
     return i if i < 2 else sequential_fib(i - 1) + sequential_fib(i - 2)
+
+
+@coroutine
+def endless(tag):
+    """A stream's producer that never ends: it sets the Variable
+    ``closed-{tag}`` when it is closed (cancelled)."""
+    try:
+        i = 0
+        while True:
+            yield emit(i)
+            i += 1
+    finally:
+        Variable(f"closed-{tag}").set(True)
