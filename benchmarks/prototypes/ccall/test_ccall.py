@@ -1,27 +1,71 @@
-"""The C prototype against the pure-Python engine on the same bodies: values,
-an error thrown in at the yield, cancellation, counting. Skips unless the
-extension is built in place (README.md). Not collected by the package's suite
+"""The compiled prototypes against the pure-Python engine on the same bodies:
+values, an error thrown in at the yield, cancellation, counting, references.
+Each test runs on every prototype built in place (README.md; this folder's
+C one, ``_ccall``, and ``../cython``'s ``cycall``), and skips if none is; a
+few test what only the C one has. Not collected by the package's suite
 (pyproject's testpaths is tests/): run it with
     python -m pytest -q -p no:cacheprovider benchmarks/prototypes/ccall/test_ccall.py
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+from types import SimpleNamespace
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-_ccall = pytest.importorskip("_ccall", reason="the prototype is not built (see README.md)")
-
-import fibc  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "cython")]
 
 import dask_coro  # noqa: E402
 from dask_coro._internals.dask_private import annotations_in_effect  # noqa: E402
 from dask_coro.core.engine import Done, Raised, Returned, Stopped  # noqa: E402
 from dask_coro.examples import fib as pyfib  # noqa: E402
 from dask_coro.runtime.call import trampoline  # noqa: E402
+
+
+def _fib_under(coroutine):
+    @coroutine
+    def fib(i):
+        if i < 2:
+            return i
+        a, b = yield [fib(i - 1), fib(i - 2)]
+        return a + b
+
+    return fib
+
+
+def _engines() -> list:
+    out = []
+    for name, module in (("C", "_ccall"), ("Cython", "cycall")):
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue
+        out.append(pytest.param(
+            SimpleNamespace(coroutine=mod.coroutine, Trampoline=mod.Trampoline, STOPPED=mod.STOPPED,
+                            set_annotations_var=mod.set_annotations_var, fib=_fib_under(mod.coroutine)),
+            id=name,
+        ))
+    return out
+
+
+ENGINES = _engines()
+if not ENGINES:
+    pytest.skip("no prototype is built (see README.md)", allow_module_level=True)
+
+
+@pytest.fixture(params=ENGINES)
+def eng(request):
+    return request.param
+
+
+@pytest.fixture
+def ccall():
+    """The C prototype, for what only it has."""
+    return pytest.importorskip("_ccall", reason="the C prototype is not built (see README.md)")
 
 
 def seq_fib(i: int) -> int:
@@ -35,7 +79,7 @@ def pure(call_of, *args, **kw):
     return t.start(call_of.__wrapped__, args, {}), t
 
 
-def both(build, root: str, *args, **kw):
+def both(eng, build, root: str, *args, **kw):
     """``build(decorator)`` makes the bodies; the root's outcome under each
     engine, as ("value", v) or ("error", type, args) or ("stopped",)."""
     out = []
@@ -49,25 +93,25 @@ def both(build, root: str, *args, **kw):
         out.append(("value", s.value) if type(s) is Returned
                    else ("error", type(s.error), s.error.args))
         assert type(s) in (Returned, Raised)
-    fns = build(_ccall.coroutine)
-    t = _ccall.Trampoline(**kw)
+    fns = build(eng.coroutine)
+    t = eng.Trampoline(**kw)
     try:
         v = t.run(fns[root](*args))
-        out.append(("stopped",) if v is _ccall.STOPPED else ("value", v))
+        out.append(("stopped",) if v is eng.STOPPED else ("value", v))
     except Exception as e:
         out.append(("error", type(e), e.args))
     return out
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 5, 15])
-def test_fib_values_and_progress_counts(n):
-    t = _ccall.Trampoline(cancelled=lambda: False)
-    assert t.run(fibc.fib(n)) == seq_fib(n)
+def test_fib_values_and_progress_counts(eng, n):
+    t = eng.Trampoline(cancelled=lambda: False)
+    assert t.run(eng.fib(n)) == seq_fib(n)
     o, pt = pure(pyfib, n)
     assert o.step.value == seq_fib(n)
     # every call but the root counted, as the pure engine counts them
     started = pt.call_counts().get(pyfib.__wrapped__, (0, 0, 0))[0]
-    assert t.calls.get(fibc.fib, [0, 0]) == [started, 0]
+    assert t.calls.get(eng.fib, [0, 0]) == [started, 0]
     assert started == max(2 * seq_fib(n + 1) - 2, 0)
 
 
@@ -121,8 +165,8 @@ def _errors(co):
 
 
 @pytest.mark.parametrize("root", ["catcher", "again", "uncaught"])
-def test_child_error_thrown_in_at_the_yield(root):
-    pure_out, c_out = both(_errors, root, 3)
+def test_child_error_thrown_in_at_the_yield(eng, root):
+    pure_out, c_out = both(eng, _errors, root, 3)
     assert pure_out == c_out
     if root == "catcher":
         assert c_out == ("value", ((3, 7), (("leaf", 1), ("bad", 3), ("leaf", 7))))
@@ -132,9 +176,9 @@ def test_child_error_thrown_in_at_the_yield(root):
         assert c_out == ("error", ValueError, (3,))
 
 
-def test_failed_calls_counted():
-    fns = _errors(_ccall.coroutine)
-    t = _ccall.Trampoline()
+def test_failed_calls_counted(eng):
+    fns = _errors(eng.coroutine)
+    t = eng.Trampoline()
     with pytest.raises(ValueError):
         t.run(fns["uncaught"](4))
     assert {f.__name__: c for f, c in t.calls.items()} == {"leaf": [1, 0], "bad": [1, 1]}
@@ -170,7 +214,7 @@ def _cancels(co, t_of):
     return top, log
 
 
-def test_stop_flag_starts_no_call_and_closes_innermost_first():
+def test_stop_flag_starts_no_call_and_closes_innermost_first(eng):
     holder = {}
     # the pure engine, as a runner drives it on cancellation: Stopped, then close()
     top, log = _cancels(dask_coro.coroutine, lambda: holder["t"])
@@ -179,9 +223,9 @@ def test_stop_flag_starts_no_call_and_closes_innermost_first():
     assert pt.close() == []
     pure_log = list(log)
 
-    top, log = _cancels(_ccall.coroutine, lambda: holder["t"])
-    holder["t"] = t = _ccall.Trampoline()
-    assert t.run(top(0)) is _ccall.STOPPED
+    top, log = _cancels(eng.coroutine, lambda: holder["t"])
+    holder["t"] = t = eng.Trampoline()
+    assert t.run(top(0)) is eng.STOPPED
     assert log == pure_log
     # step(3) set the flag: mid(2)'s next call, step(12), and step(99) never started;
     # the open bodies were closed innermost first
@@ -206,48 +250,48 @@ def _stop_on_second_ask():
 
 
 @pytest.mark.parametrize("every", [1, 3, 256])
-def test_cancelled_callback_asked_every_check_every_calls(every):
-    t = _ccall.Trampoline(cancelled=_stop_on_second_ask(), check_every=every)
-    out = t.run(fibc.fib(12))
+def test_cancelled_callback_asked_every_check_every_calls(eng, every):
+    t = eng.Trampoline(cancelled=_stop_on_second_ask(), check_every=every)
+    out = t.run(eng.fib(12))
     pt = trampoline("fib", inline=True, count=True, check_every=every,
                     cancelled=_stop_on_second_ask())
     po = pt.start(pyfib.__wrapped__, (12,), {})
     pt.close()
     calls = 2 * seq_fib(13) - 2
     if 2 * every <= calls:
-        assert out is _ccall.STOPPED and type(po) is Stopped
+        assert out is eng.STOPPED and type(po) is Stopped
         # the call that would have been the (2 * every)-th did not start
-        assert t.calls[fibc.fib][0] == 2 * every - 1
+        assert t.calls[eng.fib][0] == 2 * every - 1
         assert pt.call_counts()[pyfib.__wrapped__][0] == 2 * every - 1
     else:
         assert out == seq_fib(12) and po.step.value == seq_fib(12)
 
 
-def test_same_call_twice_runs_once_and_tuple_shape():
+def test_same_call_twice_runs_once_and_tuple_shape(eng):
     ran = []
 
-    @_ccall.coroutine
+    @eng.coroutine
     def one(i):
         ran.append(i)
         return i * 10
 
-    @_ccall.coroutine
+    @eng.coroutine
     def root(i):
         c = one(i)
         a = yield (c, c, one(i + 1))
         b = yield [c]
         return a, b, c.done
 
-    assert _ccall.Trampoline().run(root(2)) == ((20, 20, 30), [20], (20,))
+    assert eng.Trampoline().run(root(2)) == ((20, 20, 30), [20], (20,))
     assert ran == [2, 3]
 
 
-def test_keywords_plain_values_and_what_cannot_run_inline():
-    @_ccall.coroutine
+def test_keywords_plain_values_and_what_cannot_run_inline(eng):
+    @eng.coroutine
     def add(a, b=0):
         return a + b
 
-    @_ccall.coroutine
+    @eng.coroutine
     def root(i):
         (a,) = yield [add(i, b=5)]
         try:
@@ -264,152 +308,155 @@ def test_keywords_plain_values_and_what_cannot_run_inline():
             bad = str(e)
         return a, named, lazy, bad
 
-    a, named, lazy, bad = _ccall.Trampoline().run(root(1))
+    a, named, lazy, bad = eng.Trampoline().run(root(1))
     assert a == 6
     assert "cannot run inline" in named and "cannot run inline" in lazy
     assert "list or tuple of calls" in bad
 
 
-def test_annotations_in_effect_make_a_call_a_task():
-    _ccall.set_annotations_var(annotations_in_effect)
+def test_annotations_in_effect_make_a_call_a_task(eng):
+    eng.set_annotations_var(annotations_in_effect)
     try:
-        assert fibc.fib(3).inline
+        assert eng.fib(3).inline
         token = annotations_in_effect.set({"priority": 1})
         try:
-            assert not fibc.fib(3).inline
+            assert not eng.fib(3).inline
         finally:
             annotations_in_effect.reset(token)
-        assert fibc.fib(3).inline
+        assert eng.fib(3).inline
     finally:
-        _ccall.set_annotations_var(None)
+        eng.set_annotations_var(None)
 
 
-def test_no_reference_kept_on_args_or_values():
+def test_no_reference_kept_on_args_or_values(eng):
     x = "".join(["a", "b" * 50])  # a plain argument, an object of its own
     v = object()
 
-    @_ccall.coroutine
+    @eng.coroutine
     def ident(x):
         return x, v
 
-    @_ccall.coroutine
+    @eng.coroutine
     def root(x):
         (a, b) = yield [ident(x), ident(x)]
         return a is b
 
     before = sys.getrefcount(x), sys.getrefcount(v)
-    t = _ccall.Trampoline()
+    t = eng.Trampoline()
     for _ in range(100):
         assert t.run(root(x)) is False
     assert (sys.getrefcount(x), sys.getrefcount(v)) == before
 
 
-def test_bad_arguments():
+def test_bad_arguments(ccall):
+    import fibc  # beside _ccall
+
     with pytest.raises(TypeError, match="expects a function"):
-        _ccall.coroutine(3)
+        ccall.coroutine(3)
     with pytest.raises(TypeError, match="takes a call"):
-        _ccall.Trampoline().run(3)
+        ccall.Trampoline().run(3)
     with pytest.raises(TypeError, match="callable"):
-        _ccall.Trampoline(cancelled=3)
+        ccall.Trampoline(cancelled=3)
     with pytest.raises(ValueError, match="check_every"):
-        _ccall.Trampoline(check_every=0)
+        ccall.Trampoline(check_every=0)
     with pytest.raises(TypeError, match="__init__"):
-        _ccall.Trampoline.__new__(_ccall.Trampoline).run(fibc.fib(3))
+        ccall.Trampoline.__new__(ccall.Trampoline).run(fibc.fib(3))
 
 
-def test_idle_threads_elsewhere_are_a_clear_error():
+def test_idle_threads_elsewhere_are_a_clear_error(eng):
     from dask_coro.core.engine import Idle
 
     idle = Idle(0)
-    t = _ccall.Trampoline(idle=idle)
-    assert t.run(fibc.fib(8)) == 21
+    t = eng.Trampoline(idle=idle)
+    assert t.run(eng.fib(8)) == 21
     idle.n = 1
     with pytest.raises(NotImplementedError, match="stealing"):
-        t.run(fibc.fib(8))
+        t.run(eng.fib(8))
 
 
-def test_a_yield_under_other_annotations_is_not_inline_the_runs_own_are():
+def test_a_yield_under_other_annotations_is_not_inline_the_runs_own_are(eng):
     import dask
 
-    @_ccall.coroutine
+    @eng.coroutine
     def root(i):
-        c = fibc.fib(i)  # made outside, yielded under the annotations
+        c = eng.fib(i)  # made outside, yielded under the annotations
         with dask.annotate(priority=5):
             try:
                 yield [c]
             except TypeError as e:
                 made_outside = str(e)
             try:
-                yield [fibc.fib(i)]
+                yield [eng.fib(i)]
             except TypeError as e:
                 return made_outside, str(e)
 
-    @_ccall.coroutine
+    @eng.coroutine
     def root2(i):
-        (a,) = yield [fibc.fib(i)]
+        (a,) = yield [eng.fib(i)]
         return a
 
-    _ccall.set_annotations_var(annotations_in_effect)
+    eng.set_annotations_var(annotations_in_effect)
     try:
         # a call yielded under other annotations, and a call made under them: tasks
-        made_outside, made_inside = _ccall.Trampoline().run(root(5))
+        made_outside, made_inside = eng.Trampoline().run(root(5))
         assert "a yield under dask.annotate" in made_outside
         assert "cannot run inline" in made_inside
         # the run's own annotations (a worker's span): calls stay inline
         token = annotations_in_effect.set({"span": ("a",)})
         try:
-            assert _ccall.Trampoline().run(root2(10)) == 55
+            assert eng.Trampoline().run(root2(10)) == 55
         finally:
             annotations_in_effect.reset(token)
     finally:
-        _ccall.set_annotations_var(None)
+        eng.set_annotations_var(None)
 
 
-def test_delayed_subclass_calls():
+def test_delayed_subclass_calls(ccall):
+    import fibc  # beside _ccall
     from dask.delayed import Delayed
 
     c = fibc.fibd(3)
     assert isinstance(c, Delayed) and not isinstance(fibc.fib(3), Delayed)
-    assert _ccall.Trampoline().run(fibc.fibd(15)) == seq_fib(15)
+    assert ccall.Trampoline().run(fibc.fibd(15)) == seq_fib(15)
     with pytest.raises(AttributeError):
         c._key  # no key or graph in the prototype: Delayed.__getattr__ answers
 
 
 @pytest.mark.parametrize("delayed", [False, True])
-def test_a_cycle_through_a_call_is_collected(delayed):
+def test_a_cycle_through_a_call_is_collected(ccall, delayed):
     import gc
     import weakref
 
     class Holder:
         pass
 
-    @_ccall.coroutine
+    @ccall.coroutine
     def make(i):
         return Holder()
 
-    @_ccall.coroutine
+    @ccall.coroutine
     def root(i):
         c = make(i)
         (h,) = yield [c]
         h.call = c  # value -> call -> value
         return weakref.ref(h)
 
-    root = _ccall.coroutine(root.func, delayed=delayed)
-    make = _ccall.coroutine(make.func, delayed=delayed)
-    ref = _ccall.Trampoline().run(root(1))
+    root = ccall.coroutine(root.func, delayed=delayed)
+    make = ccall.coroutine(make.func, delayed=delayed)
+    ref = ccall.Trampoline().run(root(1))
     gc.collect()
     assert ref() is None
 
 
-def test_a_yielded_list_changed_while_its_calls_run_is_a_clear_error():
+def test_a_yielded_list_changed_while_its_calls_run_is_a_clear_error(eng):
     shared = []
 
-    @_ccall.coroutine
+    @eng.coroutine
     def clears(i):
         shared.clear()
         return i
 
-    @_ccall.coroutine
+    @eng.coroutine
     def root(i):
         shared[:] = [clears(1), clears(2)]
         try:
@@ -417,4 +464,4 @@ def test_a_yielded_list_changed_while_its_calls_run_is_a_clear_error():
         except RuntimeError as e:
             return str(e)
 
-    assert "changed while its calls ran" in _ccall.Trampoline().run(root(0))
+    assert "changed while its calls ran" in eng.Trampoline().run(root(0))

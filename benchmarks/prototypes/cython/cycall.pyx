@@ -70,7 +70,11 @@ cdef class Call:
 
     @property
     def done(self):
-        return self.value is not NOT_DONE or self.error is not None
+        """``(value,)`` once computed inline, else None (also after an error),
+        as the C prototype's."""
+        if self.value is NOT_DONE or self.error is not None:
+            return None
+        return (self.value,)
 
     @property
     def inline(self):
@@ -298,6 +302,11 @@ cdef class Trampoline:
             if pending is None and top.next < top.n:
                 pos = top.next
                 top.next += 1
+                if pos >= len(top.leaves) or type(top.leaves[pos]) is not Call:
+                    # a body changed a yielded list while its calls ran
+                    pending = RuntimeError("a yielded list changed while its calls ran")
+                    top.n = 0
+                    continue
                 leaf = <Call>top.leaves[pos]
                 if leaf.inline_ is None:
                     if leaf.error is not None:  # it raised before: raised again here
