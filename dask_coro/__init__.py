@@ -23,6 +23,7 @@ from ._exceptions import NotInTaskError as NotInTaskError
 from ._exceptions import PromiseError as PromiseError
 from ._exceptions import StreamReplayInconsistentError as StreamReplayInconsistentError
 from ._exceptions import VersionMismatchError as VersionMismatchError
+from .core import accel as _accel
 from .groups.api import Child as Child
 from .groups.api import Group as Group
 from .groups.api import group as group
@@ -35,6 +36,12 @@ from .runtime.result import result as result
 from .stream.api import Stream as Stream
 from .stream.api import emit as emit
 from .stream.api import stream as stream
+
+#: The engine that runs coroutine bodies in this process: ``"compiled"`` (the
+#: optional C accelerator, built where ``pip install`` found a C compiler) or
+#: ``"pure"`` (Python; also where ``DASK_CORO_PURE=1`` is set). Both give the
+#: same results; see docs/running.md, "Which engine runs".
+engine: str = _accel.ENGINE
 
 # The one place the version is written: pyproject.toml reads it from here.
 __version__ = "0.1.0"
@@ -108,6 +115,7 @@ __all__ = [
     "coroutine",
     "current_key",
     "emit",
+    "engine",
     "gather",
     "group",
     "progress",

@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 
 import dask_coro
+from dask_coro.core import accel
 from dask_coro.examples import afib, fib, logical_task, process_all
 
 
@@ -217,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dask_coro {dask_coro.__version__} on {_plural(len(nthreads), 'worker')}, "
               f"{_plural(sum(nthreads.values()), 'thread')}; "
               f"dashboard: {_dashboard(client, args.timeout)}", flush=True)
+        print(accel.describe(), flush=True)
         _timed(f"fib({args.n})", lambda: fib(args.n).compute())
         _timed(f"afib({args.n})", lambda: client.compute(afib(args.n)).result())
         _timed("process_all()", lambda: process_all().compute())

@@ -63,6 +63,7 @@ from typing import Any
 from dask.typing import Key
 from greenlet import GreenletExit, getcurrent
 
+from . import accel
 from .calls import EMPTY as _EMPTY
 from .calls import NOT_DONE as NOT_DONE
 from .calls import Failed as Failed
@@ -362,6 +363,11 @@ class Trampoline(Counting, Stealing):
         #: their own beside the body's yields (a group's children); None when
         #: the runner offers none (no cluster: they are computed here).
         self.host: Any = None
+        #: The compiled loop for the common case of ``_steps``, or None (the
+        #: pure engine, or a call type it does not know: ``accel``).
+        self.fast: Any = accel.cengine.steps if (
+            accel.cengine is not None and call_type is not None and call_type is accel.call_type
+        ) else None
 
     def annotated(self) -> Any:
         """The annotations in effect here if they differ from the run's own
@@ -613,6 +619,7 @@ class Trampoline(Counting, Stealing):
         out: Any = None
         ended = 0
         foreign = False  # the body stepped awaited something of an event loop
+        fast = self.fast
         while True:
             if method is not None:
                 # -- step a body: the one place ------------------------------
@@ -694,7 +701,7 @@ class Trampoline(Counting, Stealing):
                             top.shape = vt
                             top.leaves = out
                             top.results = [_PENDING] * n
-                            top.todo = _RANGES[n] if n < _NRANGES else range(n)
+                            top.todo = _RANGES[n] if n < _NRANGES else tuple(range(n))
                             top.next = 0
                             vt = None
                     if vt is not None:
@@ -747,6 +754,21 @@ class Trampoline(Counting, Stealing):
             leaves = top.leaves
             results = top.results
             while True:
+                if fast is not None:
+                    # The compiled loop runs the common case; where it stops,
+                    # this iteration runs here (SLOW), or a body is stepped
+                    # (BREAK), or the root returned (DONE). See accel.
+                    r = fast(self, top, run, countdown, barren)
+                    top, countdown, barren = r[1], r[2], r[3]
+                    if r[0] == _FAST_BREAK:
+                        method, arg, out, ended, fresh, body, func = r[4:]
+                        break
+                    if r[0] == _FAST_DONE:
+                        return Done(Returned(r[6]))
+                    todo = top.todo
+                    end = len(todo)
+                    leaves = top.leaves
+                    results = top.results
                 i = top.next
                 if i >= end:
                     # -- top's yield is done: resume it ----------------------
@@ -1106,7 +1128,7 @@ _PENDING: Any = object()
 _FOLD = 100  # levels of a frame name nested before it is folded
 _GENERATOR = types.GeneratorType
 _COROUTINE = types.CoroutineType
-_ONE = range(1)
+_ONE = (0,)
 _NRANGES = 64
 #: A yield's positions, made once; tuples (indexing a range is slower).
 _RANGES = [tuple(range(n)) for n in range(_NRANGES)]
@@ -1116,3 +1138,21 @@ _new_frame = object.__new__
 _NO_ANNOTATIONS: Callable[[], Any] = ContextVar("dask_coro_no_annotations", default=None).get
 _RETURNED = 1
 _RAISED = 2
+_FAST_BREAK = 1
+_FAST_DONE = 2
+
+if accel.cengine is not None:
+    # What the compiled loop shares with this module: it reads and writes
+    # the slots of these very classes.
+    accel.cengine.setup(
+        Frame=Frame,
+        Idle=Idle,
+        NOT_DONE=NOT_DONE,
+        PENDING=_PENDING,
+        STEPPED=_STEPPED,
+        EMPTY=_EMPTY,
+        RANGES=_RANGES,
+        Failed=Failed,
+        Request=Request,
+    )
+    assert (accel.cengine.BREAK, accel.cengine.DONE) == (_FAST_BREAK, _FAST_DONE)

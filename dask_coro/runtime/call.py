@@ -12,7 +12,7 @@ import types
 import uuid
 import weakref
 from collections.abc import Callable, Generator
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from dask.base import tokenize
 from dask.delayed import unpack_collections
@@ -23,6 +23,7 @@ from dask.utils import funcname
 from .. import _config
 from .._exceptions import Rejected
 from .._internals.dask_private import DataNode, Task, annotations_in_effect
+from ..core import accel
 from ..core.classify import classifier, is_lazy
 from ..core.engine import NOT_DONE, Failed, Frame, Idle, Request, Trampoline, current_trampoline
 from ..core.plan import func_token
@@ -453,7 +454,71 @@ def _returning(value: Any) -> Generator[Any, Any, Any]:
     yield  # a generator function  # pragma: no cover
 
 
-class CoroutineFunction:
+class _MakesCalls:
+    """Calling a coroutine function makes a call, in Python: the pure
+    engine's ``CoroutineFunction.__call__`` (the reference). The compiled
+    engine's ``FunctionBase`` does the same in C (``core/_cengine.c``,
+    ``make_call``); ``CoroutineFunction`` derives from whichever runs
+    (``core.accel``)."""
+
+    _inline: Callable[..., Any] | None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> CoroutineCall:
+        # The hot path of fine-grained recursion: no key, no graph, no
+        # tokenizing here (CoroutineCall._build does that when asked), five
+        # slot stores for a call that may run inline.
+        call = CoroutineCall()
+        call._fn = self
+        call.__dask_coro_args__ = args
+        call._kwargs = kwargs
+        call.__dask_coro_value__ = NOT_DONE
+        func = self._inline
+        if kwargs:
+            name = kwargs.pop("dask_key_name", None)
+            if name is not None:
+                call._name = name
+                func = None
+            elif not _plain_values(kwargs):
+                func = None
+        # What dask.annotate set here, as a layer would take it: an annotated
+        # call is a task, its annotations are for the scheduler. But for the
+        # run's own (Worker.execute runs every task of a named span inside
+        # dask.annotate(span=...), and its children belong to it anyway).
+        ann = _annotations_now()
+        if ann:
+            call._ann = ann
+            if ann is not _own_seen[0]:
+                if _is_own(ann):
+                    # On a worker every call of a run sees the dict its
+                    # task's span put in effect: look it up once, not per call.
+                    _own_seen[0] = ann
+                else:
+                    func = None
+        if func is not None:
+            if len(args) == 1:  # the common case, without a loop
+                t = type(args[0])
+                plain = t is int or t in _PLAIN
+            else:
+                plain = True
+                for a in args:
+                    t = type(a)
+                    if t is not int and t not in _PLAIN:
+                        plain = False
+                        break
+            if plain:
+                call.__dask_coro_inline__ = functools.partial(func, **kwargs) if kwargs else func
+                return call
+        call.__dask_coro_inline__ = None
+        return call
+
+
+if TYPE_CHECKING:
+    _CallsBase = _MakesCalls
+else:
+    _CallsBase = _MakesCalls if accel.cengine is None else accel.cengine.FunctionBase
+
+
+class CoroutineFunction(_CallsBase):
     """A function decorated with ``@coroutine``; calling it returns a
     ``CoroutineCall`` and runs nothing."""
 
@@ -514,53 +579,15 @@ class CoroutineFunction:
         # What __call__ reads: the function to run inline, or None.
         self._inline = self.run if value else None
 
-    def __call__(self, *args: Any, **kwargs: Any) -> CoroutineCall:
-        # The hot path of fine-grained recursion: no key, no graph, no
-        # tokenizing here (CoroutineCall._build does that when asked), five
-        # slot stores for a call that may run inline.
-        call = CoroutineCall()
-        call._fn = self
-        call.__dask_coro_args__ = args
-        call._kwargs = kwargs
-        call.__dask_coro_value__ = NOT_DONE
-        func = self._inline
-        if kwargs:
-            name = kwargs.pop("dask_key_name", None)
-            if name is not None:
-                call._name = name
-                func = None
-            elif not _plain_values(kwargs):
-                func = None
-        # What dask.annotate set here, as a layer would take it: an annotated
-        # call is a task, its annotations are for the scheduler. But for the
-        # run's own (Worker.execute runs every task of a named span inside
-        # dask.annotate(span=...), and its children belong to it anyway).
-        ann = _annotations_now()
-        if ann:
-            call._ann = ann
-            if ann is not _own_seen[0]:
-                if _is_own(ann):
-                    # On a worker every call of a run sees the dict its
-                    # task's span put in effect: look it up once, not per call.
-                    _own_seen[0] = ann
-                else:
-                    func = None
-        if func is not None:
-            if len(args) == 1:  # the common case, without a loop
-                t = type(args[0])
-                plain = t is int or t in _PLAIN
-            else:
-                plain = True
-                for a in args:
-                    t = type(a)
-                    if t is not int and t not in _PLAIN:
-                        plain = False
-                        break
-            if plain:
-                call.__dask_coro_inline__ = functools.partial(func, **kwargs) if kwargs else func
-                return call
-        call.__dask_coro_inline__ = None
-        return call
+    # ``_inline`` is a slot of the compiled engine's base: kept by pickle too.
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_inline": self._inline}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        inline = state.pop("_inline", None)
+        self.__dict__.update(state)
+        self._inline = inline
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
@@ -569,6 +596,18 @@ class CoroutineFunction:
 
     def __repr__(self) -> str:
         return f"<dask_coro.coroutine {self.prefix}>"
+
+
+if accel.cengine is not None:
+    accel.cengine.fast_calls(CoroutineFunction)
+    accel.cengine.setup_calls(
+        call_type=CoroutineCall,
+        partial=functools.partial,
+        is_own=_is_own,
+        own_seen=_own_seen,
+        annotations=annotations_in_effect,
+    )
+    accel.call_type = CoroutineCall
 
 
 def coroutine(
