@@ -195,3 +195,24 @@ def _inline_setting(request, monkeypatch):
     request.addfinalizer(lambda: logging.setLogRecordFactory(make))
     with dask.config.set(settings):
         yield
+
+
+@pytest.fixture(params=["compiled", "pure"])
+def engine(request, monkeypatch):
+    """Runs a test once on each engine (docs/development.md): the compiled
+    loop (``dask_coro.core._cengine``, when built) and the pure one, the
+    reference, in this process and in any worker process the test starts
+    (``DASK_CORO_PURE``). A trampoline takes its loop when it is made, so
+    tests that make one through the runtime run on the engine asked for.
+    The compiled one not built: its runs skip, unless
+    ``DASK_CORO_REQUIRE_COMPILED`` is set (CI), where they fail."""
+    from dask_coro.core import accel
+
+    if request.param == "pure":
+        monkeypatch.setattr(accel, "cengine", None)
+        monkeypatch.setenv(accel.PURE_ENV, "1")
+    elif accel.cengine is None:
+        if os.environ.get("DASK_CORO_REQUIRE_COMPILED", "") not in ("", "0"):
+            pytest.fail(f"the compiled engine is required, but not in use ({accel.why})")
+        pytest.skip(f"the compiled engine is not in use ({accel.why})")
+    return request.param

@@ -2,7 +2,8 @@
 as ``python tests/smoke_installed.py`` by the environment's interpreter from
 a folder outside the repository, so that the installed package, not the
 source tree, is imported. It checks what only a built package can get wrong:
-the files beside the code (package data), the version, the console script,
+the files beside the code (package data), the version, the engine (with
+``--engine compiled``: the compiled one is built into the wheel and runs), the console script,
 that every module imports with the base dependencies alone, and one
 computation on a cluster. With ``--base`` (right after ``pip install`` of
 the wheel alone) it checks too that no package only an extra asks for came
@@ -36,7 +37,7 @@ def _extras_only() -> set[str]:
     return extra - base
 
 
-def main(base_only: bool) -> None:
+def main(base_only: bool, engine: str | None) -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     source = os.path.dirname(here)
     assert not os.path.abspath(dask_coro.__file__).startswith(source + os.sep), (
@@ -49,6 +50,12 @@ def main(base_only: bool) -> None:
         extras = _extras_only()
         assert extras, "dask-coro's metadata names no extras"
         assert not extras & installed, f"installed, though only an extra asks for them: {sorted(extras & installed)}"
+    # the engine in use: with --engine compiled, the wheel carries the
+    # compiled engine and it is the one that runs (DASK_CORO_PURE unset)
+    if engine is not None:
+        assert dask_coro.engine == engine, f"engine {dask_coro.engine!r}, not {engine!r}"
+        if engine == "compiled":
+            assert dask_coro.CoroutineFunction.__mro__[1].__module__ == "dask_coro.core._cengine"
     # the package data
     files = importlib.resources.files("dask_coro")
     for name in ("py.typed", "coro.yaml", "coro-schema.yaml"):
@@ -73,8 +80,11 @@ def main(base_only: bool) -> None:
     with Client(n_workers=1, threads_per_worker=1, dashboard_address=":0") as client:
         assert client.compute(fib(15)).result() == 610
         assert process_all().compute() == 55
+        # the workers run the engine this process does
+        assert set(client.run(lambda: __import__("dask_coro").engine).values()) == {dask_coro.engine}
     print(f"dask_coro {dask_coro.__version__} installed at {os.path.dirname(dask_coro.__file__)}: ok")
 
 
 if __name__ == "__main__":
-    main(base_only="--base" in sys.argv[1:])
+    argv = sys.argv[1:]
+    main(base_only="--base" in argv, engine=argv[argv.index("--engine") + 1] if "--engine" in argv else None)

@@ -18,6 +18,9 @@ from distributed import Client, LocalCluster
 from hypothesis import HealthCheck, Phase, assume, given, seed, settings
 from hypothesis import strategies as st
 
+# Each test runs on both engines, compiled and pure (conftest.engine).
+pytestmark = pytest.mark.usefixtures("engine")
+
 
 @pytest.fixture(scope="module")
 def harness():

@@ -28,6 +28,10 @@ def demo(*args: str, timeout: float = 110) -> subprocess.CompletedProcess:
 
 
 def check_results(out: str) -> None:
+    import dask_coro
+
+    # which engine runs (docs/running.md), the one this interpreter imports
+    assert re.search(rf"^engine: {dask_coro.engine} ", out, re.M), out
     assert re.search(r"^fib\(8\) +?= 21 +[0-9.]+ s$", out, re.M), out
     assert re.search(r"^afib\(8\) +?= 21 +[0-9.]+ s$", out, re.M), out
     # the README's process_all, which prints 55 there

@@ -15,7 +15,7 @@ DOCS = ROOT / "docs"
 
 def test_api_reference_documents_every_public_name():
     api = (DOCS / "api.md").read_text()
-    documented = set(re.findall(r"^\.\. auto(?:function|class|exception):: dask_coro\.(\w+)$", api, re.M))
+    documented = set(re.findall(r"^\.\. auto(?:function|class|exception|data):: dask_coro\.(\w+)$", api, re.M))
     assert documented == set(dask_coro.__all__)
 
 

@@ -62,6 +62,7 @@ def test_all_exact():
         "VersionMismatchError",
         "coroutine",
         "current_key",
+        "engine",
         "emit",
         "gather",
         "group",

@@ -49,7 +49,8 @@ from dask_coro.runtime.scheduler import NAME as INLINE
 from dask_coro.runtime.scheduler import InlinePlugin
 from dask_coro.runtime.worker import _KeyWatcher, _watcher
 
-pytestmark = pytest.mark.inline
+# Each test runs on both engines, compiled and pure (conftest.engine).
+pytestmark = [pytest.mark.inline, pytest.mark.usefixtures("engine")]
 
 
 # --------------------------------------------------------------------------

@@ -22,6 +22,9 @@ from dask_coro.core.plan import derive_key
 from dask_coro.examples import afib, fib
 from dask_coro.runtime.call import trampoline
 
+# Each test runs on both engines, compiled and pure (conftest.engine).
+pytestmark = pytest.mark.usefixtures("engine")
+
 # --------------------------------------------------------------------------
 # helpers
 

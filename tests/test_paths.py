@@ -21,6 +21,9 @@ from distributed import Client, LocalCluster, worker_client
 
 from dask_coro import coroutine, gather
 
+# Each test runs on both engines, compiled and pure (conftest.engine).
+pytestmark = pytest.mark.usefixtures("engine")
+
 PATHS = ["local-inline", "local-task", "inline", "task"]
 
 

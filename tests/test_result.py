@@ -25,7 +25,8 @@ from dask_coro.runtime.lanes import LANES_PER_THREAD
 
 # Coroutine calls with plain arguments run inline (the shipped default); the
 # waiters that must be tasks say so (@coroutine(inline=False)).
-pytestmark = pytest.mark.inline
+# Each test runs on both engines, compiled and pure (conftest.engine).
+pytestmark = [pytest.mark.inline, pytest.mark.usefixtures("engine")]
 
 # --------------------------------------------------------------------------
 # module state (in-process workers)

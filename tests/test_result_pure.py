@@ -17,6 +17,9 @@ from dask_coro import BadYieldError, coroutine, current_key, result
 from dask_coro.core.engine import Done, Raised, Returned, Submit, current_trampoline
 from dask_coro.runtime.call import trampoline
 
+# Each test runs on both engines, compiled and pure (conftest.engine).
+pytestmark = pytest.mark.usefixtures("engine")
+
 LOG: list = []
 
 
