@@ -32,14 +32,14 @@
 
 static int READY = 0;
 static PyObject *NOT_DONE, *PENDING, *STEPPED, *EMPTY, *RANGES, *FAILED, *REQUEST;
-static PyObject *ZERO;
-static PyObject *FRAME, *IDLE, *CALL, *PARTIAL, *IS_OWN, *OWN_SEEN, *ANN_VAR;
+static PyObject *ZERO, *NO_KWARGS;
+static PyObject *TRAMP, *FRAME, *IDLE, *CALL, *PARTIAL, *IS_OWN, *OWN_SEEN, *ANN_VAR;
 static Py_ssize_t NRANGES;
 /* slot offsets */
 static Py_ssize_t F_BODY, F_FUNC, F_DONE, F_UP, F_AT, F_INDEX, F_SHAPE, F_LEAVES, F_RESULTS,
     F_TODO, F_NEXT, F_REMOTE, F_SENT, F_SCOPE, F_ANN, F_IS_ASYNC;
 static Py_ssize_t C_FN, C_ARGS, C_KWARGS, C_NAME, C_INLINE, C_VALUE, C_ANN;
-static Py_ssize_t I_N;
+static Py_ssize_t I_N, T_STOP;
 
 static PyObject *S_STACK, *S_IDLE, *S_CALL_TYPE, *S_STOP, *S_CLOSING, *S_CHILD_ERROR,
     *S_ANN_NOW, *S_OWN, *S_STARTED, *S_FAILED, *S_CALL_ENDED, *S_ABANDON, *S_THROW, *S_SEND,
@@ -259,19 +259,16 @@ stack_top(PyObject *stack)
 
 /* -- steps ----------------------------------------------------------------- */
 
-/* ``tramp.stop``, read before every call: from the instance's dict, where
- * ``Trampoline.__init__`` puts it (a plain attribute store from any thread
- * lands there). 1: set, 0: not, -1: error. */
+/* ``tramp.stop``, read before every call: a slot of Trampoline (a plain
+ * attribute store from any thread lands there). 1: set, 0: not, -1: error. */
 static inline int
-stop_set(PyObject *tramp, PyObject *tdict)
+stop_set(PyObject *tramp)
 {
-    PyObject *v = PyDict_GetItemWithError(tdict, S_STOP);
+    PyObject *v = Py_TYPE(tramp) == (PyTypeObject *)TRAMP ? SLOT(tramp, T_STOP) : NULL;
     if (v == Py_False)
         return 0;
     if (v == Py_True)
         return 1;
-    if (v == NULL && PyErr_Occurred())
-        return -1;
     return v == NULL ? truthy_attr(tramp, S_STOP) : PyObject_IsTrue(v);
 }
 
@@ -426,12 +423,9 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *stack = NULL, *idle = NULL, *call_type = NULL, *ann_now = NULL, *own = NULL,
              *child_error = NULL;
-    PyObject *y = NULL, *out = NULL, *leaf = NULL, *func = NULL, *tdict = NULL;
+    PyObject *y = NULL, *out = NULL, *leaf = NULL, *func = NULL;
     Spare spare = {{NULL}, 0};
     Py_ssize_t run_add = 0; /* calls of run[0] started, not yet added to run[1] */
-    tdict = PyObject_GenericGetDict(tramp, NULL);
-    if (tdict == NULL)
-        goto error;
     stack = PyObject_GetAttr(tramp, S_STACK);
     if (stack == NULL)
         goto error;
@@ -478,7 +472,7 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             int r = PyObject_IsTrue(remote);
             if (r != 0)
                 goto slow_or_error;
-            r = stop_set(tramp, tdict);
+            r = stop_set(tramp);
             if (r != 0)
                 goto slow_or_error;
             if ((shape != (PyObject *)&PyList_Type && shape != (PyObject *)&PyTuple_Type) ||
@@ -505,8 +499,9 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     PyErr_SetString(PyExc_RuntimeError, "the stack changed under a step");
                     goto error;
                 }
-                if (PyList_SetSlice(stack, n - 1, n, NULL) < 0)
-                    goto error;
+                /* stack.pop(): its last item is ``top``, which e.top holds */
+                Py_SET_SIZE(stack, n - 1);
+                Py_DECREF(top);
                 set_slot(top, F_DONE, Py_True);
                 set_slot(top, F_BODY, Py_None);
                 if (n == 1) {
@@ -623,7 +618,7 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             continue;
         }
         {
-            int r = stop_set(tramp, tdict);
+            int r = stop_set(tramp);
             if (r != 0)
                 goto slow_or_error;
         }
@@ -840,7 +835,6 @@ leave:
         PyErr_WriteUnraisable(tramp);
     }
     spare_free(&spare);
-    Py_XDECREF(tdict);
     Py_XDECREF(y);
     Py_XDECREF(out);
     Py_XDECREF(leaf);
@@ -861,7 +855,6 @@ error:
         PyErr_Restore(t, v, tb);
     }
     spare_free(&spare);
-    Py_XDECREF(tdict);
     Py_XDECREF(y);
     Py_XDECREF(out);
     Py_XDECREF(leaf);
@@ -909,7 +902,12 @@ make_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnam
     PyObject *call = ct->tp_alloc(ct, 0);
     if (call == NULL)
         return NULL;
-    PyObject *targs = PyTuple_New(n), *kwargs = PyDict_New(), *ann = NULL;
+    /* Without keywords, every call shares one empty dict (nobody writes a
+     * call's ``_kwargs``; an equal dict, so keys and tokens are the same as
+     * the pure engine's). */
+    int keywords = kwnames != NULL && PyTuple_GET_SIZE(kwnames);
+    PyObject *targs = PyTuple_New(n), *ann = NULL;
+    PyObject *kwargs = keywords ? PyDict_New() : Py_NewRef(NO_KWARGS);
     if (targs == NULL || kwargs == NULL)
         goto error;
     for (i = 0; i < n; i++)
@@ -919,7 +917,7 @@ make_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnam
     set_slot(call, C_KWARGS, kwargs);
     set_slot(call, C_VALUE, NOT_DONE);
     PyObject *func = self->inline_ == Py_None ? NULL : self->inline_;
-    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames)) {
+    if (keywords) {
         PyObject *name = NULL;
         int plain = 1;
         for (i = 0; i < PyTuple_GET_SIZE(kwnames); i++) {
@@ -1077,6 +1075,69 @@ fast_calls(PyObject *module, PyObject *cls)
     Py_RETURN_NONE;
 }
 
+/* -- freeing a call ------------------------------------------------------- */
+
+/* The call type's slots, in every class of its MRO (CoroutineCall's and
+ * Delayed's): what subtype_dealloc would clear, walking the classes one by
+ * one. A call is made and freed per call of fine-grained recursion, and
+ * that walk costs more than the rest of freeing it. */
+#define MAX_CALL_SLOTS 24
+static Py_ssize_t CALL_SLOTS[MAX_CALL_SLOTS];
+static int NCALL_SLOTS;
+
+static void
+call_dealloc(PyObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    Py_TRASHCAN_BEGIN(self, call_dealloc)
+    if (type->tp_weaklistoffset && *(PyObject **)((char *)self + type->tp_weaklistoffset))
+        PyObject_ClearWeakRefs(self);
+    for (int k = 0; k < NCALL_SLOTS; k++)
+        Py_CLEAR(SLOT(self, CALL_SLOTS[k]));
+    type->tp_free(self);
+    Py_DECREF(type);
+    Py_TRASHCAN_END
+}
+
+/* call_dealloc stands for subtype_dealloc only where that does nothing
+ * else: no finalizer, no __del__, no instance dict, and every class of the
+ * MRO but object one defined in Python (same dealloc) whose slots are
+ * collected here. 0: taken, 1: left as it is, -1: error. */
+static int
+fast_dealloc(PyTypeObject *t)
+{
+    destructor plain = t->tp_dealloc;
+    if (t->tp_finalize || t->tp_del || t->tp_dictoffset || !(t->tp_flags & Py_TPFLAGS_HEAPTYPE) ||
+        t->tp_free != PyObject_GC_Del)
+        return 1;
+    PyObject *mro = t->tp_mro;
+    NCALL_SLOTS = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
+        PyTypeObject *b = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+        if (b == &PyBaseObject_Type)
+            continue;
+        if (!(b->tp_flags & Py_TPFLAGS_HEAPTYPE) || b->tp_dealloc != plain || b->tp_finalize ||
+            b->tp_del || b->tp_dictoffset)
+            return 1;
+        PyObject *key, *value;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(b->tp_dict, &pos, &key, &value)) {
+            if (Py_TYPE(value) != &PyMemberDescr_Type ||
+                ((PyMemberDescrObject *)value)->d_common.d_type != b)
+                continue;
+            PyMemberDef *m = ((PyMemberDescrObject *)value)->d_member;
+            if (m->type != T_OBJECT_EX)
+                continue;
+            if (NCALL_SLOTS == MAX_CALL_SLOTS)
+                return 1;
+            CALL_SLOTS[NCALL_SLOTS++] = m->offset;
+        }
+    }
+    t->tp_dealloc = call_dealloc;
+    return 0;
+}
+
 /* -- setup ----------------------------------------------------------------- */
 
 static PyObject *
@@ -1100,6 +1161,7 @@ getkw(PyObject *kw, const char *name)
 static PyObject *
 setup(PyObject *module, PyObject *args, PyObject *kw)
 {
+    TAKE(TRAMP, "Trampoline");
     TAKE(FRAME, "Frame");
     TAKE(IDLE, "Idle");
     TAKE(NOT_DONE, "NOT_DONE");
@@ -1130,7 +1192,7 @@ setup(PyObject *module, PyObject *args, PyObject *kw)
     for (size_t k = 0; k < sizeof(fields) / sizeof(fields[0]); k++)
         if (offset_of(FRAME, fields[k].name, fields[k].off) < 0)
             return NULL;
-    if (offset_of(IDLE, "n", &I_N) < 0)
+    if (offset_of(IDLE, "n", &I_N) < 0 || offset_of(TRAMP, "stop", &T_STOP) < 0)
         return NULL;
     if (((PyTypeObject *)FRAME)->tp_alloc != PyType_GenericAlloc) {
         PyErr_SetString(PyExc_TypeError, "setup: Frame must be a plain class with __slots__");
@@ -1176,6 +1238,8 @@ setup_calls(PyObject *module, PyObject *args, PyObject *kw)
                                          "a ContextVar");
         return NULL;
     }
+    if (((PyTypeObject *)call)->tp_dealloc != call_dealloc && fast_dealloc((PyTypeObject *)call) < 0)
+        return NULL;
     Py_XSETREF(CALL, Py_NewRef(call));
     READY = FRAME != NULL;
     Py_RETURN_NONE;
@@ -1227,7 +1291,7 @@ PyInit__cengine(void)
     INTERN(S_KEYNAME, "dask_key_name");
     INTERN(S_N, "n");
 #undef INTERN
-    if ((ZERO = PyLong_FromLong(0)) == NULL)
+    if ((ZERO = PyLong_FromLong(0)) == NULL || (NO_KWARGS = PyDict_New()) == NULL)
         return NULL;
     if (PyModule_AddIntConstant(m, "SLOW", SLOW) < 0 ||
         PyModule_AddIntConstant(m, "BREAK", BREAK) < 0 ||

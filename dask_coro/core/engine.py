@@ -312,6 +312,10 @@ class Trampoline(Counting, Stealing):
         the error a task would deliver, ``runtime.errors``).
     """
 
+    # ``stop`` is a slot: the compiled loop reads it before every call at a
+    # fixed offset (the rest lives in the instance's dict, as ever).
+    __slots__ = ("stop",)
+
     def __init__(
         self,
         name: str,
@@ -1145,6 +1149,7 @@ if accel.cengine is not None:
     # What the compiled loop shares with this module: it reads and writes
     # the slots of these very classes.
     accel.cengine.setup(
+        Trampoline=Trampoline,
         Frame=Frame,
         Idle=Idle,
         NOT_DONE=NOT_DONE,
