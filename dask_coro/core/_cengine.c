@@ -8,7 +8,8 @@
  * touched it last, and either engine can take over from the other between
  * two steps.
  *
- *   steps(tramp, top, run, countdown, barren)
+ *   steps(tramp, top, run, countdown, barren, stack, idle, call_type, annotations_now,
+ *         own_annotations)
  *       The inner loop of Trampoline._steps ("go on with top's current
  *       yield"), for the common case only: leaves of the trampoline's call
  *       type that may run inline, generator bodies that yield a list or tuple
@@ -116,10 +117,15 @@ int_slot(PyObject *o, Py_ssize_t off)
     return PyLong_AsSsize_t(v);
 }
 
+/* 0 .. NSMALL-1 as int objects, made once: a frame's positions and yield
+ * counts are written per call */
+#define NSMALL 1024
+static PyObject *SMALL[NSMALL];
+
 static int
 set_int_slot(PyObject *o, Py_ssize_t off, Py_ssize_t v)
 {
-    PyObject *n = PyLong_FromSsize_t(v);
+    PyObject *n = v >= 0 && v < NSMALL ? Py_NewRef(SMALL[v]) : PyLong_FromSsize_t(v);
     if (n == NULL)
         return -1;
     Py_XSETREF(SLOT(o, off), n);
@@ -402,11 +408,16 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "_cengine.setup() was not called");
         return NULL;
     }
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "steps(tramp, top, run, countdown, barren)");
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "steps(tramp, top, run, countdown, barren, stack, idle, "
+                                         "call_type, annotations_now, own_annotations)");
         return NULL;
     }
-    PyObject *tramp = args[0], *run = args[2];
+    /* The trampoline's own attributes come as arguments: the pure loop holds
+     * them in locals already, and this is called once per iteration the
+     * pure loop runs itself. */
+    PyObject *tramp = args[0], *run = args[2], *stack = args[5], *idle = args[6],
+             *call_type = args[7], *ann_now = args[8], *own = args[9];
     Exit e = {SLOW, Py_NewRef(args[1]), 0, 0, NULL, NULL, NULL, 0, -1, NULL, NULL};
     e.countdown = PyLong_AsSsize_t(args[3]);
     if (e.countdown == -1 && PyErr_Occurred()) {
@@ -414,6 +425,7 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     e.barren = PyObject_IsTrue(args[4]);
+    Py_ssize_t iters = 0; /* iterations begun */
     if (run == Py_None)
         run = NULL;
     else if (!PyList_CheckExact(run) || PyList_GET_SIZE(run) != 2) {
@@ -421,25 +433,16 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "run must be None or [func, n]");
         return NULL;
     }
-    PyObject *stack = NULL, *idle = NULL, *call_type = NULL, *ann_now = NULL, *own = NULL,
-             *child_error = NULL;
+    PyObject *child_error = NULL;
     PyObject *y = NULL, *out = NULL, *leaf = NULL, *func = NULL;
     Spare spare = {{NULL}, 0};
     Py_ssize_t run_add = 0; /* calls of run[0] started, not yet added to run[1] */
-    stack = PyObject_GetAttr(tramp, S_STACK);
-    if (stack == NULL)
-        goto error;
     if (!PyList_CheckExact(stack)) {
         PyErr_SetString(PyExc_TypeError, "Trampoline.stack must be a list");
         goto error;
     }
-    idle = PyObject_GetAttr(tramp, S_IDLE);
-    call_type = PyObject_GetAttr(tramp, S_CALL_TYPE);
-    ann_now = PyObject_GetAttr(tramp, S_ANN_NOW);
-    own = PyObject_GetAttr(tramp, S_OWN);
     child_error = PyObject_GetAttr(tramp, S_CHILD_ERROR);
-    if (idle == NULL || call_type == NULL || ann_now == NULL || own == NULL ||
-        child_error == NULL)
+    if (child_error == NULL)
         goto error;
     if (call_type != CALL) {
         PyErr_Format(PyExc_TypeError, "steps() runs calls of %R only, not %R", CALL, call_type);
@@ -456,6 +459,7 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     int idle_slot = Py_TYPE(idle) == (PyTypeObject *)IDLE;
 
     for (;;) {
+        iters++;
         PyObject *top = e.top;
         PyObject *todo = SLOT(top, F_TODO), *leaves = SLOT(top, F_LEAVES);
         Py_ssize_t i = int_slot(top, F_NEXT);
@@ -826,6 +830,13 @@ slow_or_error:
         goto error;
 slow:
     e.code = SLOW;
+    if (iters == 1) {
+        /* stopped in its first iteration, before it did anything of it: the
+         * pure loop goes on as it was */
+        Py_CLEAR(e.top);
+        Py_XDECREF(child_error);
+        return Py_NewRef(Py_None);
+    }
     goto leave;
 leave_call:
     e.func = func;
@@ -839,11 +850,6 @@ leave:
     Py_XDECREF(out);
     Py_XDECREF(leaf);
     Py_XDECREF(func);
-    Py_XDECREF(stack);
-    Py_XDECREF(idle);
-    Py_XDECREF(call_type);
-    Py_XDECREF(ann_now);
-    Py_XDECREF(own);
     Py_XDECREF(child_error);
     return exit_tuple(&e);
 error:
@@ -859,14 +865,100 @@ error:
     Py_XDECREF(out);
     Py_XDECREF(leaf);
     Py_XDECREF(func);
-    Py_XDECREF(stack);
-    Py_XDECREF(idle);
-    Py_XDECREF(call_type);
-    Py_XDECREF(ann_now);
-    Py_XDECREF(own);
     Py_XDECREF(child_error);
     exit_clear(&e);
     return NULL;
+}
+
+/* -- freeing a call ------------------------------------------------------- */
+
+/* The call type's slots, in every class of its MRO (CoroutineCall's and
+ * Delayed's): what subtype_dealloc would clear, walking the classes one by
+ * one. A call is made and freed per call of fine-grained recursion, and
+ * that walk costs more than the rest of freeing it. */
+#define MAX_CALL_SLOTS 24
+static Py_ssize_t CALL_SLOTS[MAX_CALL_SLOTS];
+static int NCALL_SLOTS;
+
+/* Calls freed, kept for the next ones made (as CPython keeps tuples and
+ * frames): their slots cleared, untracked by the GC, holding no reference
+ * to their type. Under the GIL only. */
+#ifdef Py_GIL_DISABLED
+#define NFREE_CALLS 0
+#else
+#define NFREE_CALLS 256
+#endif
+static PyObject *FREE_CALLS[NFREE_CALLS + 1];
+static int NFREE;
+
+static void
+call_dealloc(PyObject *self)
+{
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    Py_TRASHCAN_BEGIN(self, call_dealloc)
+    if (type->tp_weaklistoffset && *(PyObject **)((char *)self + type->tp_weaklistoffset))
+        PyObject_ClearWeakRefs(self);
+    for (int k = 0; k < NCALL_SLOTS; k++)
+        Py_CLEAR(SLOT(self, CALL_SLOTS[k]));
+    if (NFREE < NFREE_CALLS && type == (PyTypeObject *)CALL) {
+        FREE_CALLS[NFREE++] = self;
+    } else {
+        type->tp_free(self);
+    }
+    Py_DECREF(type);
+    Py_TRASHCAN_END
+}
+
+/* A new call object: one freed before, or a new one (its slots all NULL). */
+static PyObject *
+new_call(PyTypeObject *ct)
+{
+    if (NFREE && ct->tp_dealloc == call_dealloc) {
+        PyObject *op = FREE_CALLS[--NFREE];
+        PyObject_Init(op, ct); /* its type (a reference) and a reference count of 1 */
+        PyObject_GC_Track(op);
+        return op;
+    }
+    return ct->tp_alloc(ct, 0);
+}
+
+/* call_dealloc stands for subtype_dealloc only where that does nothing
+ * else: no finalizer, no __del__, no instance dict, and every class of the
+ * MRO but object one defined in Python (same dealloc) whose slots are
+ * collected here. 0: taken, 1: left as it is, -1: error. */
+static int
+fast_dealloc(PyTypeObject *t)
+{
+    destructor plain = t->tp_dealloc;
+    if (t->tp_finalize || t->tp_del || t->tp_dictoffset || !(t->tp_flags & Py_TPFLAGS_HEAPTYPE) ||
+        t->tp_free != PyObject_GC_Del)
+        return 1;
+    PyObject *mro = t->tp_mro;
+    NCALL_SLOTS = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
+        PyTypeObject *b = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+        if (b == &PyBaseObject_Type)
+            continue;
+        if (!(b->tp_flags & Py_TPFLAGS_HEAPTYPE) || b->tp_dealloc != plain || b->tp_finalize ||
+            b->tp_del || b->tp_dictoffset)
+            return 1;
+        PyObject *key, *value;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(b->tp_dict, &pos, &key, &value)) {
+            if (Py_TYPE(value) != &PyMemberDescr_Type ||
+                ((PyMemberDescrObject *)value)->d_common.d_type != b)
+                continue;
+            PyMemberDef *m = ((PyMemberDescrObject *)value)->d_member;
+            if (m->type != T_OBJECT_EX)
+                continue;
+            if (NCALL_SLOTS == MAX_CALL_SLOTS)
+                return 1;
+            CALL_SLOTS[NCALL_SLOTS++] = m->offset;
+        }
+    }
+    t->tp_dealloc = call_dealloc;
+    return 0;
 }
 
 /* -- FunctionBase: making a call ------------------------------------------- */
@@ -899,7 +991,7 @@ make_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnam
     }
     Py_ssize_t n = PyVectorcall_NARGS(nargsf), i;
     PyTypeObject *ct = (PyTypeObject *)CALL;
-    PyObject *call = ct->tp_alloc(ct, 0);
+    PyObject *call = new_call(ct);
     if (call == NULL)
         return NULL;
     /* Without keywords, every call shares one empty dict (nobody writes a
@@ -1075,69 +1167,6 @@ fast_calls(PyObject *module, PyObject *cls)
     Py_RETURN_NONE;
 }
 
-/* -- freeing a call ------------------------------------------------------- */
-
-/* The call type's slots, in every class of its MRO (CoroutineCall's and
- * Delayed's): what subtype_dealloc would clear, walking the classes one by
- * one. A call is made and freed per call of fine-grained recursion, and
- * that walk costs more than the rest of freeing it. */
-#define MAX_CALL_SLOTS 24
-static Py_ssize_t CALL_SLOTS[MAX_CALL_SLOTS];
-static int NCALL_SLOTS;
-
-static void
-call_dealloc(PyObject *self)
-{
-    PyTypeObject *type = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    Py_TRASHCAN_BEGIN(self, call_dealloc)
-    if (type->tp_weaklistoffset && *(PyObject **)((char *)self + type->tp_weaklistoffset))
-        PyObject_ClearWeakRefs(self);
-    for (int k = 0; k < NCALL_SLOTS; k++)
-        Py_CLEAR(SLOT(self, CALL_SLOTS[k]));
-    type->tp_free(self);
-    Py_DECREF(type);
-    Py_TRASHCAN_END
-}
-
-/* call_dealloc stands for subtype_dealloc only where that does nothing
- * else: no finalizer, no __del__, no instance dict, and every class of the
- * MRO but object one defined in Python (same dealloc) whose slots are
- * collected here. 0: taken, 1: left as it is, -1: error. */
-static int
-fast_dealloc(PyTypeObject *t)
-{
-    destructor plain = t->tp_dealloc;
-    if (t->tp_finalize || t->tp_del || t->tp_dictoffset || !(t->tp_flags & Py_TPFLAGS_HEAPTYPE) ||
-        t->tp_free != PyObject_GC_Del)
-        return 1;
-    PyObject *mro = t->tp_mro;
-    NCALL_SLOTS = 0;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
-        PyTypeObject *b = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
-        if (b == &PyBaseObject_Type)
-            continue;
-        if (!(b->tp_flags & Py_TPFLAGS_HEAPTYPE) || b->tp_dealloc != plain || b->tp_finalize ||
-            b->tp_del || b->tp_dictoffset)
-            return 1;
-        PyObject *key, *value;
-        Py_ssize_t pos = 0;
-        while (PyDict_Next(b->tp_dict, &pos, &key, &value)) {
-            if (Py_TYPE(value) != &PyMemberDescr_Type ||
-                ((PyMemberDescrObject *)value)->d_common.d_type != b)
-                continue;
-            PyMemberDef *m = ((PyMemberDescrObject *)value)->d_member;
-            if (m->type != T_OBJECT_EX)
-                continue;
-            if (NCALL_SLOTS == MAX_CALL_SLOTS)
-                return 1;
-            CALL_SLOTS[NCALL_SLOTS++] = m->offset;
-        }
-    }
-    t->tp_dealloc = call_dealloc;
-    return 0;
-}
-
 /* -- setup ----------------------------------------------------------------- */
 
 static PyObject *
@@ -1247,8 +1276,9 @@ setup_calls(PyObject *module, PyObject *args, PyObject *kw)
 
 static PyMethodDef module_methods[] = {
     {"steps", (PyCFunction)(void (*)(void))steps, METH_FASTCALL,
-     "steps(tramp, top, run, countdown, barren): Trampoline._steps's inner loop, the common "
-     "case; returns (code, top, countdown, barren, method, arg, out, ended, fresh, body, func)"},
+     "steps(tramp, top, run, countdown, barren, stack, idle, call_type, annotations_now, "
+     "own_annotations): Trampoline._steps's inner loop, the common case; returns None (it did "
+     "nothing) or (code, top, countdown, barren, method, arg, out, ended, fresh, body, func)"},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
      "setup(**objects of engine.py)"},
     {"setup_calls", (PyCFunction)(void (*)(void))setup_calls, METH_VARARGS | METH_KEYWORDS,
@@ -1293,6 +1323,9 @@ PyInit__cengine(void)
 #undef INTERN
     if ((ZERO = PyLong_FromLong(0)) == NULL || (NO_KWARGS = PyDict_New()) == NULL)
         return NULL;
+    for (int i = 0; i < NSMALL; i++)
+        if ((SMALL[i] = PyLong_FromLong(i)) == NULL)
+            return NULL;
     if (PyModule_AddIntConstant(m, "SLOW", SLOW) < 0 ||
         PyModule_AddIntConstant(m, "BREAK", BREAK) < 0 ||
         PyModule_AddIntConstant(m, "DONE", DONE) < 0 ||

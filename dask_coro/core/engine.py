@@ -509,7 +509,8 @@ class Trampoline(Counting, Stealing):
             frame.shape = vt
             frame.leaves = value
             frame.results = [_PENDING] * len(value)
-            frame.todo = range(len(value))
+            n = len(value)
+            frame.todo = _RANGES[n] if n < _NRANGES else tuple(range(n))
             frame.next = 0
             frame.remote = _EMPTY
             frame.sent = 0
@@ -759,20 +760,22 @@ class Trampoline(Counting, Stealing):
             results = top.results
             while True:
                 if fast is not None:
-                    # The compiled loop runs the common case; where it stops,
-                    # this iteration runs here (SLOW), or a body is stepped
-                    # (BREAK), or the root returned (DONE). See accel.
-                    r = fast(self, top, run, countdown, barren)
-                    top, countdown, barren = r[1], r[2], r[3]
-                    if r[0] == _FAST_BREAK:
-                        method, arg, out, ended, fresh, body, func = r[4:]
-                        break
-                    if r[0] == _FAST_DONE:
-                        return Done(Returned(r[6]))
-                    todo = top.todo
-                    end = len(todo)
-                    leaves = top.leaves
-                    results = top.results
+                    # The compiled loop runs the common case. Where it stops,
+                    # this iteration runs here (None: it did nothing; SLOW:
+                    # it went on from here), or a body is stepped (BREAK),
+                    # or the root returned (DONE). See accel.
+                    r = fast(self, top, run, countdown, barren, stack, idle, call_type, ann_now, own)
+                    if r is not None:
+                        top, countdown, barren = r[1], r[2], r[3]
+                        if r[0] == _FAST_BREAK:
+                            method, arg, out, ended, fresh, body, func = r[4:]
+                            break
+                        if r[0] == _FAST_DONE:
+                            return Done(Returned(r[6]))
+                        todo = top.todo
+                        end = len(todo)
+                        leaves = top.leaves
+                        results = top.results
                 i = top.next
                 if i >= end:
                     # -- top's yield is done: resume it ----------------------
