@@ -117,13 +117,13 @@ def child(n: int, path: str) -> int:
 ROWS = [
     ("sequential Python (`def fib`)", "seq"),
     ("pure floor: least generator trampoline, calls as tuples (`_floor_run`)", "floor"),
-    ("pure engine: bare `Trampoline`", "tramp"),
-    ("pure engine: `Trampoline` as a worker wires it", "worker"),
+    ("dask_coro's engine (the one in use: `DASK_CORO_PURE=1` for the pure one): bare `Trampoline`", "tramp"),
+    ("dask_coro's engine: `Trampoline` as a worker wires it", "worker"),
     ("C prototype, wired as a worker (counting, `cancelled()`, stop flag, `Idle.n`, "
      "annotations read)", "ccall"),
     ("C prototype, bare (counting and the stop flag only)", "ccall_bare"),
     ("C prototype wired as a worker, each call a `Delayed` subclass made in C", "ccall_delayed"),
-    ("making one call object, pure (`fib(3)` in a loop less the loop)", "make_py"),
+    ("making one call object, dask_coro (`fib(3)` in a loop less the loop)", "make_py"),
     ("making one call object, C prototype", "make_c"),
 ]
 
