@@ -211,8 +211,19 @@ def engine(request, monkeypatch):
     if request.param == "pure":
         monkeypatch.setattr(accel, "cengine", None)
         monkeypatch.setenv(accel.PURE_ENV, "1")
-    elif accel.cengine is None:
+        # A worker process forked from the forkserver has the engine the
+        # server imported: start them fresh, so they read DASK_CORO_PURE.
+        import distributed.utils_test as utils_test
+
+        method = {"distributed.worker.multiprocessing-method": "spawn"}
+        utils_test.original_config.setdefault("distributed", {}).setdefault("worker", {})[
+            "multiprocessing-method"
+        ] = "spawn"
+        with dask.config.set(method):
+            yield request.param
+        return
+    if accel.cengine is None:
         if os.environ.get("DASK_CORO_REQUIRE_COMPILED", "") not in ("", "0"):
             pytest.fail(f"the compiled engine is required, but not in use ({accel.why})")
         pytest.skip(f"the compiled engine is not in use ({accel.why})")
-    return request.param
+    yield request.param

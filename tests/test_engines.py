@@ -199,3 +199,13 @@ def test_a_childs_error_reaches_its_parent_with_its_traceback(engine):
     assert out.step.value == ("caught", (2,), True)
     counts = {getattr(f, "__name__", f): c for f, c in t.call_counts().items()}
     assert counts["bad"] == (1, 0, 1) and counts["leaf"] == (1, 1, 0)
+
+
+def test_worker_processes_run_the_engine_asked_for(engine):
+    # what conftest.engine promises: worker processes a test starts run it too
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as lc, \
+            Client(lc) as client:
+        assert set(client.run(lambda: __import__("dask_coro").engine).values()) == {engine}
+        assert client.compute(fib(15)).result() == 610
