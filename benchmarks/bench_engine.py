@@ -3,6 +3,7 @@ process, and fib(25) with every call a coroutine on 1 and 2 workers, against
 sequential Python.
 
 Run: python benchmarks/bench_engine.py [--n 25] [--repeat 5] [--ns-n 20] [--rounds 5] [--quick]
+     python benchmarks/bench_engine.py --callgrind [--ns-n 16]   (needs valgrind)
 
 ns per inline call: fib(--ns-n) through ``Trampoline`` wired as a worker wires
 a run (counting calls, a ``cancelled()`` callback, an ``Idle``), and making one
@@ -14,6 +15,10 @@ turn on a fresh cluster (the workers import dask_coro with or without
 ``DASK_CORO_PURE``, checked on each), --repeat runs each, in two passes (the
 second in the opposite order); sequential Python fib(--n) timed in this
 process before and after.
+With --callgrind: machine instructions an inline call of the compiled engine
+(fib(--ns-n) once through the trampoline wired as a worker, under valgrind's
+callgrind, counting inside ``_cengine.steps`` only, which runs every call and
+body: the same count run after run).
 """
 
 from __future__ import annotations
@@ -92,6 +97,30 @@ def per_call(n: int, rounds: int) -> dict:
             for e in ENGINES}
 
 
+def _child_fib(n: int) -> None:
+    from dask_coro.core.engine import Idle
+    from dask_coro.runtime.call import trampoline
+
+    t = trampoline("fib", inline=True, count=True, idle=Idle(0), cancelled=lambda: False, awaits=False)
+    assert t.start(coro_fib.__wrapped__, (n,), {}).step.value == B.seq_fib(n)
+
+
+def callgrind(n: int) -> int:
+    import re
+
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--toggle-collect=steps", f"--callgrind-out-file={tmp}/cg",
+             sys.executable, os.path.abspath(__file__), "--child-fib", str(n)],
+            capture_output=True, text=True, check=True, env=dict(os.environ, PYTHONHASHSEED="0"))
+    m = re.search(r"Collected : (\d+)", proc.stderr)
+    assert m, proc.stderr[-500:]
+    calls = B.fib_calls(n) - 1  # the root is not an inline call
+    print(f"compiled engine, fib({n}): {int(m.group(1)) / calls:,.0f} instructions an inline call "
+          "(inside _cengine.steps: the loop, making calls, the bodies)")
+    return 0
+
+
 # -- fib(n) on a cluster -------------------------------------------------------
 
 
@@ -133,10 +162,17 @@ def main(argv=None) -> int:
     p.add_argument("--ns-n", type=int, default=20)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--child-ns", help=argparse.SUPPRESS)
+    p.add_argument("--child-fib", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--callgrind", action="store_true")
     args = B.parse(p, argv, quick={"n": 18, "ns_n": 15, "rounds": 2, "repeat": 2})
     if args.child_ns:
         _child_ns(args.ns_n, args.child_ns)
         return 0
+    if args.child_fib:
+        _child_fib(args.child_fib)
+        return 0
+    if args.callgrind:
+        return callgrind(args.ns_n)
     data: dict = {"n": args.n}
     ns = per_call(args.ns_n, args.rounds)
     data["ns"] = ns
