@@ -8,9 +8,11 @@
     shared objects must not be positive every time. A leak of one object per
     call shows as thousands of blocks a round.
 ``python tests/memcheck.py --valgrind``
-    The same workloads, fewer rounds, under valgrind's memcheck
+    The same workloads, fewer rounds, then the engine's tests
+    (``ENGINE_TESTS``, on both engines), under valgrind's memcheck
     (``PYTHONMALLOC=malloc``): fails on any error, or any block definitely
-    lost, with a frame of the compiled engine in its stack. CPython itself
+    lost, with a frame of the compiled engine in its stack, or a test that
+    fails. CPython itself
     reports a few uninitialised reads at interpreter exit, with or without
     dask_coro: those name no frame of ours and are not counted.
 
@@ -166,26 +168,54 @@ def leaks(rounds: int, per_round: int) -> int:
     return 1 if failures else 0
 
 
+#: The engine's tests run under valgrind too (--valgrind): every path of the
+#: compiled loop they reach, on both engines (conftest.engine). Those that
+#: start processes are left out: their children would not run under it.
+ENGINE_TESTS = ["tests/test_engines.py", "tests/test_inline_pure.py", "tests/test_result_pure.py"]
+LEFT_OUT = "not worker_processes and not pure_forces"
+
+
+def _under_valgrind(exe: str, args: list[str]) -> tuple[int, str, str]:
+    env = dict(os.environ, PYTHONMALLOC="malloc")
+    cmd = [exe, "--leak-check=full", "--num-callers=40", sys.executable, *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _ours(stderr: str) -> tuple[int, list[str]]:
+    """valgrind's reports (blocks separated by a line of its pid alone): how
+    many errors in all, and those with a frame of the compiled engine."""
+    reports = re.split(r"^==\d+== ?\n", stderr, flags=re.M)
+    kinds = r"== (Invalid|Use of|Conditional|Syscall|Mismatched|Source and|.*definitely lost)"
+    ours = [r for r in reports if "_cengine" in r and re.search(kinds, r)]
+    counted = len([r for r in reports if re.search(r"== (Invalid|Use of|Conditional)", r)])
+    return counted, ours
+
+
 def valgrind() -> int:
     exe = shutil.which("valgrind")
     if exe is None:
         print("valgrind is not installed: apt-get install valgrind", file=sys.stderr)
         return 1
-    env = dict(os.environ, PYTHONMALLOC="malloc")
-    cmd = [exe, "--leak-check=full", "--num-callers=40", sys.executable, __file__, "--rounds", "1", "--per-round", "2"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    print(proc.stdout, end="")
-    if proc.returncode != 0:
-        print(proc.stderr[-5000:], file=sys.stderr)
-        return 1
-    # valgrind's reports: blocks separated by a line of its pid alone
-    reports = re.split(r"^==\d+== ?\n", proc.stderr, flags=re.M)
-    ours = [r for r in reports if "_cengine" in r and re.search(r"== (Invalid|Use of|Conditional|Syscall|Mismatched|Source and|.*definitely lost)", r)]
-    counted = len([r for r in reports if re.search(r"== (Invalid|Use of|Conditional)", r)])
-    print(f"valgrind: {counted} error reports in all, {len(ours)} with a frame of the compiled engine")
-    for r in ours:
-        print(r, file=sys.stderr)
-    return 1 if ours else 0
+    here = os.path.dirname(os.path.abspath(__file__))
+    runs = [
+        ("the workloads", [__file__, "--rounds", "1", "--per-round", "2"]),
+        ("the engine's tests", ["-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider", "-q",
+                                "-k", LEFT_OUT, *(os.path.join(os.path.dirname(here), t) for t in ENGINE_TESTS)]),
+    ]
+    failed = False
+    for what, args in runs:
+        code, out, err = _under_valgrind(exe, args)
+        print(out[-2000:], end="")
+        counted, ours = _ours(err)
+        print(f"valgrind, {what}: exit {code}, {counted} error reports in all, {len(ours)} with a frame "
+              "of the compiled engine", flush=True)
+        for r in ours:
+            print(r, file=sys.stderr)
+        if code != 0:
+            print(err[-5000:], file=sys.stderr)
+        failed = failed or code != 0 or bool(ours)
+    return 1 if failed else 0
 
 
 def main() -> int:
