@@ -355,6 +355,24 @@ exit_clear(Exit *e)
     Py_CLEAR(e->func);
 }
 
+/* A body yielded ``*y``, which the pure loop sets up: BREAK with the step
+ * taken (``_STEPPED``) and what it yielded, a Request's value unwrapped.
+ * Takes ``*y``. */
+static int
+stepped(Exit *e, PyObject **y)
+{
+    e->code = BREAK;
+    e->method = Py_NewRef(STEPPED);
+    if (Py_TYPE(*y) == (PyTypeObject *)REQUEST) {
+        e->out = PyObject_GetAttr(*y, S_VALUE);
+        Py_CLEAR(*y);
+        return e->out == NULL ? -1 : 0;
+    }
+    e->out = *y;
+    *y = NULL;
+    return 0;
+}
+
 /* ``body.<name>`` as the step to take next */
 static int
 bound(Exit *e, PyObject *body, PyObject *name)
@@ -382,6 +400,21 @@ caught(PyObject *tramp)
         return NULL;
     }
     return err;
+}
+
+/* A body raised (the error pending): BREAK with what it raised, as the pure
+ * loop's ``except BaseException``; -1 with the error still set when the
+ * trampoline is closing. */
+static int
+raised(Exit *e, PyObject *tramp)
+{
+    e->out = caught(tramp);
+    if (e->out == NULL)
+        return -1;
+    e->code = BREAK;
+    e->method = Py_NewRef(STEPPED);
+    e->ended = RAISED;
+    return 0;
 }
 
 /* run[1] += *add (the calls counted in C since the last time) */
@@ -536,12 +569,8 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 continue;
             }
             if (rc == PYGEN_ERROR) {
-                e.out = caught(tramp);
-                if (e.out == NULL)
+                if (raised(&e, tramp) < 0)
                     goto error;
-                e.code = BREAK;
-                e.method = Py_NewRef(STEPPED);
-                e.ended = RAISED;
                 goto leave;
             }
             /* it yielded y */
@@ -560,17 +589,8 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     continue;
                 }
             }
-            e.code = BREAK;
-            e.method = Py_NewRef(STEPPED);
-            if (Py_TYPE(y) == (PyTypeObject *)REQUEST) {
-                e.out = PyObject_GetAttr(y, S_VALUE);
-                Py_CLEAR(y);
-                if (e.out == NULL)
-                    goto error;
-            } else {
-                e.out = y;
-                y = NULL;
-            }
+            if (stepped(&e, &y) < 0)
+                goto error;
             goto leave;
         }
         /* -- the next inline leaf ------------------------------------------ */
@@ -750,14 +770,10 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 continue;
             }
             if (rc == PYGEN_ERROR) {
-                e.out = caught(tramp);
-                if (e.out == NULL)
+                if (raised(&e, tramp) < 0)
                     goto error;
-                e.code = BREAK;
                 e.fresh = pos;
                 e.body = Py_NewRef(out);
-                e.method = Py_NewRef(STEPPED);
-                e.ended = RAISED;
                 goto leave_call;
             }
             PyTypeObject *yt = Py_TYPE(y);
@@ -790,19 +806,10 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     continue;
                 }
             }
-            e.code = BREAK;
             e.fresh = pos;
             e.body = Py_NewRef(out);
-            e.method = Py_NewRef(STEPPED);
-            if (Py_TYPE(y) == (PyTypeObject *)REQUEST) {
-                e.out = PyObject_GetAttr(y, S_VALUE);
-                Py_CLEAR(y);
-                if (e.out == NULL)
-                    goto error;
-            } else {
-                e.out = y;
-                y = NULL;
-            }
+            if (stepped(&e, &y) < 0)
+                goto error;
             goto leave_call;
         }
         /* a plain value */
