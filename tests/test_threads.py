@@ -14,9 +14,12 @@ really suspends its body. gen_cluster workers run in the test's process.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import sqlite3
 import threading
 import time
+import uuid
 
 import dask
 import distributed
@@ -550,3 +553,49 @@ async def test_a_blocking_call_with_a_timeout_times_out_as_in_a_task(c, s, a):
     assert await c.submit(result_with_timeout_as_a_task, "never2") == "TimeoutError"
     for name in ("never1", "never2"):
         await distributed.Event(name, client=c).set()
+
+
+#: Gates the bodies below wait on (threading.Event: a wait on one holds the
+#: body's thread; gen_cluster workers share this process).
+GATES: collections.defaultdict[str, threading.Event] = collections.defaultdict(threading.Event)
+
+
+@coroutine
+def rejoins_after(name):
+    secede()
+    GATES[f"{name}-seceded"].set()
+    GATES[f"{name}-go"].wait(60)
+    rejoin()  # waits for a thread of the pool: the only one is held
+    GATES[f"{name}-rejoined"].set()
+    return 1
+
+
+@coroutine
+def holds_the_thread(name):
+    GATES[f"{name}-held"].set()
+    GATES[f"{name}-free"].wait(60)
+    return 2
+
+
+@cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
+async def test_a_body_waiting_in_rejoin_goes_on_when_its_worker_closes(c, s, a):
+    """A body that seceded and waits in ``rejoin()`` for a thread of the pool
+    goes on when its worker closes. Worker.close clears the pool's queue,
+    so nothing would ever serve it: its lane thread would wait for ever
+    (distributed's ``rejoin`` has no timeout) and outlive the worker, which
+    the cluster's thread-leak check reports (seen as a flake of
+    test_group's deadline test, whose children wait on Events)."""
+    name = f"rejoin-{uuid.uuid4().hex}"
+    rejoining = c.compute(rejoins_after(name))
+    await async_poll_for(GATES[f"{name}-seceded"].is_set, timeout=30)
+    holding = c.compute(holds_the_thread(name))
+    await async_poll_for(GATES[f"{name}-held"].is_set, timeout=30)
+    GATES[f"{name}-go"].set()
+    seats = a.plugins["dask-coro-key-watcher"].lanes.seats
+    await async_poll_for(lambda: bool(seats._waiting), timeout=30)  # rejoin() waits for the held thread
+    assert not GATES[f"{name}-rejoined"].is_set()
+    closing = asyncio.create_task(a.close())
+    await async_poll_for(GATES[f"{name}-rejoined"].is_set, timeout=30)
+    GATES[f"{name}-free"].set()  # the holder's step ends, and with it the worker's close
+    await closing
+    del rejoining, holding

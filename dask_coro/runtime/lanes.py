@@ -189,16 +189,45 @@ class Seats:
         self._order = itertools.count()
         #: Pauses asked for (for tests and benchmarks).
         self.pauses = 0
+        #: The worker is closing (``close``): no step waits for a seat.
+        self.closed = False
 
     def want(self, seat: _Seat) -> None:
         with self._lock:
-            heapq.heappush(self._waiting, (seat.rank, next(self._order), seat))
-        self.pool.submit(self._serve)
+            if not self.closed:
+                heapq.heappush(self._waiting, (seat.rank, next(self._order), seat))
+        if self.closed:
+            self._without_seat(seat)
+            return
+        try:
+            self.pool.submit(self._serve)
+        except RuntimeError:  # the pool is shut down: the worker is closing
+            self.close()
+
+    def close(self) -> None:
+        """The worker is closing, and its pool will serve no more steps:
+        every step waiting for a seat goes on without one, and so will any
+        that asks later. A body's ``rejoin()`` after a secede would otherwise
+        wait for ever for a pool thread (distributed's ``rejoin`` waits with
+        no timeout), and its lane thread would outlive the worker."""
+        with self._lock:
+            self.closed = True
+            waiting = [seat for _, _, seat in self._waiting]
+            self._waiting.clear()
+        for seat in waiting:
+            self._without_seat(seat)
+
+    @staticmethod
+    def _without_seat(seat: _Seat) -> None:
+        if seat.got is not None:
+            seat.got.set()
 
     def _serve(self) -> None:
         # A job of the pool, on a pool thread: serve the best-ranked step
         # waiting now, and hold this thread until it lets go.
         with self._lock:
+            if not self._waiting:  # let go without one at close
+                return
             _, _, seat = heapq.heappop(self._waiting)
             self._seated[seat] = None
             release = seat.release
@@ -332,5 +361,6 @@ class Lanes:
             seat.done()
 
     def close(self) -> None:
+        self.seats.close()
         for lane in self.lanes:
             lane.close()
