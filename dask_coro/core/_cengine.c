@@ -466,7 +466,6 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "run must be None or [func, n]");
         return NULL;
     }
-    PyObject *child_error = NULL;
     PyObject *y = NULL, *out = NULL, *leaf = NULL, *func = NULL;
     Spare spare = {{NULL}, 0};
     Py_ssize_t run_add = 0; /* calls of run[0] started, not yet added to run[1] */
@@ -474,9 +473,6 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "Trampoline.stack must be a list");
         goto error;
     }
-    child_error = PyObject_GetAttr(tramp, S_CHILD_ERROR);
-    if (child_error == NULL)
-        goto error;
     if (call_type != CALL) {
         PyErr_Format(PyExc_TypeError, "steps() runs calls of %R only, not %R", CALL, call_type);
         goto error;
@@ -680,13 +676,20 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyObject *err = caught(tramp);
             if (err == NULL)
                 goto error;
+            /* tramp.child_error, read only when a call raised */
+            PyObject *child_error = PyObject_GetAttr(tramp, S_CHILD_ERROR);
+            if (child_error == NULL) {
+                Py_DECREF(err);
+                goto error;
+            }
             if (child_error != Py_None) {
                 PyObject *e2 = PyObject_CallOneArg(child_error, err);
                 Py_DECREF(err);
-                if (e2 == NULL)
-                    goto error;
                 err = e2;
             }
+            Py_DECREF(child_error);
+            if (err == NULL)
+                goto error;
             PyObject *failed = PyObject_CallOneArg(FAILED, err);
             if (failed == NULL) {
                 Py_DECREF(err);
@@ -841,7 +844,6 @@ slow:
         /* stopped in its first iteration, before it did anything of it: the
          * pure loop goes on as it was */
         Py_CLEAR(e.top);
-        Py_XDECREF(child_error);
         return Py_NewRef(Py_None);
     }
     goto leave;
@@ -857,7 +859,6 @@ leave:
     Py_XDECREF(out);
     Py_XDECREF(leaf);
     Py_XDECREF(func);
-    Py_XDECREF(child_error);
     return exit_tuple(&e);
 error:
     {
@@ -872,7 +873,6 @@ error:
     Py_XDECREF(out);
     Py_XDECREF(leaf);
     Py_XDECREF(func);
-    Py_XDECREF(child_error);
     exit_clear(&e);
     return NULL;
 }
