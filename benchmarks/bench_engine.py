@@ -53,19 +53,6 @@ def _child_ns(n: int, path: str) -> None:
         assert type(out) is Done
         return out.step.value
 
-    def make(k: int, f) -> float:
-        best = float("inf")
-        for _ in range(9):
-            t0 = time.perf_counter()
-            if f is None:
-                for _ in range(k):
-                    pass
-            else:
-                for _ in range(k):
-                    f(3)
-            best = min(best, time.perf_counter() - t0)
-        return best
-
     calls = B.fib_calls(n)
     assert worker_run(n) == B.seq_fib(n)
     best = {"seq": float("inf"), "call": float("inf")}
@@ -75,7 +62,7 @@ def _child_ns(n: int, path: str) -> None:
             fn(n)
             best[k] = min(best[k], time.perf_counter() - t0)
     ns = {k: v / calls * 1e9 for k, v in best.items()}
-    ns["make"] = (make(calls, coro_fib) - make(calls, None)) / calls * 1e9
+    ns["make"] = B.ns_making_calls(coro_fib, calls)
     with open(path, "w") as f:
         json.dump({"engine": accel.ENGINE, "ns": ns}, f)
 

@@ -36,6 +36,7 @@ import dask
 import dask_coro
 from dask_coro import coroutine, gather, result
 from dask_coro.core import accel, engine
+from dask_coro.examples import fib
 from dask_coro.runtime.call import CoroutineTask, trampoline
 from dask_coro.runtime.local import run_local
 
@@ -43,14 +44,6 @@ from dask_coro.runtime.local import run_local
 @coroutine
 def leaf(x, k=0):
     return x + k
-
-
-@coroutine
-def fib(n):
-    if n < 2:
-        return n
-    a, b = yield [fib(n - 1), fib(n - 2)]
-    return a + b
 
 
 @coroutine

@@ -21,17 +21,10 @@ import dask_coro
 from dask_coro import coroutine
 from dask_coro.core import accel
 from dask_coro.core.engine import Done, Idle, Stopped
+from dask_coro.examples import fib
 from dask_coro.runtime.call import CoroutineCall, CoroutineFunction, _MakesCalls, trampoline
 
 compiled = pytest.mark.skipif(accel.cengine is None, reason=f"the compiled engine is not in use ({accel.why})")
-
-
-@coroutine
-def fib(n):
-    if n < 2:
-        return n
-    a, b = yield [fib(n - 1), fib(n - 2)]
-    return a + b
 
 
 @coroutine

@@ -78,20 +78,6 @@ DRIVERS = {
 }
 
 
-def _make(f, k: int) -> float:
-    best = float("inf")
-    for _ in range(9):
-        t0 = time.perf_counter()
-        if f is None:
-            for _ in range(k):
-                pass
-        else:
-            for _ in range(k):
-                f(3)
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def child(n: int, path: str) -> int:
     calls = P.B.fib_calls(n)
     expect = P.B.seq_fib(n)
@@ -104,11 +90,10 @@ def child(n: int, path: str) -> int:
             fn(n)
             best[k] = min(best[k], time.perf_counter() - t0)
     ns = {k: v / calls * 1e9 for k, v in best.items()}
-    empty = _make(None, calls)
     _ccall.set_annotations_var(annotations_in_effect)
-    ns["make_c"] = (_make(fibc.fib, calls) - empty) / calls * 1e9
+    ns["make_c"] = P.B.ns_making_calls(fibc.fib, calls)
     _ccall.set_annotations_var(None)
-    ns["make_py"] = (_make(pyfib, calls) - empty) / calls * 1e9
+    ns["make_py"] = P.B.ns_making_calls(pyfib, calls)
     with open(path, "w") as f:
         json.dump({"n": n, "calls": calls, "ns": ns}, f)
     return 0
