@@ -18,6 +18,7 @@ import dask
 import pytest
 from distributed.utils_test import async_poll_for, gen_cluster
 
+import dask_coro
 from dask_coro import coroutine
 
 pytestmark = pytest.mark.inline
@@ -77,3 +78,47 @@ async def test_older_tree_resumes_while_a_younger_one_runs_inline(c, s, a, b):
     assert seen is not None, "the older tree ended only after the younger one's whole step"
     pauses = a.plugins["dask-coro-key-watcher"].lanes.seats.pauses
     assert pauses >= 1
+
+
+STEPS: list[str] = []
+
+
+@coroutine
+def leaf_step(name, seconds):
+    STEPS.append(name)
+    time.sleep(seconds)
+    return 1
+
+
+@coroutine
+def strategy(name, steps, seconds):
+    x = 0
+    for _ in range(steps):  # one step of the body: every call runs inline
+        x += yield leaf_step(name, seconds)
+    return name
+
+
+@coroutine
+def first_of(slow_on, fast_on):
+    with dask_coro.group() as g:
+        with dask.annotate(workers=[slow_on]):
+            g.spawn(strategy("slow", 40, 0.05))
+        with dask.annotate(workers=[fast_on]):
+            g.spawn(strategy("fast", 2, 0.01))
+        _, name = yield g.next()
+        return name, STEPS.count("slow")
+
+
+@gen_cluster(client=True, nthreads=[("", 1), ("", 1)], timeout=90)
+async def test_first_of_does_not_wait_for_the_losers_inline_chain(c, s, a, b):
+    """The race of docs/groups.md on 1-thread workers, the slow strategy on
+    its parent's worker: its chain of 40 inline calls holds the only thread
+    there. The parent, woken by next() once the fast one answers, gets the
+    thread at the chain's next inline call (the same tree's step held it a
+    time slice) instead of after all 40 calls; plain Dask's
+    ``wait(FIRST_COMPLETED)`` in a ``worker_client`` task answers as soon."""
+    STEPS.clear()
+    name, slow_steps = await c.compute(first_of(a.address, b.address), workers=[a.address])
+    assert name == "fast"
+    assert slow_steps < 40, "the parent resumed only after the loser's whole chain"
+    assert a.plugins["dask-coro-key-watcher"].lanes.seats.pauses >= 1

@@ -51,6 +51,15 @@ def worker_task_state(worker: Any, key: Key) -> str | None:
     return None if ts is None else ts.state
 
 
+def worker_slots_full(worker: Any) -> bool:
+    """Whether every thread slot of the worker's state machine is taken by
+    an executing task (``WorkerState._ensure_computing`` starts a ready task
+    only while ``len(executing) < nthreads``; a seceded task is
+    ``long_running`` and takes none)."""
+    state = worker.state
+    return len(state.executing) >= state.nthreads
+
+
 def worker_task_priority(worker: Any, key: Key) -> tuple[Any, ...]:
     """The priority the scheduler gave ``key`` (``TaskState.priority`` on the
     worker is the scheduler's, from ``ComputeTaskEvent.priority``, plus the

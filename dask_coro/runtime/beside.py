@@ -7,7 +7,7 @@ a worker, but the task:
 
 - a trampoline of its own, stepped on a lane of its own (``Lanes.pick``),
   each step holding a thread of the pool as the run's steps do
-  (``Lanes.run``, ranked as the run's tree), so the pool still bounds the
+  (``Lanes.run``, in the share of the run's tree), so the pool still bounds the
   user code running at once; its asyncio awaits run on the lane's loop
   while it holds no thread;
 - the cluster work it waits for (``await f(x)``, ``await gather(...)``, a
@@ -102,7 +102,7 @@ async def run_beside(host: Beside, func: Any, args: tuple[Any, ...], name: str) 
         # Shielded: a cancel stops our wait, not the step, which runs on
         # (its user code cannot be interrupted) until its next await.
         host.step = asyncio.ensure_future(
-            lanes.run(lane, run.key, run.start, on_lane, fn, args, rank=run.rank, urgent=urgent)
+            lanes.run(lane, run.key, run.start, on_lane, fn, args, tree=run.tree, weight=run.weight, urgent=urgent)
         )
         return await asyncio.shield(host.step)
 

@@ -29,11 +29,11 @@ wait. Such a step holds its lane meanwhile, as a seceded task holds its
 thread: the lane is not given to new runs, and a new lane is made when every
 lane is held so (lanes beyond the cap go when their last run ends).
 
-Threads of the pool go to waiting steps by their tree's rank (``Seats``):
-an older tree's step first, and one that waits for a thread past
-``PATIENCE`` has the youngest tree's seated step pause at its next inline
-call or yield, give its thread back and ask again behind it (docs/running.md,
-fair progress between trees).
+Threads of the pool are shared fairly between trees (``Seats``): a waiting
+step of the tree that has had the least of them for its weight is served
+first, and one that waits past ``PATIENCE`` has a step that held its thread
+for a time slice pause at its next inline call or yield, give its thread
+back and ask again (docs/running.md, fair progress between trees).
 
 Each lane thread runs an asyncio event loop of its own, and every step runs
 as a callback of that loop: an ``async def`` body may await asyncio
@@ -46,9 +46,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import heapq
 import itertools
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -110,18 +110,25 @@ class Lane:
 class _Seat:
     """A thread of the pool held for a step: a job on the pool that waits
     until the step lets go of it (``leave``), as a task's own thread is held
-    while it runs. Steps wait for seats in the order of their ``rank``
+    while it runs. Steps wait for seats in their tree's fair order
     (``Seats``)."""
 
-    __slots__ = ("seats", "lane", "rank", "pause", "release", "got")
+    __slots__ = ("seats", "lane", "key", "tree", "weight", "pause", "release", "got", "order", "since", "pausing")
 
-    def __init__(self, seats: Seats, lane: Lane, rank: Any, pause: Callable[[], None] | None):
+    def __init__(
+        self, seats: Seats, lane: Lane, key: str, tree: Any, weight: float, pause: Callable[[], None] | None
+    ):
         self.seats = seats
         self.lane = lane
-        self.rank = rank
+        self.key = key  # the task's, as a string
+        self.tree = tree  # the tree (its root's key) whose share the step uses
+        self.weight = weight  # the tree's weight (``weight_of``)
         self.pause = pause  # asks the step to give its seat back at its next inline call
         self.release: threading.Event | None = None
         self.got: threading.Event | None = None  # set once a pool thread serves us
+        self.order = 0  # when it asked (``Seats``: first come among equals)
+        self.since = 0.0  # when it was seated
+        self.pausing = False  # asked to pause, not yet given back
 
     def take(self, started: threading.Event | None = None) -> None:
         """Hold a thread of the pool: wait for one, or, with ``started``,
@@ -163,39 +170,110 @@ class _Seat:
             release.set()
 
 
-#: s a step waits for a thread of the pool before it asks a step of a
-#: younger tree to give one back (a free thread takes a job at once; this
-#: only saves a needless pause when the pool is slow to start it).
+#: s a step waits for a thread of the pool before it asks a seated step to
+#: give one back, and between two such asks (a free thread takes a job at
+#: once; this only saves a needless pause when the pool is slow to start it).
 PATIENCE = 0.01
+
+#: s a step holds its thread before a waiting step of a tree that had no
+#: more of this worker's threads than its own may ask it to pause: the time
+#: slice (Go preempts a goroutine after 10 ms; here a pause costs a trip
+#: through the event loop, about 0.2 ms).
+SLICE = 0.02
+
+#: A tree's weight is ``2 ** priority`` (its root's ``dask.annotate(priority=...)``),
+#: the priority bounded to this many steps either way.
+MAX_PRIORITY = 20
+
+
+def weight_of(priority: Any) -> float:
+    """The share a tree of user priority ``priority`` gets against a tree of
+    priority 0: twice as much for each step up, half for each step down."""
+    try:
+        p = max(-MAX_PRIORITY, min(MAX_PRIORITY, float(priority)))
+    except (TypeError, ValueError):
+        p = 0.0
+    return 2.0**p
+
+
+class _Share:
+    """One tree's use of this worker's threads: its virtual time (seconds
+    of threads held, divided by its weight) and its steps seated or waiting."""
+
+    __slots__ = ("vtime", "weight", "seated", "waiting")
+
+    def __init__(self, vtime: float, weight: float):
+        self.vtime = vtime
+        self.weight = weight
+        self.seated = 0
+        self.waiting = 0
 
 
 class Seats:
-    """The threads of the pool, handed to waiting steps in the order of their
-    rank (lowest first): each step that wants one submits one job to the
-    pool, and a job that starts serves the best-ranked step waiting then, so
-    a step of an older tree is never served after a younger tree's step
-    that asked at the same time. A step that waited ``PATIENCE`` without
-    being served asks the worst-ranked seated step of a younger tree (a
-    higher rank) to pause: that step gives its seat back at its next inline
-    call and asks for one again, behind the older step. Steps of one tree
-    (equal ranks) never pause each other; ordinary tasks are never paused
-    (they run as distributed runs them)."""
+    """The threads of the pool, shared fairly between trees: each step that
+    wants one submits one job to the pool, and a job that starts serves the
+    waiting step of the tree that has had the least of this worker's threads
+    for its weight (its virtual time, as Linux's CFS and stride scheduling
+    keep one per task), first come first served within a tree. A tree that
+    arrives, or comes back after holding and wanting none, starts at the
+    least virtual time of the trees active then (CFS's ``min_vruntime``): it
+    is served next, and has no credit for the time it was away.
+
+    A step that waited ``PATIENCE`` without being served asks a seated step
+    to pause, if one has held its thread for at least ``SLICE`` and its
+    tree's virtual time is not below the waiting step's tree's (a step of
+    the same tree too: a parent woken while a sibling's chain runs gets the
+    thread at the chain's next inline call). The one asked gives its seat
+    back at its next inline call or yield, and asks for one again. One ask
+    at a time per waiting step; ordinary tasks are never paused (they run
+    as distributed runs them). ``preempt_for`` does the same for a task
+    waiting in the worker's ready queue (``runtime/worker.py``)."""
 
     def __init__(self, pool: concurrent.futures.Executor):
         self.pool = pool
         self._lock = threading.Lock()
-        self._waiting: list[tuple[Any, int, _Seat]] = []  # a heap by (rank, order of asking)
+        self._waiting: list[_Seat] = []  # in the order of asking
         self._seated: dict[_Seat, None] = {}  # seats held by steps
+        self._shares: dict[Any, _Share] = {}  # trees with a step seated or waiting
+        self._floor = 0.0  # the least virtual time of the active trees, as last seen
         self._order = itertools.count()
+        self._asked: dict[_Seat, _Seat] = {}  # waiting step -> the step it asked to pause
         #: Pauses asked for (for tests and benchmarks).
         self.pauses = 0
         #: The worker is closing (``close``): no step waits for a seat.
         self.closed = False
 
+    # -- shares (under the lock) ---------------------------------------------
+
+    def _share(self, seat: _Seat) -> _Share:
+        share = self._shares.get(seat.tree)
+        if share is None:
+            if self._shares:
+                now = time.monotonic()
+                self._floor = max(self._floor, min(self._vtime(t, now) for t in self._shares))
+            share = self._shares[seat.tree] = _Share(self._floor, seat.weight)
+        return share
+
+    def _vtime(self, tree: Any, now: float) -> float:
+        """``tree``'s virtual time, with what its seated steps hold so far."""
+        share = self._shares.get(tree)
+        if share is None:
+            return self._floor
+        held = sum(now - s.since for s in self._seated if s.tree == tree) if share.seated else 0.0
+        return share.vtime + held / share.weight
+
+    def _forget_idle(self, share: _Share, tree: Any) -> None:
+        if not share.seated and not share.waiting:
+            del self._shares[tree]
+
+    # -- steps ---------------------------------------------------------------
+
     def want(self, seat: _Seat) -> None:
         with self._lock:
             if not self.closed:
-                heapq.heappush(self._waiting, (seat.rank, next(self._order), seat))
+                seat.order = next(self._order)
+                self._share(seat).waiting += 1
+                self._waiting.append(seat)
         if self.closed:
             self._without_seat(seat)
             return
@@ -212,8 +290,14 @@ class Seats:
         no timeout), and its lane thread would outlive the worker."""
         with self._lock:
             self.closed = True
-            waiting = [seat for _, _, seat in self._waiting]
+            waiting = list(self._waiting)
             self._waiting.clear()
+            self._asked.clear()
+            for seat in waiting:
+                share = self._shares.get(seat.tree)
+                if share is not None:
+                    share.waiting -= 1
+                    self._forget_idle(share, seat.tree)
         for seat in waiting:
             self._without_seat(seat)
 
@@ -222,14 +306,27 @@ class Seats:
         if seat.got is not None:
             seat.got.set()
 
+    def _next(self, now: float) -> _Seat:
+        """The waiting step to serve: its tree's virtual time least, then the
+        first to ask (under the lock, with one waiting at least)."""
+        vtimes = {tree: self._vtime(tree, now) for tree in {s.tree for s in self._waiting}}
+        self._floor = max(self._floor, min(self._vtime(t, now) for t in self._shares))
+        return min(self._waiting, key=lambda s: (vtimes[s.tree], s.order))
+
     def _serve(self) -> None:
-        # A job of the pool, on a pool thread: serve the best-ranked step
-        # waiting now, and hold this thread until it lets go.
+        # A job of the pool, on a pool thread: serve the step due now, and
+        # hold this thread until it lets go.
         with self._lock:
             if not self._waiting:  # let go without one at close
                 return
-            _, _, seat = heapq.heappop(self._waiting)
+            seat = self._next(time.monotonic())
+            self._waiting.remove(seat)
+            share = self._shares[seat.tree]
+            share.waiting -= 1
+            share.seated += 1
+            seat.since = time.monotonic()
             self._seated[seat] = None
+            self._asked.pop(seat, None)
             release = seat.release
             got = seat.got
         assert release is not None and got is not None
@@ -239,34 +336,69 @@ class Seats:
     def wait(self, seat: _Seat) -> None:
         got = seat.got
         assert got is not None
-        if got.wait(PATIENCE):
-            return
-        self._preempt(seat)
-        got.wait()
+        while not got.wait(PATIENCE):
+            self._preempt(seat.tree, seat)
 
-    def _preempt(self, seat: _Seat) -> None:
-        """``seat``'s step still waits: ask the seated step of the youngest
-        tree, if younger than ``seat``'s, to pause (one per waiting step)."""
+    def preempt_for(self, tree: Any, keys: set[str]) -> bool:
+        """A task of ``tree`` waits in the worker's ready queue for a thread
+        slot: ask a seated step of another tree, of a task in ``keys`` (those
+        holding a slot), to pause as ``wait`` would for a step of ``tree``
+        (whether one was asked). A task of the same tree waits: its tree has
+        the threads already, and a pause would only trade one of its steps
+        for another."""
+        return self._preempt(tree, None, keys)
+
+    def _preempt(self, tree: Any, seat: _Seat | None, keys: set[str] | None = None) -> bool:
+        """Ask the seated step due to pause for a step (``seat``) or task of
+        ``tree``: held at least ``SLICE``, its tree's virtual time the
+        greatest and not below ``tree``'s (one ask at a time per waiting step;
+        with ``keys``, only a step of another tree, of a task in ``keys``)."""
         with self._lock:
-            if seat.got is None or seat.got.is_set():
-                return
-            worst = None
+            if seat is not None:
+                if seat.got is None or seat.got.is_set():
+                    return False
+                asked = self._asked.get(seat)
+                if asked is not None and asked in self._seated:
+                    return False  # the one asked has not given its seat back yet
+            now = time.monotonic()
+            mine = self._vtime(tree, now)
+            worst: tuple[float, float] | None = None
+            victim = None
             for other in self._seated:
-                try:
-                    if other.pause is not None and other.rank > seat.rank:
-                        if worst is None or other.rank > worst.rank:
-                            worst = other
-                except TypeError:  # ranks that do not compare: neither is older
+                if other.pause is None or other.pausing or now - other.since < SLICE:
                     continue
-            if worst is None:
-                return
-            self._seated.pop(worst)  # asked once: it gives its seat back soon
+                if keys is not None and (other.tree == tree or other.key not in keys):
+                    continue
+                theirs = self._vtime(other.tree, now)
+                if theirs < mine:
+                    continue
+                rank = (theirs, now - other.since)
+                if worst is None or rank > worst:
+                    worst, victim = rank, other
+            if victim is None:
+                return False
+            victim.pausing = True
+            if seat is not None:
+                self._asked[seat] = victim
             self.pauses += 1
-        worst.pause()  # type: ignore[misc]
+        victim.pause()  # type: ignore[misc]
+        return True
 
     def left(self, seat: _Seat) -> None:
         with self._lock:
-            self._seated.pop(seat, None)
+            if seat not in self._seated:
+                return  # never seated (the worker closed), or given back already
+            del self._seated[seat]
+            seat.pausing = False
+            share = self._shares.get(seat.tree)
+            if share is not None:
+                share.seated -= 1
+                share.vtime += (time.monotonic() - seat.since) / share.weight
+                self._forget_idle(share, seat.tree)
+
+    def busy(self) -> bool:
+        """Whether a step holds a thread of the pool here (cheap; no lock)."""
+        return bool(self._seated)
 
 
 class Lanes:
@@ -320,21 +452,22 @@ class Lanes:
         start: float,
         fn: Callable[..., Any],
         *args: Any,
-        rank: Any = (),
+        tree: Any = None,
+        weight: float = 1.0,
         pause: Callable[[], None] | None = None,
         urgent: bool = False,
     ) -> Any:
         """``fn(*args)`` on ``lane`` as a step of task ``key`` (started at
         ``start``), holding a thread of the pool meanwhile: served in the
-        order of ``rank`` among the steps waiting for one (``Seats``);
-        ``pause()`` (called from another thread) asks the step to give its
-        thread back to a step of a lower rank. An ``urgent`` step (a body
-        told its deadline passed) does not wait for a thread of the pool: it
-        starts as a seceded step, one thread over the pool's size while it
-        runs, as a seceded task's thread is (a deadline that waited for a
-        busy pool would not be one)."""
+        fair order of ``tree`` (its weight ``weight``) among the steps
+        waiting for one (``Seats``); ``pause()`` (called from another
+        thread) asks the step to give its thread back at its next inline
+        call. An ``urgent`` step (a body told its deadline passed) does not
+        wait for a thread of the pool: it starts as a seceded step, one
+        thread over the pool's size while it runs, as a seceded task's
+        thread is (a deadline that waited for a busy pool would not be one)."""
         return await asyncio.wrap_future(
-            lane.submit(self._seated, lane, key, start, fn, args, rank, pause, urgent)
+            lane.submit(self._seated, lane, key, start, fn, args, tree, weight, pause, urgent)
         )
 
     def _seated(
@@ -344,11 +477,12 @@ class Lanes:
         start: float,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
-        rank: Any,
+        tree: Any,
+        weight: float,
         pause: Callable[[], None] | None,
         urgent: bool = False,
     ) -> Any:
-        seat = _Seat(self.seats, lane, rank, pause)
+        seat = _Seat(self.seats, lane, str(key), str(key) if tree is None else tree, weight, pause)
         if urgent:
             seat.start_seceded()
         else:

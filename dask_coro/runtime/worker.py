@@ -72,7 +72,7 @@ from .aio import gathered, watch
 from .call import trampoline
 from .extensions import Active, Extension
 from .inplace import localizer
-from .lanes import Lane, Lanes
+from .lanes import PATIENCE, Lane, Lanes, weight_of
 from .scheduler import IDLE, MODES, SUBSCRIBE, UNSUBSCRIBE
 from .stealing import STEALING
 
@@ -84,8 +84,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("dask_coro")
 
 _RUNNING_STATES = ("executing", "long-running")
-#: The annotation that gives a child its tree's rank (``_Run._rank``).
-RANK = "dask_coro_rank"
+#: The annotation that gives a child its tree and the tree's weight
+#: (``_Run._share``): the threads of a worker are shared fairly between trees.
+TREE = "dask_coro_tree"
 _QUIET = 1.0  # s without an inline run before a worker stops hearing of idle threads
 # s a push is kept at least. A trampoline reads the count between inline
 # calls only, so a push held for less than one call lasts is never read: with
@@ -194,10 +195,13 @@ class _KeyWatcher(WorkerPlugin):
         self.pushes_at_exec = 0  # pushes received when a task last went executing
         self.handed_out = 0.0  # when a run last handed work out
         self.lanes: Lanes | None = None  # made on first use (lanes.py)
+        self.worker: Worker | None = None  # ours, once lanes are made
+        self.queued: set[Key] = set()  # tasks in the ready queue we watch (``_queued``)
 
     def lanes_of(self, worker: Worker) -> Lanes:
         if self.lanes is None:
             self.lanes = Lanes(worker.state.nthreads, private.default_executor(worker))
+            self.worker = worker
         return self.lanes
 
     def teardown(self, worker: Worker) -> None:
@@ -318,9 +322,33 @@ class _KeyWatcher(WorkerPlugin):
     def transition(self, key: Key, start: str, finish: str, **kwargs: Any) -> None:
         if finish == "executing":
             self.pushes_at_exec = self.pushes
+        elif (finish == "ready" or finish == "constrained") and self.lanes is not None and self.lanes.seats.busy():
+            # A task may wait for a thread slot that a run's inline calls hold.
+            if key not in self.queued:
+                self.queued.add(key)
+                asyncio.get_running_loop().call_later(PATIENCE, self._queued, key)
         run = self.runs.get(key)
         if run is not None:
             run.changed()
+
+    def _queued(self, key: Key) -> None:
+        """``key`` waited ``PATIENCE`` in the worker's ready queue: while it
+        still waits and every thread slot is taken, ask a step of another
+        tree that held its thread a time slice to pause (it secedes, and
+        the slot is free; ``lanes.Seats.preempt_for``), and look again after
+        ``PATIENCE``. Without this a small tree's root waited for the whole
+        inline chain of another tree's task (seconds), in the ready queue."""
+        worker, lanes = self.worker, self.lanes
+        state = None if worker is None else private.worker_task_state(worker, key)
+        if worker is None or lanes is None or (state != "ready" and state != "constrained"):
+            self.queued.discard(key)
+            return
+        if private.worker_slots_full(worker):
+            given = private.worker_task_annotations(worker, key).get(TREE)
+            tree = str(key) if given is None else str(given[0])
+            holding = {str(k) for k, run in self.runs.items() if not run.seceded}
+            lanes.seats.preempt_for(tree, holding)
+        asyncio.get_running_loop().call_later(PATIENCE, self._queued, key)
 
 
 def _watcher(worker: Worker) -> _KeyWatcher:
@@ -400,8 +428,9 @@ class _Run:
         self.start = time()
         self.seceded = False
         self.idents: dict[str, int] = {}  # ``ident``: names given, per kind
-        # Where our steps wait for a thread of the pool: our tree's rank (``_rank``).
-        self.rank: tuple[Any, ...] = ()
+        # Whose share of the threads our steps use, and its weight (``_share``).
+        self.tree: str = ""
+        self.weight = 1.0
         #: The next step need not wait for a thread of the pool (``Lanes.run``):
         #: set by a feature waking the body for a deadline.
         self.urgent = False
@@ -435,15 +464,17 @@ class _Run:
         try:
             return await lanes.run(
                 lane, self.key, self.start, self._on_lane, tramp, fn, args,
-                rank=self.rank, pause=self._pause, urgent=urgent,
+                tree=self.tree, weight=self.weight, pause=self._pause, urgent=urgent,
             )
         finally:
             self.stepping = False
 
     def _pause(self) -> None:
-        """A step of an older tree waits for a thread of the pool (``Seats``,
-        from its lane's thread): give ours back before our next inline call;
-        ``main`` steps on once we have one again."""
+        """A step due more of the threads than ours waits for one (``Seats``,
+        from its lane's thread, or a task in the worker's ready queue, from
+        the loop): give ours back before our next inline call; ``main``
+        secedes, so a task waiting for a thread slot may start, and steps
+        on once we have a thread again."""
         tramp = self.tramp
         if tramp is not None:
             tramp.stop = True
@@ -545,20 +576,17 @@ class _Run:
         private.own_scheduler_rpc(client, self.worker)
         return client
 
-    def _rank(self) -> tuple[Any, ...]:
-        """Our tree's rank: its root's, which our parent gave us (``RANK``),
-        or, for a root, its priority on the scheduler then the time it
-        started here. Steps of a lower rank are served a thread first, and
-        pause steps of a higher one (``lanes.Seats``): a tree submitted
-        earlier is never ordered behind one submitted later. (The scheduler
-        ranks a child just ahead of its parent's generation,
-        ``Scheduler._set_priorities``: a younger tree's grandchildren ahead of
-        an older tree's children; roots submitted within ``fifo_timeout`` of
-        each other share a generation.)"""
-        given = private.worker_task_annotations(self.worker, self.key).get(RANK)
+    def _share(self) -> tuple[str, float]:
+        """Our tree and its weight: our root's, which our parent gave us
+        (``TREE``); a root is a tree of its own, weighted by its priority
+        (``dask.annotate(priority=...)``, ``lanes.weight_of``). The threads
+        of a worker are shared fairly between trees (``lanes.Seats``)."""
+        given = private.worker_task_annotations(self.worker, self.key).get(TREE)
         if given is not None:
-            return tuple(given)
-        return (*private.worker_task_priority(self.worker, self.key), self.start)
+            tree, weight = given
+            return str(tree), float(weight)
+        priority = private.worker_task_priority(self.worker, self.key)
+        return str(self.key), weight_of(-priority[0] if priority else 0)
 
     def _child_annotations(self) -> dict[str, Any]:
         """Annotations for our children: what the enabled extensions ask
@@ -575,7 +603,7 @@ class _Run:
                 continue
             if more:
                 out.update(more)
-        out[RANK] = self.rank
+        out[TREE] = (self.tree, self.weight)
         return out
 
     # -- the run -------------------------------------------------------------
@@ -589,7 +617,7 @@ class _Run:
                 "graph optimization? Compute coroutine calls without low-level fusion."
             )
         watcher = self.watcher = _watcher(self.worker)
-        self.rank = self._rank()
+        self.tree, self.weight = self._share()
         active = self.active
         inline = bool(_config.get("coro.inline.enabled"))
         if inline:
@@ -619,9 +647,13 @@ class _Run:
                 if type(out) is Stopped and self._alive():
                     # Paused (``_pause``): the stop is not a cancel (``changed``
                     # sets it only when our task no longer runs here, on this
-                    # loop, and clears it when it runs again). Go on from the
-                    # next inline call, behind the older tree's steps.
+                    # loop, and clears it when it runs again). Let go of our
+                    # thread slot too (a task waiting in the ready queue
+                    # starts), and go on from the next inline call once the
+                    # threads are ours again (``lanes.Seats``).
                     tramp.stop = False
+                    if not self.seceded:
+                        self._secede()
                     out = await self._step(tramp, tramp.run)
                     continue
                 if type(out) is Stopped or not self._alive():
