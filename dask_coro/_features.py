@@ -21,7 +21,9 @@ from .durability import extension as durability
 from .runtime import stealing
 from .release import extension as release
 from .stream import extension as stream
+from .resources import extension as resources
+from .groups import extension as groups
 
 # isort: on
 
-__all__ = ["diagnostics", "durability", "lifetimes", "promise", "release", "stealing", "stream"]
+__all__ = ["diagnostics", "durability", "groups", "lifetimes", "promise", "release", "resources", "stealing", "stream"]

@@ -294,3 +294,125 @@ def test_a_name_is_registered_once():
 
     with pytest.raises(ValueError, match="'diagnostics' is registered already"):
         register(Other())
+
+
+# -- around a wait, options, the parent annotation, keepers ---------------------
+
+WAITER = "test-waiter"
+
+
+class Waiter(Extension):
+    """Works around each wait of a run, and reads an option of its own."""
+
+    name = WAITER
+    options = ("test_wait_tag",)
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def check_option(self, name, value):
+        if not isinstance(value, str):
+            raise TypeError(f"@coroutine({name}=...) expects a string, got {value!r}")
+
+    async def around_wait(self, run, wait):
+        tag = run.options.get("test_wait_tag")
+        self.events.append(("before", run.key, tag, _on_the_workers_loop(run)))
+        out = await wait
+        self.events.append(("after", run.key, tag, out))
+        return out
+
+
+@pytest.fixture
+def waiter():
+    ext = register(Waiter())
+    try:
+        yield ext
+    finally:
+        unregister(WAITER)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config={"coro.inline.enabled": False})
+async def test_around_wait_wraps_each_wait_and_reads_the_functions_option(c, s, a, waiter):
+    """A feature works around every wait of a run that holds no thread (a
+    yield's children, an async body's asyncio await), on the worker's loop,
+    with the option its function was given (``@coroutine(name=value)``,
+    carried by the call object without knowing it; the function pickled by
+    value here, a test's local)."""
+
+    @coroutine(test_wait_tag="tagged")
+    def waits():
+        x = yield add(1, 2)
+        y, z = yield [add(x, 1), add(x, 2)]
+        return x + y + z
+
+    @coroutine
+    async def sleeps():
+        await asyncio.sleep(0.01)
+        return await add(2, 2)
+
+    root, other = waits(), sleeps()
+    assert await c.compute(root) == 3 + 4 + 5
+    assert await c.compute(other) == 4
+    mine = [e for e in waiter.events if e[1] == root.key]
+    assert mine == [
+        ("before", root.key, "tagged", True), ("after", root.key, "tagged", [3]),
+        ("before", root.key, "tagged", True), ("after", root.key, "tagged", [4, 5]),
+    ]
+    theirs = [e[0] for e in waiter.events if e[1] == other.key]
+    assert theirs == ["before", "after"] * 2  # the sleep, then the child
+    assert all(e[2] is None for e in waiter.events if e[1] == other.key)
+
+
+def test_an_option_is_one_an_extension_declares_with_a_value_it_takes(waiter):
+    def f():
+        return 1
+
+    with pytest.raises(TypeError, match="unexpected keyword argument 'test_no_such_option'"):
+        coroutine(test_no_such_option=1)(f)
+    with pytest.raises(TypeError, match=r"test_wait_tag=\.\.\.\) expects a string, got 1"):
+        coroutine(test_wait_tag=1)(f)
+    assert coroutine(test_wait_tag="x")(f).options == {"test_wait_tag": "x"}
+
+
+class Parented(Recorder):
+    """Asks for the parent annotation, as the tree and durability do."""
+
+    name = f"{NAME}-parented"
+    parent = True
+
+
+@pytest.mark.parametrize("asks", [False, True])
+@gen_cluster(
+    client=True, nthreads=[("", 1)],
+    config={"coro.inline.enabled": False, "coro.tree.enabled": False, "coro.durability.hold-children": False},
+)
+async def test_children_carry_their_parents_key_when_an_extension_asks(c, s, a, recorder, asks):
+    """The parent annotation is the runtime's (``extensions.PARENT``): added
+    to every child once an enabled extension asks for it, and to none when
+    nobody does (the tree and durability off)."""
+    if asks:
+        register(Parented())
+    try:
+        root = parent(1)
+        assert await c.compute(root) == 5
+    finally:
+        unregister(Parented.name)
+    seen = s.plugins[RecorderSchedulerPlugin.name].annotations
+    parents = {k: v for ann in seen for k, v in ann.get(extensions.PARENT, {}).items()}
+    if asks:
+        assert sorted(parents.values()) == [root.key, root.key]
+    else:
+        assert parents == {}
+
+
+def test_each_keeper_names_its_extensions_scheduler_plugin():
+    """``Extension.keeper`` is the name of the extension's scheduler plugin,
+    which says which keys it keeps (worker release asks it)."""
+    keepers = {e.name: e.keeper for e in extensions.registered() if e.keeper}
+    assert set(keepers) == {"promise", "lifetimes", "durability"}
+    assert extensions.keepers() == tuple(keepers.values())
+    for e in extensions.registered():
+        if e.keeper:
+            plugin = e.scheduler_plugin()
+            assert plugin.name == e.keeper and callable(plugin.keeps)
+            assert plugin.keeps("no-such-key", False) is False

@@ -126,20 +126,33 @@ def test_private_api_only_in_the_seam():
     assert offenders == []
 
 
-#: The features with plugins of their own, each registered by its extension.py.
-REGISTERED = ("diagnostics", "durability", "lifetimes", "promise", "release", "stream")
-#: Every feature above the runtime: groups need no plugin (they use the engine's
-#: InPlace request and the run's methods for children of a feature's own).
-#: (resources/ is a service of the runner's waits, below it: the runner imports it.)
-FEATURES = (*REGISTERED, "groups")
+def _features() -> set[str]:
+    """The feature folders, read from the table of extensions: the folder of
+    each registered extension's class but the runtime's own (work stealing)."""
+    from dask_coro.runtime import extensions
+
+    return {type(e).__module__.split(".")[1] for e in extensions.registered()} - {"runtime"}
+
+
+#: Folders below the features: the runtime, the core and the seam.
+BELOW = {"runtime", "core", "_internals"}
+
+
+def test_every_feature_folder_is_registered():
+    """Each folder of the package above the runtime registers an extension:
+    the table is the one list of features (a folder that does not would be
+    invisible to the checks below)."""
+    folders = {p.parent.name for p in PKG.glob("*/__init__.py")} - BELOW
+    assert folders == _features()
 
 
 def test_the_runtime_and_the_core_name_no_feature():
     """Features plug into the runtime (``runtime/extensions.py``); the
     runtime and the core import none of them, so a new feature is added
     without editing either."""
+    features = _features()
     offenders = {
-        name: sorted(d for d in deps if d.split(".")[1:2] in ([f] for f in FEATURES))
+        name: sorted(d for d in deps if d.split(".")[1:2] in ([f] for f in features))
         for name, deps in _graph().items()
         if name.split(".")[1:2] in (["runtime"], ["core"])
     }
@@ -154,7 +167,89 @@ def test_features_register_only_from_the_top():
     importers = {name for name, deps in graph.items() if "dask_coro._features" in deps}
     assert importers == {"dask_coro"}
     registrations = {d for d in graph["dask_coro._features"] if d.endswith(".extension")}
-    assert registrations == {f"dask_coro.{f}.extension" for f in REGISTERED}
+    assert registrations == {f"dask_coro.{f}.extension" for f in _features()}
     for name, deps in graph.items():
         if name.endswith(".extension"):
             assert "dask_coro.runtime.worker" not in deps, name
+
+
+def _is_run_type(ann: ast.expr | None) -> bool:
+    return (isinstance(ann, ast.Name) and ann.id == "Run") or (isinstance(ann, ast.Constant) and ann.value == "Run")
+
+
+def _run_uses(tree: ast.Module) -> set[tuple[str, int]]:
+    """What a module reads of a run: ``x.name`` (and ``getattr(x, "name")``)
+    for ``x`` a parameter named ``run`` or typed ``Run``, an attribute of
+    ``self`` set from one (``self.run = run``), or a trampoline's host
+    (``tramp.host``)."""
+    kept: set[str] = set()  # attributes of self holding a run, in the class at hand
+    uses = set()
+
+    def is_run(node: ast.expr, params: set[str]) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in params
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            return (node.value.id == "self" and node.attr in kept) or (node.value.id == "tramp" and node.attr == "host")
+        return False
+
+    def visit_function(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        args = [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]
+        params = {a.arg for a in args if a.arg == "run" or _is_run_type(a.annotation)}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Attribute) and is_run(node.value, params):
+                uses.add((node.attr, node.lineno))
+            elif (
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                and len(node.args) >= 2 and is_run(node.args[0], params) and isinstance(node.args[1], ast.Constant)
+            ):
+                uses.add((node.args[1].value, node.lineno))
+
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            kept.clear()
+            methods = [m for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            for m in methods:
+                args = [*m.args.args, *m.args.kwonlyargs]
+                params = {a.arg for a in args if a.arg == "run" or _is_run_type(a.annotation)}
+                for a in ast.walk(m):
+                    if isinstance(a, ast.Assign) and isinstance(a.value, ast.Name) and a.value.id in params:
+                        kept.update(t.attr for t in a.targets if isinstance(t, ast.Attribute))
+            for m in methods:
+                visit_function(m)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            kept.clear()
+            visit_function(node)
+    return uses
+
+
+def test_a_run_declares_all_that_features_use_of_it():
+    """Every attribute the feature folders read of a run (in their hooks, and
+    as the trampoline's host in a body: groups, streams) is declared, typed
+    and documented, in ``extensions.Run``: the interface between the runtime
+    and the features cannot drift."""
+    from dask_coro.runtime.extensions import Run
+
+    declared = {n for n in vars(Run) if not n.startswith("_")} | set(Run.__annotations__)
+    used: dict[str, list[str]] = {}
+    for feature in sorted(_features()):
+        for path in sorted((PKG / feature).rglob("*.py")):
+            for attr, line in _run_uses(ast.parse(path.read_text())):
+                used.setdefault(attr, []).append(f"{path.relative_to(PKG)}:{line}")
+    assert {"key", "worker", "start_children", "notes", "beside"} <= set(used)  # the scan finds them
+    assert {a: where for a, where in used.items() if a not in declared} == {}
+
+
+def test_the_runs_provide_what_run_declares():
+    """A run and a body run beside one (``runtime/beside.py``) have every
+    member of ``Run``, and nothing else passes a run's attributes through
+    (mypy checks the types; this, that no member is left to ``__getattr__``)."""
+    from dask_coro.runtime.beside import Beside
+    from dask_coro.runtime.extensions import Run
+    from dask_coro.runtime.worker import _Run
+
+    declared = {n for n in vars(Run) if not n.startswith("_")} | set(Run.__annotations__)
+    for cls in (Beside, _Run):
+        assert "__getattr__" not in vars(cls), cls
+    missing = {n for n in declared if not hasattr(Beside, n) and n not in ("notes", "urgent")}
+    assert missing == set()
+    assert {n for n in declared if not hasattr(_Run, n)} <= {"notes", "urgent", "worker", "key", "loop", "options"}

@@ -15,8 +15,9 @@ from helpers import cluster
 
 import dask_coro
 from dask_coro import coroutine
-from dask_coro.release.book import FINISHED, Dependents, Marks, Pending
+from dask_coro.release.book import FINISHED, MARK, Dependents, Marks, Pending
 from dask_coro.release.scheduler import NAME, ReleasePlugin
+from dask_coro.runtime.extensions import Extension, register, unregister
 
 VALIDATE = {"distributed.scheduler.validate": True, "distributed.worker.validate": True}
 
@@ -476,3 +477,50 @@ async def test_children_held_for_their_coroutine_are_not_marked(c, s, a):
 
     assert await c.compute(loop(10)) == sum(range(10))
     assert s.plugins[NAME].released_early == 0 and not s.plugins[NAME].for_client
+
+
+class _KeepsLeaves(SchedulerPlugin):
+    """A feature's scheduler plugin that keeps some keys (``keeps``)."""
+
+    name = "test-keeps-leaves"
+
+    def __init__(self):
+        self.asked: set = set()
+
+    def keeps(self, key, copy):
+        self.asked.add((key, copy))
+        return isinstance(key, str) and key.startswith("leaf-")
+
+
+class _KeepsLeavesExtension(Extension):
+    name = "test-keeps-leaves"
+    keeper = _KeepsLeaves.name
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 2, config={**VALIDATE, "coro.worker-release.enabled": True})
+async def test_a_key_a_features_plugin_keeps_is_never_released_by_a_worker(c, s, a, b, tmp_path):
+    """Worker release asks every installed plugin of a feature that keeps
+    keys (``Extension.keeper``, found in the table of extensions) before it
+    marks a key or a copy: kept keys stay until the scheduler lets go of
+    them, the others go early as before."""
+    keeper = _KeepsLeaves()
+    s.add_plugin(keeper)
+    register(_KeepsLeavesExtension())
+    try:
+        await c.register_plugin(ReleasePlugin())
+        await async_poll_for(lambda: s.plugins[NAME].ready == {a.address, b.address}, timeout=10)
+        plugin = s.plugins[NAME]
+        marked: list = []
+        send = plugin._send
+        plugin._send = lambda worker, msg: (marked.append(msg["key"]) if msg["op"] == MARK else None, send(worker, msg))
+        folder = str(tmp_path)
+        total = await c.compute(tree_sum(16, folder))
+        assert total == [sum(range(16))] * 1000
+    finally:
+        unregister(_KeepsLeavesExtension.name)
+    asked = {k for k, _ in keeper.asked}
+    assert {f"leaf-{i}" for i in range(16)} <= asked
+    assert any(str(k).startswith("add-") for k in marked)  # the inner sums may go early
+    assert not any(str(k).startswith("leaf-") for k in marked)
+    assert len(_lines(folder, "leaves")) == 16
+    await _nothing_left(s, a, b)

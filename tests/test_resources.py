@@ -8,6 +8,7 @@ differ in resources; the same program as a ``worker_client`` task deadlocks.
 from __future__ import annotations
 
 import asyncio
+import pickle
 
 import dask
 import pytest
@@ -117,10 +118,12 @@ def test_keep_resources_is_checked_and_reaches_the_task():
     with pytest.raises(TypeError, match=r"keep_resources=\.\.\.\) expects True or False, got 'yes'"):
         coroutine(keep_resources="yes")(lambda: None)
     kept = coroutine(keep_resources=True)(on_gpu)
-    assert kept.keep_resources and not coroutine(on_gpu).keep_resources
+    assert kept.options == {"keep_resources": True} and not coroutine(on_gpu).options
     call = kept(1)
     (task,) = [t for k, t in dict(call.dask).items() if k == call.key]
-    assert task.func.keep_resources is True
+    assert task.func.options == {"keep_resources": True}
+    # The run reads it as an option of its function: the runtime names no feature.
+    assert pickle.loads(pickle.dumps(task.func)).options == {"keep_resources": True}
 
 
 # -- a process cluster: a GPU worker and a CPU worker ----------------------------

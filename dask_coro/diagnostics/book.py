@@ -38,8 +38,6 @@ if TYPE_CHECKING:  # for the type checker only: this module does not import dask
 
 DONE = "memory"
 FAILED = "erred"
-#: The annotation every task a coroutine submits carries: the coroutine's key.
-ANNOTATION = "dask_coro_parent"
 #: Worker stream op: ``{"key": task, "calls": {func_name: [started, done, failed]}}``,
 #: the inline calls a run counted since its last report.
 CALLS_OP = "dask_coro_calls"

@@ -1,8 +1,8 @@
 """The tree's hooks into the runtime (``runtime/extensions.py``).
 
 With ``coro.tree.enabled``: the first coroutine on each worker installs
-``TreePlugin``; every child a coroutine submits carries its key
-(``ANNOTATION``), which the plugin records as the child's parent; and a run
+``TreePlugin``; every child a coroutine submits carries its key (the
+runtime's ``PARENT``: ``parent``), which the plugin records as the child's parent; and a run
 that calls inline counts its calls per function and sends what changed to
 the plugin every ``CALLS_INTERVAL`` s and at its end, on the worker's stream
 (ahead of the task's own end), so progress and tree count inline calls too.
@@ -15,7 +15,7 @@ import logging
 from typing import Any
 
 from ..runtime.extensions import Extension, Run, register
-from .book import ANNOTATION, CALLS_OP
+from .book import CALLS_OP
 
 logger = logging.getLogger("dask_coro")
 
@@ -28,14 +28,12 @@ class TreeExtension(Extension):
     what = "records the coroutine trees progress and tree show"
     at_first_use = True
     counts_calls = True
+    parent = True
 
     def scheduler_plugin(self) -> Any:
         from .scheduler import TreePlugin
 
         return TreePlugin()
-
-    def annotations(self, run: Run) -> dict[str, Any]:
-        return {ANNOTATION: run.key}
 
     def run_started(self, run: Run) -> None:
         if run.trampoline.calls is None:  # runs nothing inline: nothing to count

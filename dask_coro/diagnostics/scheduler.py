@@ -2,7 +2,8 @@
 submitted which tasks (``TreeBook``).
 
 The runner annotates every task a coroutine submits with
-``dask_coro_parent=<its key>`` (``dask.annotate``, applied by
+``dask_coro_parent=<its key>`` (the runtime's ``PARENT``, which
+``TreeExtension.parent`` asks for; ``dask.annotate``, applied by
 ``Client._graph_to_futures`` to the whole submission); the scheduler hands
 annotations to ``SchedulerPlugin.update_graph``. States and compute times come
 from ``transition``. Calls run inline (no task) are counted by the workers,
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections import defaultdict
 from time import time
 from typing import Any
 
@@ -22,21 +22,13 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _config
 from .._internals.distributed_private import add_handlers, drop_stale_queue_entries
+from ..runtime.extensions import children_by_parent
 from . import dashboard
-from .book import ANNOTATION, CALLS_OP, TreeBook
+from .book import CALLS_OP, TreeBook
 
 logger = logging.getLogger("dask_coro")
 
 NAME = "dask-coro-tree"
-
-
-def children_by_parent(annotations: dict[str, dict[Key, Any]] | None) -> dict[Key, list[Key]]:
-    """The keys of one graph submission, by the coroutine that submitted them
-    (its ``ANNOTATION``)."""
-    out: dict[Key, list[Key]] = defaultdict(list)
-    for key, parent in ((annotations or {}).get(ANNOTATION) or {}).items():
-        out[parent].append(key)
-    return out
 
 
 class TreePlugin(SchedulerPlugin):

@@ -2,7 +2,7 @@
 
 With ``coro.durability.hold-children``: the first coroutine on each worker
 installs ``DurablePlugin``; every child a coroutine submits carries its key
-(the tree's ``ANNOTATION``), for which the plugin holds it; and a run let go
+(the runtime's ``PARENT``: ``parent``), for which the plugin holds it; and a run let go
 of because its worker closes says so (``RUN_LEFT``) on its client's stream,
 ahead of its releases, so the plugin keeps its children for the re-run (a
 killed worker's client sends nothing).
@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..diagnostics.book import ANNOTATION
 from ..runtime.extensions import Extension, Run, register
 
 logger = logging.getLogger("dask_coro")
@@ -24,14 +23,13 @@ class DurableExtension(Extension):
     setting = "coro.durability.hold-children"
     what = "holds children for a coroutine re-run"
     at_first_use = True
+    parent = True
+    keeper = "dask-coro-durable"  # DurablePlugin.keeps: held for their coroutine
 
     def scheduler_plugin(self) -> Any:
         from .scheduler import DurablePlugin
 
         return DurablePlugin()
-
-    def annotations(self, run: Run) -> dict[str, Any]:
-        return {ANNOTATION: run.key}
 
     def run_left(self, run: Run) -> None:
         from .._internals import distributed_private as private

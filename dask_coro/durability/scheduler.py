@@ -44,7 +44,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _config
 from .._internals import distributed_private as private
-from ..diagnostics.scheduler import children_by_parent
+from ..runtime.extensions import children_by_parent
 from .book import UNFINISHED, HoldBook
 from .budget import HoldBudget
 from .order import DeliveryLog
@@ -96,6 +96,12 @@ class DurablePlugin(SchedulerPlugin):
         self.forgiven = 0  # how many lost waiting parents were not counted
         self.scheduler: Any = None
         self.deliveries = DeliveryLog()
+
+    def keeps(self, key: Key, copy: bool) -> bool:
+        """A child held for its coroutine stays until the coroutine ends (or
+        the budget lets go of it); a copy of it is no hold's business, as
+        it is no client's (``DurableExtension.keeper``: worker release asks)."""
+        return not copy and key in self.book.parent_of
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler

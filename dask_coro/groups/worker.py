@@ -37,6 +37,7 @@ from ..durability.scheduler import GROUP_LOG
 from ..runtime.beside import Beside, run_beside
 from ..runtime.call import ASYNC, CoroutineCall
 from ..runtime.errors import task_error
+from ..runtime.extensions import Run
 from ..runtime.worker import closing_here
 from .book import CANCELLED, Child
 from .request import Request
@@ -52,7 +53,7 @@ logger = logging.getLogger("dask_coro")
 
 
 class WorkerBackend:
-    def __init__(self, group: _Group, run: Any):
+    def __init__(self, group: _Group, run: Run):
         self.group = group
         self.run = run
         self.loop: asyncio.AbstractEventLoop = run.loop  # the worker's

@@ -17,6 +17,7 @@ from ..runtime.extensions import Extension, Run, register
 class LifetimesExtension(Extension):
     name = "lifetimes"
     what = "releases resources tied to keys"
+    keeper = "dask-coro-lifetimes"  # LifetimesPlugin.keeps: keys resources are tied to
 
     def scheduler_plugin(self) -> Any:
         from .scheduler import LifetimesPlugin

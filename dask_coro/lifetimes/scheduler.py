@@ -64,6 +64,11 @@ class LifetimesPlugin(SchedulerPlugin):
         self._warned_hosts: set[str] = set()
         self._leaving: set[str] = set()  # workers that said they are closing
 
+    def keeps(self, key: Key, copy: bool) -> bool:
+        """A key resources are tied to stays until the scheduler lets go of
+        it, its copies too (``LifetimesExtension.keeper``: worker release asks)."""
+        return self.ledger.ties(key)
+
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         private.add_handlers(

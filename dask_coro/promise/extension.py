@@ -12,6 +12,7 @@ from ..runtime.extensions import Extension, register
 class PromiseExtension(Extension):
     name = "promise"
     what = "resolves promises"
+    keeper = "dask-coro-promises"  # PromisePlugin.keeps: promises and their targets
 
     def scheduler_plugin(self) -> Any:
         from .scheduler import PromisePlugin

@@ -100,6 +100,11 @@ class PromisePlugin(SchedulerPlugin):
 
     # -- hooks ---------------------------------------------------------------
 
+    def keeps(self, key: Key, copy: bool) -> bool:
+        """A promise or what one points at stays until the scheduler lets go
+        of it, its copies too (``PromiseExtension.keeper``: worker release asks)."""
+        return key in self.targets or key in self.pointed_by
+
     def update_graph(self, scheduler: Any, *, tasks: list[Key] = (), **kwargs: Any) -> None:  # type: ignore[assignment]
         for key in tasks:
             ts = scheduler.tasks.get(key)

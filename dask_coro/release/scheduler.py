@@ -23,10 +23,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
 from .._internals import distributed_private as private
-from ..diagnostics.scheduler import children_by_parent
-from ..durability.scheduler import NAME as DURABLE
-from ..lifetimes.scheduler import NAME as LIFETIMES
-from ..promise.scheduler import PromisePlugin
+from ..runtime import extensions
+from ..runtime.extensions import children_by_parent
 from .book import EARLY, LET_GO, MARK, READY, REVOKE, Dependents, Marks
 
 NAME = "dask-coro-release"
@@ -166,9 +164,10 @@ class ReleasePlugin(SchedulerPlugin):
         """Whether ``dts`` may be released by ``ws`` once its dependents
         assigned there finished: it is in memory on ``ws`` alone; no client
         wants it (a coroutine's children, held for it, are wanted); it can be
-        recomputed (not scattered: it has a run_spec); it is no actor, no
-        promise or promise target, ties no resource; every dependent has
-        finished or is processing on ``ws``."""
+        recomputed (not scattered: it has a run_spec); it is no actor, and
+        no plugin keeps it (a promise or promise target, a key resources are
+        tied to, a child held for its coroutine: ``_kept``); every dependent
+        has finished or is processing on ``ws``."""
         if dts.state != "memory" or dts.who_wants or dts.actor or dts.run_spec is None:
             return False
         who_has = dts.who_has
@@ -177,7 +176,7 @@ class ReleasePlugin(SchedulerPlugin):
         self._watch(dts)
         if not self.deps.settled_on(dts.key, ws.address):
             return False
-        return not self._kept_by_plugins(dts.key)
+        return not self._kept(dts.key, False)
 
     def copy_markable(self, dts: Any) -> bool:
         """Whether the copy of ``dts`` a worker fetches to run a dependent of
@@ -185,11 +184,11 @@ class ReleasePlugin(SchedulerPlugin):
         lives on another worker (dropping the copy loses nothing; were that
         one lost too, ``dts`` is computed again), can be recomputed, is no
         actor, promise or tied key. Clients and other workers' dependents do
-        not matter to a copy."""
+        not matter to a copy, nor does a hold for a coroutine."""
         if dts.state != "memory" or not dts.who_has or dts.actor or dts.run_spec is None:
             return False
         self._watch(dts)
-        return not self._kept_by_plugins(dts.key)
+        return not self._kept(dts.key, True)
 
     def _watch(self, dts: Any) -> None:
         """Count the dependents of ``dts`` (in memory) if not counted yet:
@@ -222,11 +221,8 @@ class ReleasePlugin(SchedulerPlugin):
             return
         if ts.actor or ts.run_spec is None or any(d.state not in _DONE for d in ts.dependents):
             return
-        if self._kept_by_plugins(ts.key):
-            return
-        durable = private.scheduler_plugin(self.scheduler, DURABLE)
-        if durable is not None and ts.key in durable.book.parent_of:
-            return  # held for its coroutine until that ends
+        if self._kept(ts.key, False):
+            return  # a promise, a tied key, held for its coroutine until that ends
         if self.marks.mark(ts.key, ws.address, ()):
             self.for_client[ts.key] = cs.client_key
             self._send(ws.address, {"op": MARK, "key": ts.key, "dependents": [], "client": cs.client_key})
@@ -243,12 +239,16 @@ class ReleasePlugin(SchedulerPlugin):
         if mine and client in s.clients:
             s.client_releases_keys(keys=mine, client=client, stimulus_id=f"{LET_GO}-{time()}")
 
-    def _kept_by_plugins(self, key: Key) -> bool:
-        promises = private.scheduler_plugin(self.scheduler, PromisePlugin.name)
-        if promises is not None and (key in promises.targets or key in promises.pointed_by):
-            return True
-        lifetimes = private.scheduler_plugin(self.scheduler, LIFETIMES)
-        return lifetimes is not None and lifetimes.ledger.ties(key)
+    def _kept(self, key: Key, copy: bool) -> bool:
+        """Whether a plugin keeps ``key`` (``copy``: the copy a worker
+        fetched): each installed plugin of an extension that says it keeps
+        keys (``Extension.keeper``) is asked its ``keeps``."""
+        s = self.scheduler
+        for name in extensions.keepers():
+            keeper = private.scheduler_plugin(s, name)
+            if keeper is not None and keeper.keeps(key, copy):
+                return True
+        return False
 
     # -- messages --------------------------------------------------------------
 

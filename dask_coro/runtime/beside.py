@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from .. import _config
 from .._exceptions import BaseExceptionError
@@ -39,50 +40,112 @@ from .._internals import distributed_private as private
 from ..core.engine import Await, Done, Frame, Raised, Returned, Submit
 from .aio import watch
 from .call import trampoline
+from .extensions import Run
+
+if TYPE_CHECKING:
+    from dask.typing import Key
 
 logger = logging.getLogger("dask_coro")
 
 
 class Beside:
-    """The host a body run beside ``run`` sees (``Trampoline.host``): the
-    run for what it submits, with a step urgency of its own, and no
-    stream's producer."""
+    """The host a body run beside a run sees (``Trampoline.host``), an
+    ``extensions.Run``: the run for what it submits and waits for, with a
+    step urgency and notes of its own, the annotations its starter gave
+    (a group's deadline) over the run's, and no stream's producer. ``run``
+    is the run itself (``_Run``), also for a body run beside a body run
+    beside it; ``host`` what it was started beside."""
 
     beside = True
+    #: The options of its function do not reach a body run beside a run.
+    options: Mapping[str, Any] = {}
 
-    def __init__(self, run: Any, annotations: dict[str, Any] | None = None):
-        self.run = run
+    def __init__(self, host: Run, annotations: dict[str, Any] | None = None):
+        self.host = host
+        self.run: Any = host.run if isinstance(host, Beside) else host
         self.extra = annotations or {}
+        #: Per extension (by name), what it keeps for this body.
+        self.notes: dict[str, Any] = {}
         #: The next step need not wait for a thread (a deadline passed).
         self.urgent = False
         #: A step runs on the body's lane now (``run_beside``).
         self.step: asyncio.Future[Any] | None = None
         #: Cancelled, and the body's close began (after any step running then).
         self.closing = False
+        self.tramp: Any = None  # the body's engine, once it starts (``run_beside``)
 
     @property
     def stepping(self) -> bool:
         return self.step is not None and not self.step.done()
 
+    # -- extensions.Run: the run's, but for the annotations ------------------
+
+    @property
+    def worker(self) -> Any:
+        return self.run.worker
+
+    @property
+    def key(self) -> Key:
+        key: Key = self.run.key
+        return key
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        loop: asyncio.AbstractEventLoop = self.run.loop
+        return loop
+
+    @property
+    def trampoline(self) -> Any:
+        """The body's own engine."""
+        return self.tramp
+
+    @property
+    def client(self) -> Any:
+        return self.run.client
+
     def annotations(self) -> dict[str, Any]:
         """The run's task annotations, with those its starter gave (a
         group's deadline, which a group the body opens takes)."""
-        return {**self.run.annotations(), **self.extra}
+        return {**self.host.annotations(), **self.extra}
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.run, name)
+    def ident(self, kind: str) -> Any:
+        return self.run.ident(kind)
+
+    async def start_children(
+        self, leaves: list[Any], paths: list[Any], ident: Any, annotations: dict[str, Any] | None = None
+    ) -> list[Any]:
+        out: list[Any] = await self.run.start_children(leaves, paths, ident, annotations)
+        return out
+
+    def release(self, futures: Any) -> None:
+        self.run.release(futures)
+
+    async def gather(self, futures: Any) -> Any:
+        return await self.run.gather(futures)
+
+    async def submitting_client(self) -> Any:
+        return await self.run.submitting_client()
+
+    def installed(self, name: str) -> bool:
+        installed: bool = self.run.installed(name)
+        return installed
+
+    async def until(self, waiting: asyncio.Future[Any]) -> Any:
+        return await self.run.until(waiting)
 
 
 async def run_beside(host: Beside, func: Any, args: tuple[Any, ...], name: str) -> Any:
-    """Run the body ``func(*args)`` beside ``host.run`` (a ``_Run``, or a
-    ``Beside``; on its worker's loop) to its end: its value, or its error
-    raised (see the module). ``host`` is what the body sees as its
-    trampoline's host, and says whether it steps or closes now."""
+    """Run the body ``func(*args)`` beside ``host.run`` (a ``_Run``; on its
+    worker's loop) to its end: its value, or its error raised (see the
+    module). ``host`` is what the body sees as its trampoline's host, and
+    says whether it steps or closes now."""
     run = host.run
     lanes = run.watcher.lanes_of(run.worker)
     lane = lanes.pick()
     tramp = trampoline(name, inline=bool(_config.get("coro.inline.enabled")))
-    tramp.host = host
+    seen: Run = host  # what the body's features use of it
+    tramp.host = seen
+    host.tramp = tramp
     ctx = run.ctx.copy()
     awaited: list[asyncio.Future[Any]] = []  # what the body awaits now, on its lane's loop
 

@@ -11,7 +11,7 @@ import threading
 import types
 import uuid
 import weakref
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from dask.base import tokenize
@@ -27,6 +27,7 @@ from ..core import accel
 from ..core.classify import classifier, is_lazy
 from ..core.engine import NOT_DONE, Failed, Frame, Idle, Request, Trampoline, current_trampoline
 from ..core.plan import func_token
+from . import extensions
 from .errors import task_error
 from .ops import _DASK, _KEY, _LENGTH, BuiltLazily, bind_operators
 
@@ -43,6 +44,8 @@ def gather(x: Any) -> Request:
 
 # Delayed's own slots (runtime.ops holds them): CoroutineCall fills them when
 # dask first asks for its key or graph (see CoroutineCall._build).
+#: No options (``CoroutineTask.options``): shared, never changed.
+_NO_OPTIONS: Mapping[str, Any] = {}
 _BUILD_LOCK = threading.RLock()  # building a call builds the calls in its arguments
 
 
@@ -183,7 +186,7 @@ def _graph(fn: CoroutineFunction, key: Any, args: tuple[Any, ...], kwargs: dict[
     if kwargs:
         kwargs2, collections = unpack_collections(kwargs)
         deps.extend(collections)
-    task = Task(key, CoroutineTask(fn.run, key, fn.keep_resources), *args2, **kwargs2)
+    task = Task(key, CoroutineTask(fn.run, key, fn.options), *args2, **kwargs2)
     return HighLevelGraph.from_collections(key, {key: task}, dependencies=deps)
 
 
@@ -206,9 +209,10 @@ class CoroutineTask:
     objects.
 
     It carries its key because a task running on the event loop cannot learn
-    it from distributed, and whether its function keeps its worker resources
-    while it waits (``@coroutine(keep_resources=True)``), which a worker that
-    unpickled the function by value cannot look up.
+    it from distributed, and its function's options (``@coroutine(name=value)``:
+    those the features declare, ``extensions.Extension.options``), which a
+    worker that unpickled the function by value cannot look up; the run
+    hands them to the features as ``run.options``.
 
     ``runners`` is injected by ``dask_coro.runtime`` (the runners import this
     module, never the other way round): ``on_worker`` answers the coroutine
@@ -216,17 +220,17 @@ class CoroutineTask:
     not called on a worker's event loop; ``local`` runs it to the end here.
     """
 
-    __slots__ = ("func", "key", "keep_resources")
+    __slots__ = ("func", "key", "options")
     __tornado_coroutine__ = True
     runners: ClassVar[tuple[Runner, Runner]]
 
-    def __init__(self, func: Callable[..., Any], key: Key, keep_resources: bool = False):
+    def __init__(self, func: Callable[..., Any], key: Key, options: Mapping[str, Any] | None = None):
         self.func = func
         self.key = key
-        self.keep_resources = keep_resources
+        self.options: Mapping[str, Any] = options or _NO_OPTIONS
 
     def with_key(self, key: Key) -> CoroutineTask:
-        return CoroutineTask(self.func, key, self.keep_resources)
+        return CoroutineTask(self.func, key, self.options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # Every coro.* setting here, before anything runs: a bad one fails
@@ -251,7 +255,7 @@ class CoroutineTask:
                 wrapper = getattr(wrapper, part, None)
             if isinstance(wrapper, CoroutineFunction) and wrapper.run is self.func:
                 return _task_by_name, (module, qualname, self.key, _version())
-        return _task_by_value, (self.func, self.key, _version(), self.keep_resources)
+        return _task_by_value, (self.func, self.key, _version(), dict(self.options) or None)
 
     def __dask_tokenize__(self) -> tuple[str, str]:
         # What it computes, not its key: a child's key holds a token of its
@@ -312,12 +316,12 @@ def _this_process() -> str:
 
 
 def _task_by_value(
-    func: Callable[..., Any], key: Key, made_by: str | None = None, keep_resources: bool = False
+    func: Callable[..., Any], key: Key, made_by: str | None = None, options: Mapping[str, Any] | None = None
 ) -> CoroutineTask:
     mismatch = _mismatch(made_by)
     if mismatch is not None:
         return _refusing(mismatch, key)
-    return CoroutineTask(func, key, keep_resources)
+    return CoroutineTask(func, key, options)
 
 
 def _task_by_name(module: str, qualname: str, key: Key, made_by: str | None = None) -> CoroutineTask:
@@ -327,7 +331,7 @@ def _task_by_name(module: str, qualname: str, key: Key, made_by: str | None = No
     wrapper: Any = importlib.import_module(module)
     for part in qualname.split("."):
         wrapper = getattr(wrapper, part)
-    return CoroutineTask(wrapper.run, key, wrapper.keep_resources)
+    return CoroutineTask(wrapper.run, key, wrapper.options)
 
 
 _SPAN_ONLY = {"span": None}.keys()  # computed in place under these (runtime.inplace)
@@ -534,7 +538,7 @@ class CoroutineFunction(_CallsBase):
         nout: int | None = None,
         name: str | None = None,
         inline: bool = True,
-        keep_resources: bool = False,
+        **options: Any,
     ):
         if not callable(func):
             raise TypeError(f"@coroutine expects a function, got {func!r}")
@@ -566,9 +570,10 @@ class CoroutineFunction(_CallsBase):
         if not isinstance(inline, bool):
             raise TypeError(f"@coroutine(inline=...) expects True or False, got {inline!r}")
         self.inline = inline
-        if not isinstance(keep_resources, bool):
-            raise TypeError(f"@coroutine(keep_resources=...) expects True or False, got {keep_resources!r}")
-        self.keep_resources = keep_resources
+        extensions.check_options(options)
+        #: The options the features declare (``extensions.Extension.options``),
+        #: carried to each run of a call (``CoroutineTask.options``).
+        self.options: Mapping[str, Any] = options or _NO_OPTIONS
 
     @property
     def inline(self) -> bool:
@@ -617,7 +622,7 @@ def coroutine(
     nout: int | None = None,
     name: str | None = None,
     inline: bool = True,
-    keep_resources: bool = False,
+    **options: Any,
 ) -> Any:
     """Make a function a coroutine task.
 
@@ -685,21 +690,20 @@ def coroutine(
         its own (to see each call in the dashboard and in ``tree``, or to give
         it ``dask.annotate`` resources). Default True: inline where
         ``coro.inline.enabled`` allows.
-    keep_resources
-        True: a task of this function keeps the worker resources it was
-        given (``resources={"GPU": 1}``) while it waits, for a body that
-        keeps state on the device between yields. Default False: while it
-        waits it gives them back, so its children (or any task) may use
-        them, and it takes them again before its body goes on, waiting for
-        them as a task waits for its resources (see docs/dask-features.md).
+    **options
+        Options a feature declares (``Extension.options``) and reads for
+        each run of a call of this function; an unknown one is a
+        ``TypeError``. ``keep_resources`` (``resources/``), True: a task of
+        this function keeps the worker resources it was given
+        (``resources={"GPU": 1}``) while it waits, for a body that keeps
+        state on the device between yields. Default False: while it waits
+        it gives them back, so its children (or any task) may use them, and
+        it takes them again before its body goes on, waiting for them as a
+        task waits for its resources (see docs/dask-features.md).
     """
     if func is None:
-        return functools.partial(
-            coroutine, pure=pure, nout=nout, name=name, inline=inline, keep_resources=keep_resources
-        )
-    return CoroutineFunction(
-        func, pure=pure, nout=nout, name=name, inline=inline, keep_resources=keep_resources
-    )
+        return functools.partial(coroutine, pure=pure, nout=nout, name=name, inline=inline, **options)
+    return CoroutineFunction(func, pure=pure, nout=nout, name=name, inline=inline, **options)
 
 
 @is_lazy.register(CoroutineFunction)

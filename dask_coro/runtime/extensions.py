@@ -10,14 +10,17 @@ server side builds from, and, as with trio's ``Instruments``, each hook is
 called only on the extensions that override it: where no extension listens,
 a call site costs one truth test of an empty tuple.
 
-Two readers of the table:
+Its readers:
 
 - the preload hook (``dask_coro.dask_setup``, ``preload`` here) installs the
   scheduler plugin and the worker plugin of every enabled extension;
 - the worker runner, on the first coroutine task a worker runs, installs the
   plugins of every enabled extension with ``at_first_use`` (before the
   task's body runs: one that cannot be installed fails the task, with an
-  error naming its ``setting``), then calls each run's hooks.
+  error naming its ``setting``), then calls each run's hooks;
+- ``@coroutine`` checks the options it is given (``check_options``);
+- worker release, on the scheduler, asks the plugins that keep keys
+  (``keepers``).
 
 An extension (every method a no-op here; override what the feature needs)
 
@@ -39,6 +42,22 @@ An extension (every method a no-op here; override what the feature needs)
 ``counts_calls``
     Its runs count their inline calls per function
     (``run.trampoline.call_counts()``).
+``parent``
+    The children its runs submit carry their parent's key (the runtime's
+    ``PARENT`` annotation, read on the scheduler with
+    ``children_by_parent``): the tree records it, durability holds them
+    for it. Added once, whoever asks.
+``options``, ``check_option(name, value)``
+    The keyword options of ``@coroutine`` it reads (``run.options``), and
+    their check, raising ``TypeError`` or ``ValueError`` for a bad value
+    where the function is decorated (``check_options``). The call object
+    carries them to the run without knowing what they mean; an option no
+    extension declares is refused as an unexpected keyword argument.
+``keeper``
+    Scheduler side: the name of its scheduler plugin if that plugin keeps
+    keys which no worker may release on its own; the plugin then has
+    ``keeps(key, copy) -> bool`` (``Keeper``). Worker release asks every
+    installed one (``keepers``) instead of reading other plugins.
 
 and its hooks on a run (``Run`` below), called on the worker's event loop
 unless said otherwise, only for a run during which it was enabled, once its
@@ -53,6 +72,15 @@ plugins are installed:
 ``annotations(run)``
     Annotations (a dict, or None) for the children of each of the run's
     yields; merged with every other extension's.
+``async around_wait(run, wait)``
+    Around each wait of the run that holds no thread (its children, or an
+    asyncio await of an async body), once its task is long-running: it
+    must await ``wait`` once and return what it gives (or raise what it
+    raises); it may do work before and after (resources are lent while
+    the run waits, taken back before its body goes on). Extensions nest in
+    the order they registered, the first outermost. What it raises is
+    raised at the yield, as the wait's own error; a wait it ends for good
+    raises ``Released`` (``run.until``).
 ``async results_received(run, results)``
     The results of a yield, before the children are let go of. What it
     raises is raised at the yield, as a child's error would be.
@@ -68,36 +96,84 @@ plugins are installed:
     or None if it was cancelled (then do not wait: the worker may be
     closing). Before its futures are released, ahead of the task's end.
 
-An exception raised by a hook other than ``submitting`` and
-``results_received`` is logged,
-naming the extension, and the run goes on (as distributed does with its
-plugins' hooks): a feature's failure never fails a user's task.
+An exception raised by a hook other than ``submitting``, ``around_wait``
+and ``results_received`` is logged, naming the extension, and the run goes
+on (as distributed does with its plugins' hooks): a feature's failure never
+fails a user's task.
+
+What a feature may use of a run is ``Run``, and nothing else: its hooks
+get one, and so does a feature's code that runs in a body (a group, a
+stream: ``Trampoline.host``, a run, or a body run beside one,
+``runtime/beside.py``). What a feature keeps per run goes in
+``run.notes[its name]``. ``tests/test_layout.py`` checks that every
+attribute the feature folders read of a run is declared here.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .. import _config
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    import asyncio
+    from collections.abc import Awaitable, Iterable, Mapping
 
     from dask.typing import Key
 
 logger = logging.getLogger("dask_coro")
 
+T = TypeVar("T")
+
+#: The annotation that gives each child of a run its parent's key, when an
+#: enabled extension asks for it (``Extension.parent``).
+PARENT = "dask_coro_parent"
+
+
+def children_by_parent(annotations: dict[str, dict[Key, Any]] | None) -> dict[Key, list[Key]]:
+    """The keys of one graph submission (a scheduler plugin's
+    ``update_graph``), by the run that submitted them (their ``PARENT``)."""
+    out: dict[Key, list[Key]] = {}
+    for key, parent in ((annotations or {}).get(PARENT) or {}).items():
+        out.setdefault(parent, []).append(key)
+    return out
+
 
 class Run(Protocol):
-    """What a hook may read of a run on a worker."""
+    """What a feature may use of a run on a worker: what its hooks get, and
+    what its code in a body finds as the trampoline's host
+    (``Trampoline.host``: the run, or a body run beside it,
+    ``runtime/beside.py``). Read on the worker's event loop, unless said
+    otherwise."""
 
-    #: The distributed ``Worker`` it runs on.
-    worker: Any
-    #: Its task's key.
-    key: Key
-    #: Per extension (by name), what it keeps for this run.
+    #: Per extension (by name), what it keeps for this run (any thread).
     notes: dict[str, Any]
+    #: Set (on the loop) to let the body's next step go without waiting for
+    #: a thread of the pool: a feature waking it for a deadline.
+    urgent: bool
+
+    @property
+    def worker(self) -> Any:
+        """The distributed ``Worker`` it runs on."""
+
+    @property
+    def key(self) -> Key:
+        """Its task's key (a body beside a run: the run's)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The worker's event loop (``call_soon_threadsafe`` from the body's thread)."""
+
+    @property
+    def options(self) -> Mapping[str, Any]:
+        """The options of its function (``@coroutine(name=value)``), each
+        read by the extension that declares it (``Extension.options``)."""
+
+    @property
+    def beside(self) -> bool:
+        """True for a body run beside a run: no task of its own (it is no
+        stream's producer)."""
 
     @property
     def trampoline(self) -> Any:
@@ -106,6 +182,52 @@ class Run(Protocol):
     @property
     def client(self) -> Any:
         """The worker's client the run submits through, or None before its first submission."""
+
+    def annotations(self) -> dict[str, Any]:
+        """The annotations of its task (a body beside a run: the run's, with
+        those its starter gave)."""
+
+    def ident(self, kind: str) -> Any:
+        """A new name under the run's key for a feature's children
+        (``kind``): the same in a re-run that asks in the same order."""
+
+    async def start_children(
+        self, leaves: list[Any], paths: list[Any], ident: Any, annotations: dict[str, Any] | None = None
+    ) -> list[Any]:
+        """Submit ``leaves`` as children of the run in one message, keyed as
+        a yield's leaves at ``paths`` under ``ident``, annotated as a yield's
+        children and with ``annotations``; the futures of their values, in
+        order, which the caller holds and lets go of (``release``)."""
+
+    def release(self, futures: Any) -> None:
+        """Let go of futures ``start_children`` gave (any thread)."""
+
+    async def gather(self, futures: Any) -> Any:
+        """The values of ``futures`` (a list, or one), gathered as a task of
+        this worker does: from its own memory, or from the workers holding
+        them."""
+
+    async def submitting_client(self) -> Any:
+        """The worker's client the run submits with (made on first use)."""
+
+    def installed(self, name: str) -> bool:
+        """Whether the plugins of extension ``name`` are installed (those
+        installed at first use are, before the run starts)."""
+
+    async def until(self, waiting: asyncio.Future[Any]) -> Any:
+        """Await ``waiting``; raise ``Released`` (and cancel it) once the
+        run's task stops running here: how ``around_wait`` waits for
+        anything else."""
+
+
+class Keeper(Protocol):
+    """A scheduler plugin that keeps keys (``Extension.keeper``)."""
+
+    def keeps(self, key: Key, copy: bool) -> bool:
+        """Whether ``key`` (in memory) must stay until the scheduler
+        releases it: no worker may drop it on its own (``copy``: the copy
+        another worker fetched of it, its original kept where it is)."""
+        ...
 
 
 class Extension:
@@ -116,6 +238,9 @@ class Extension:
     what: str = ""
     at_first_use: bool = False
     counts_calls: bool = False
+    parent: bool = False
+    options: tuple[str, ...] = ()
+    keeper: str | None = None
 
     def enabled(self) -> bool:
         return self.setting is None or bool(_config.get(self.setting))
@@ -125,6 +250,10 @@ class Extension:
 
     def worker_plugin(self) -> Any:
         return None
+
+    def check_option(self, name: str, value: Any) -> None:
+        """Raise ``TypeError`` or ``ValueError`` if ``value`` is no value of
+        option ``name`` (one of ``options``)."""
 
     # -- hooks on a run ------------------------------------------------------
 
@@ -140,6 +269,12 @@ class Extension:
         futures it returns are held until the graph is sent. What it raises is
         raised at the yield, and nothing is sent."""
         return []
+
+    async def around_wait(self, run: Run, wait: Awaitable[T]) -> T:
+        """Around a wait of the run: await ``wait`` once and return its
+        value (or raise its error), with work of the extension's own before
+        and after."""
+        return await wait
 
     async def results_received(self, run: Run, results: list[Any]) -> None:
         pass
@@ -158,10 +293,13 @@ class Extension:
 
 
 #: The hooks on a run, in the order a run calls them.
-HOOKS = ("run_started", "submitting", "annotations", "results_received", "released", "run_left", "run_ended")
+HOOKS = (
+    "run_started", "submitting", "annotations", "around_wait", "results_received", "released", "run_left", "run_ended",
+)
 
 _TABLE: dict[str, Extension] = {}
 _ACTIVE: dict[tuple[Extension, ...], Active] = {}
+_KEEPERS: list[tuple[str, ...]] = []  # keepers(), once made
 
 
 def register(extension: Extension) -> Extension:
@@ -175,12 +313,14 @@ def register(extension: Extension) -> Extension:
         raise ValueError(f"a dask_coro extension named {name!r} is registered already: {old!r}")
     _TABLE[name] = extension
     _ACTIVE.clear()
+    _KEEPERS.clear()
     return extension
 
 
 def unregister(name: str) -> Extension | None:
     """Take the extension ``name`` out of the table (for tests)."""
     _ACTIVE.clear()
+    _KEEPERS.clear()
     return _TABLE.pop(name, None)
 
 
@@ -193,18 +333,39 @@ def get(name: str) -> Extension | None:
     return _TABLE.get(name)
 
 
+def keepers() -> tuple[str, ...]:
+    """Scheduler side: the names of the scheduler plugins that keep keys
+    (``Extension.keeper``), of every registered extension, enabled or not
+    (a plugin another process installed counts); ask each one installed."""
+    if not _KEEPERS:
+        _KEEPERS.append(tuple(e.keeper for e in _TABLE.values() if e.keeper))
+    return _KEEPERS[0]
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    """Check the ``@coroutine`` keyword ``options``: each declared by a
+    registered extension (``Extension.options``), which checks its value."""
+    for name, value in options.items():
+        owner = next((e for e in _TABLE.values() if name in e.options), None)
+        if owner is None:
+            raise TypeError(f"coroutine() got an unexpected keyword argument {name!r}")
+        owner.check_option(name, value)
+
+
 class Active:
     """The extensions enabled for one run, and per hook the ones that
     override it (a tuple each, empty when none does)."""
 
-    __slots__ = ("all", "at_first_use", "counts_calls", *HOOKS)
+    __slots__ = ("all", "at_first_use", "counts_calls", "parent", *HOOKS)
 
     all: tuple[Extension, ...]
     at_first_use: tuple[Extension, ...]
     counts_calls: bool
+    parent: bool
     run_started: tuple[Extension, ...]
     annotations: tuple[Extension, ...]
     submitting: tuple[Extension, ...]
+    around_wait: tuple[Extension, ...]
     results_received: tuple[Extension, ...]
     released: tuple[Extension, ...]
     run_left: tuple[Extension, ...]
@@ -214,6 +375,7 @@ class Active:
         self.all = tuple(extensions)
         self.at_first_use = tuple(e for e in self.all if e.at_first_use)
         self.counts_calls = any(e.counts_calls for e in self.all)
+        self.parent = any(e.parent for e in self.all)
         for hook in HOOKS:
             base = getattr(Extension, hook)
             setattr(self, hook, tuple(e for e in self.all if getattr(type(e), hook) is not base))

@@ -66,11 +66,10 @@ from ..core.engine import (
 )
 from ..core.plan import Plan, plan_yield
 from ..core.scope import Scope
-from ..resources.worker import lent
 from . import extensions
 from .aio import gathered, watch
 from .call import trampoline
-from .extensions import Active, Extension
+from .extensions import PARENT, Active, Extension, Run
 from .inplace import localizer
 from .lanes import PATIENCE, Lane, Lanes, weight_of
 from .scheduler import IDLE, MODES, SUBSCRIBE, UNSUBSCRIBE
@@ -394,8 +393,10 @@ class _Planned:
 
 
 class _Run:
-    """One run of a coroutine task on this worker; what extensions' hooks
-    read of it is ``extensions.Run``."""
+    """One run of a coroutine task on this worker; what features use of it
+    is ``extensions.Run``."""
+
+    beside = False  # a run of a task
 
     def __init__(self, worker: Worker, task: CoroutineTask, active: Active):
         self.worker = worker
@@ -405,7 +406,8 @@ class _Run:
         #: Per extension (by name), what it keeps for this run.
         self.notes: dict[str, Any] = {}
         self.func = task.func
-        self.keep_resources = task.keep_resources
+        #: Its function's options, for the extensions that declare them.
+        self.options = task.options
         self.name = funcname(task.func)
         self.loop = asyncio.get_running_loop()
         self.lane: Lane | None = None  # the lane of all our steps (lanes.py)
@@ -589,12 +591,12 @@ class _Run:
         return str(self.key), weight_of(-priority[0] if priority else 0)
 
     def _child_annotations(self) -> dict[str, Any]:
-        """Annotations for our children: what the enabled extensions ask
-        (our key, which the scheduler's TreePlugin records as their parent
-        and DurablePlugin holds them for). (Their span is ours already: we
+        """Annotations for our children: our key as their ``PARENT`` when
+        an enabled extension asks (``Extension.parent``), and what the
+        enabled extensions add. (Their span is ours already: we
         run in the context Worker.execute annotates with our task's span, so
         the whole tree lives in the span its root was computed in.)"""
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {PARENT: self.key} if self.active.parent else {}
         for ext in self.active.annotations:
             try:
                 more = ext.annotations(self)
@@ -634,7 +636,8 @@ class _Run:
             count=count,
         )
         self.tramp = tramp
-        tramp.host = self  # for features that start children of their own
+        host: Run = self  # for features that start children of their own
+        tramp.host = host
         if active.run_started:
             extensions.notify(active.run_started, "run_started", self)
         step: Returned | Raised | None = None
@@ -665,7 +668,7 @@ class _Run:
                         await self._submit(out.batches, tramp.own_annotations)
                     if not self.seceded:
                         self._secede()
-                    error = await self._lent(self._until(asyncio.wrap_future(out.obj)))
+                    error = await self._around(self._until(asyncio.wrap_future(out.obj)))
                     out = await self._step(tramp, tramp.proceed, error)
                     continue
                 assert type(out) is Submit
@@ -983,7 +986,7 @@ class _Run:
             if scope.error is not None:
                 raise scope.error
             client = await self._client()
-            results = await self._lent(self._wait(client, scope.handles(frame.remote)))
+            results = await self._around(self._wait(client, scope.handles(frame.remote)))
             # Before the children go (shared-memory segments in their
             # results are ours now); what it raises is raised at the yield.
             for ext in self.active.results_received:
@@ -1046,13 +1049,16 @@ class _Run:
                 # own once our futures are released, so only retrieve its end.
                 gathering.add_done_callback(_retrieve)
 
-    async def _lent(self, waiting: Any) -> Any:
-        """Await ``waiting`` with our task's worker resources given back, and
-        taken again before the body goes on (``resources/worker.py``), unless
-        our function keeps them (``@coroutine(keep_resources=True)``)."""
-        if self.keep_resources:
+    async def _around(self, waiting: Any) -> Any:
+        """Await ``waiting`` inside the ``around_wait`` hooks of the
+        extensions (the first outermost): a resource lent while we wait,
+        taken back before the body goes on."""
+        hooks = self.active.around_wait
+        if not hooks:
             return await waiting
-        return await lent(self.worker, self.key, waiting, self._until)
+        for ext in reversed(hooks):
+            waiting = ext.around_wait(self, waiting)
+        return await waiting
 
     async def _until(self, waiting: asyncio.Future[Any]) -> Any:
         """Await ``waiting``; ``Released`` if our task stops running here
@@ -1071,6 +1077,8 @@ class _Run:
         finally:
             self.waiting = None
             self.stopped = False
+
+    until = _until  # what ``extensions.Run`` calls it
 
 
 def _installing(fut: asyncio.Future[None] | None, worker: Worker, ext: Extension) -> asyncio.Future[None]:

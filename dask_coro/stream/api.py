@@ -62,7 +62,7 @@ def emit(x: Any) -> Any:
         raise RuntimeError("dask_coro.emit() is called in a coroutine body, or in plain code a body calls")
     if tramp.host is None:
         req = InPlace(_local_emit, x)
-    elif len(tramp.stack) > 1 or getattr(tramp.host, "beside", False):
+    elif len(tramp.stack) > 1 or tramp.host.beside:
         # A call the run's body yielded, run inline here, or a body run
         # beside the run (``runtime.beside``): it is no stream's producer
         # (the run's own task is), so its items are dropped.

@@ -23,6 +23,7 @@ from dask.sizeof import sizeof
 
 from .._exceptions import DaskCoroError
 from .._internals import distributed_private as private
+from ..runtime.extensions import Run
 from .book import PUBLISH
 
 logger = logging.getLogger("dask_coro")
@@ -33,6 +34,8 @@ SMALL = 16 * 1024
 
 #: The annotation that makes a coroutine task a stream's producer.
 ANNOTATION = "dask_coro_stream"
+#: Where a run keeps its ``Producer`` (``Run.notes``).
+NOTE = "stream"
 
 _installed: dict[str, asyncio.Future[None]] = {}  # by client id
 
@@ -66,17 +69,16 @@ class Producer:
         self.taken = 0
 
 
-async def _producer(run: Any) -> Producer:
+async def _producer(run: Run) -> Producer:
     """On the worker's loop: what ``run`` keeps as a producer."""
-    p = getattr(run, "dask_coro_stream", None)
+    p: Producer | None = run.notes.get(NOTE)
     if p is None:
         ann = run.annotations().get(ANNOTATION)
-        p = Producer(ann is not None, None if ann is None else ann.get("buffer"))
-        run.dask_coro_stream = p
+        p = run.notes[NOTE] = Producer(ann is not None, None if ann is None else ann.get("buffer"))
     return p
 
 
-async def _room(run: Any, p: Producer, index: int) -> bool:
+async def _room(run: Run, p: Producer, index: int) -> bool:
     """On the worker's loop: wait until item ``index`` fits in the buffer;
     False if our consumer let go of us (the run is being cancelled)."""
     client = await run.submitting_client()
@@ -85,7 +87,7 @@ async def _room(run: Any, p: Producer, index: int) -> bool:
     return not r["gone"]
 
 
-def _publication(run: Any, index: int, x: Any) -> dict[str, Any]:
+def _publication(run: Run, index: int, x: Any) -> dict[str, Any]:
     """On the run's lane: what publishes item ``index``. Its token (for a
     re-run to compare) is computed here, on the producer's thread, not on
     the worker's loop, which serves the items' transfers meanwhile (hashing
@@ -101,7 +103,7 @@ def _publication(run: Any, index: int, x: Any) -> dict[str, Any]:
     return msg
 
 
-def _send(run: Any, x: Any, msg: dict[str, Any]) -> None:
+def _send(run: Run, x: Any, msg: dict[str, Any]) -> None:
     """On the worker's loop: the item into the worker's memory, and
     published on the worker's stream to the scheduler, ordered with the
     message that the producer's task finished (so the consumer hears of
@@ -112,15 +114,15 @@ def _send(run: Any, x: Any, msg: dict[str, Any]) -> None:
     private.send_on_worker_stream(run.worker, msg)
 
 
-def _on_loop(run: Any, coro: Any) -> Any:
+def _on_loop(run: Run, coro: Any) -> Any:
     return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, run.loop))
 
 
-async def emit_on_worker(run: Any, x: Any) -> None:
+async def emit_on_worker(run: Run, x: Any) -> None:
     """``emit(x)`` in a run on a worker (on the run's lane). Returns at once
     while the buffer has room (as last heard from the scheduler); else the
     body waits, without its thread, until the consumer takes an item."""
-    p = getattr(run, "dask_coro_stream", None)
+    p: Producer | None = run.notes.get(NOTE)
     if p is None:
         p = await _on_loop(run, _producer(run))
     if not p.on:
@@ -204,7 +206,7 @@ class WorkerConsumer(RemoteConsumer):
 
     where = "worker"
 
-    def __init__(self, call: Any, buffer: int | None, run: Any):
+    def __init__(self, call: Any, buffer: int | None, run: Run):
         from .._internals.dask_private import annotations_in_effect
 
         super().__init__(call, buffer)
