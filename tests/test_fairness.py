@@ -122,3 +122,60 @@ async def test_first_of_does_not_wait_for_the_losers_inline_chain(c, s, a, b):
     assert name == "fast"
     assert slow_steps < 40, "the parent resumed only after the loser's whole chain"
     assert a.plugins["dask-coro-key-watcher"].lanes.seats.pauses >= 1
+
+
+@coroutine
+def chain(name, n, stop_on):
+    """One step: ``n`` calls inline, ended early once ``stop_on`` is set."""
+    done = 0
+    for _ in range(n):
+        done += yield leaf_step(name, 0.005)
+        if FLAGS[stop_on].is_set():
+            break
+    return done
+
+
+@coroutine
+def small_tree():
+    FLAGS["small-ran"].set()
+    a, b = yield [leaf_step("small", 0.001), leaf_step("small", 0.001)]
+    return a + b
+
+
+@gen_cluster(client=True, nthreads=[("", 2)], timeout=90)
+async def test_a_root_queued_behind_inline_chains_gets_a_slot(c, s, a):
+    """Every thread slot of the worker is held by a task of one tree running
+    a long chain of inline calls (never seceding: it never waits). A new
+    root arrives and waits in the worker's ready queue; at a chain's next
+    inline call after a time slice, the chain gives its slot up (it
+    secedes) and the root runs, while the chains still have most of their
+    calls to make. Before, the root waited for a whole chain (seconds)."""
+    FLAGS.update({"small-ran": threading.Event(), "never": threading.Event()})
+    STEPS.clear()
+    wide = [c.compute(chain("wide", 400, "small-ran")) for _ in range(2)]
+    await async_poll_for(lambda: STEPS.count("wide") >= 4, timeout=30)
+    assert len(a.state.executing) == 2, "both slots run the chains"
+    assert await c.compute(small_tree()) == 2
+    calls = await c.gather(wide)
+    assert sum(calls) < 2 * 400, "the root waited for a whole chain"
+    assert a.plugins["dask-coro-key-watcher"].lanes.seats.pauses >= 1
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], timeout=90)
+async def test_a_trees_share_of_the_threads_grows_with_its_priority(c, s, a):
+    """Two trees of long inline chains on one thread, one at priority 2: its
+    weight is 4 times the other's (``2 ** priority``), so it makes several
+    times as many calls while both run (a step is paused a time slice after
+    a waiting step's tree has had less than its share)."""
+    FLAGS.update({"stop": threading.Event()})
+    STEPS.clear()
+    low = c.compute(chain("low", 10_000, "stop"))
+    with dask.annotate(priority=2):
+        high = c.compute(chain("high", 10_000, "stop"))
+    await async_poll_for(lambda: STEPS.count("high") + STEPS.count("low") >= 300, timeout=60)
+    FLAGS["stop"].set()
+    await c.gather([low, high])
+    # Counted from the moment both had started: the low tree ran alone before.
+    first_high = STEPS.index("high")
+    after = STEPS[first_high:]
+    assert after.count("high") > 2 * after.count("low") > 0, (after.count("high"), after.count("low"))

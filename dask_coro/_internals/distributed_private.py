@@ -51,6 +51,20 @@ def worker_task_state(worker: Any, key: Key) -> str | None:
     return None if ts is None else ts.state
 
 
+def worker_next_ready(worker: Any) -> Key | None:
+    """The key of the task the worker would start next when a thread slot
+    frees (``WorkerState._next_ready_task``: the best of ``ready`` and
+    ``constrained``, by priority), or None if none waits."""
+    state = worker.state
+    best = None
+    for queue in (state.ready, state.constrained):
+        if queue:
+            ts = queue.peek()
+            if best is None or ts.priority < best.priority:
+                best = ts
+    return None if best is None else best.key
+
+
 def worker_slots_full(worker: Any) -> bool:
     """Whether every thread slot of the worker's state machine is taken by
     an executing task (``WorkerState._ensure_computing`` starts a ready task

@@ -237,7 +237,8 @@ class Seats:
         self._shares: dict[Any, _Share] = {}  # trees with a step seated or waiting
         self._floor = 0.0  # the least virtual time of the active trees, as last seen
         self._order = itertools.count()
-        self._asked: dict[_Seat, _Seat] = {}  # waiting step -> the step it asked to pause
+        # A waiting step (None: the worker's ready queue) -> the step it asked to pause.
+        self._asked: dict[_Seat | None, _Seat] = {}
         #: Pauses asked for (for tests and benchmarks).
         self.pauses = 0
         #: The worker is closing (``close``): no step waits for a seat.
@@ -246,13 +247,29 @@ class Seats:
     # -- shares (under the lock) ---------------------------------------------
 
     def _share(self, seat: _Seat) -> _Share:
+        """``seat``'s tree's share, made or made active: at least the floor
+        (the least virtual time of the active trees), so a tree that held and
+        wanted nothing for a while has no credit for it (CFS places a waking
+        task so); a tree paused a moment ago keeps what it had."""
+        if not self._raise_floor(time.monotonic()):
+            self._shares.clear()  # nobody to be fair to: start afresh
+        for tree in [t for t, sh in self._shares.items() if not sh.seated and not sh.waiting]:
+            if self._shares[tree].vtime <= self._floor:
+                del self._shares[tree]  # idle, at the floor or below: nothing to remember
         share = self._shares.get(seat.tree)
         if share is None:
-            if self._shares:
-                now = time.monotonic()
-                self._floor = max(self._floor, min(self._vtime(t, now) for t in self._shares))
             share = self._shares[seat.tree] = _Share(self._floor, seat.weight)
+        elif not share.seated and not share.waiting:
+            share.vtime = max(share.vtime, self._floor)
         return share
+
+    def _raise_floor(self, now: float) -> bool:
+        """The floor up to the least virtual time of the active trees (those
+        with a step seated or waiting); whether there is one."""
+        active = [t for t, sh in self._shares.items() if sh.seated or sh.waiting]
+        if active:
+            self._floor = max(self._floor, min(self._vtime(t, now) for t in active))
+        return bool(active)
 
     def _vtime(self, tree: Any, now: float) -> float:
         """``tree``'s virtual time, with what its seated steps hold so far."""
@@ -261,10 +278,6 @@ class Seats:
             return self._floor
         held = sum(now - s.since for s in self._seated if s.tree == tree) if share.seated else 0.0
         return share.vtime + held / share.weight
-
-    def _forget_idle(self, share: _Share, tree: Any) -> None:
-        if not share.seated and not share.waiting:
-            del self._shares[tree]
 
     # -- steps ---------------------------------------------------------------
 
@@ -297,7 +310,6 @@ class Seats:
                 share = self._shares.get(seat.tree)
                 if share is not None:
                     share.waiting -= 1
-                    self._forget_idle(share, seat.tree)
         for seat in waiting:
             self._without_seat(seat)
 
@@ -310,7 +322,7 @@ class Seats:
         """The waiting step to serve: its tree's virtual time least, then the
         first to ask (under the lock, with one waiting at least)."""
         vtimes = {tree: self._vtime(tree, now) for tree in {s.tree for s in self._waiting}}
-        self._floor = max(self._floor, min(self._vtime(t, now) for t in self._shares))
+        self._raise_floor(now)
         return min(self._waiting, key=lambda s: (vtimes[s.tree], s.order))
 
     def _serve(self) -> None:
@@ -354,12 +366,11 @@ class Seats:
         greatest and not below ``tree``'s (one ask at a time per waiting step;
         with ``keys``, only a step of another tree, of a task in ``keys``)."""
         with self._lock:
-            if seat is not None:
-                if seat.got is None or seat.got.is_set():
-                    return False
-                asked = self._asked.get(seat)
-                if asked is not None and asked in self._seated:
-                    return False  # the one asked has not given its seat back yet
+            if seat is not None and (seat.got is None or seat.got.is_set()):
+                return False
+            asked = self._asked.get(seat)
+            if asked is not None and asked in self._seated:
+                return False  # the one asked has not given its seat back yet
             now = time.monotonic()
             mine = self._vtime(tree, now)
             worst: tuple[float, float] | None = None
@@ -378,8 +389,7 @@ class Seats:
             if victim is None:
                 return False
             victim.pausing = True
-            if seat is not None:
-                self._asked[seat] = victim
+            self._asked[seat] = victim
             self.pauses += 1
         victim.pause()  # type: ignore[misc]
         return True
@@ -394,7 +404,6 @@ class Seats:
             if share is not None:
                 share.seated -= 1
                 share.vtime += (time.monotonic() - seat.since) / share.weight
-                self._forget_idle(share, seat.tree)
 
     def busy(self) -> bool:
         """Whether a step holds a thread of the pool here (cheap; no lock)."""

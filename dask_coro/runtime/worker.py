@@ -194,13 +194,12 @@ class _KeyWatcher(WorkerPlugin):
         self.pushes_at_exec = 0  # pushes received when a task last went executing
         self.handed_out = 0.0  # when a run last handed work out
         self.lanes: Lanes | None = None  # made on first use (lanes.py)
-        self.worker: Worker | None = None  # ours, once lanes are made
-        self.queued: set[Key] = set()  # tasks in the ready queue we watch (``_queued``)
+        self.worker: Worker | None = None  # ours (``_watcher``)
+        self.watching = False  # the ready queue is watched (``_queued``)
 
     def lanes_of(self, worker: Worker) -> Lanes:
         if self.lanes is None:
             self.lanes = Lanes(worker.state.nthreads, private.default_executor(worker))
-            self.worker = worker
         return self.lanes
 
     def teardown(self, worker: Worker) -> None:
@@ -321,38 +320,39 @@ class _KeyWatcher(WorkerPlugin):
     def transition(self, key: Key, start: str, finish: str, **kwargs: Any) -> None:
         if finish == "executing":
             self.pushes_at_exec = self.pushes
-        elif (finish == "ready" or finish == "constrained") and self.lanes is not None and self.lanes.seats.busy():
+        elif (finish == "ready" or finish == "constrained") and not self.watching and self.worker is not None:
             # A task may wait for a thread slot that a run's inline calls hold.
-            if key not in self.queued:
-                self.queued.add(key)
-                asyncio.get_running_loop().call_later(PATIENCE, self._queued, key)
+            self.watching = True
+            asyncio.get_running_loop().call_later(PATIENCE, self._queued)
         run = self.runs.get(key)
         if run is not None:
             run.changed()
 
-    def _queued(self, key: Key) -> None:
-        """``key`` waited ``PATIENCE`` in the worker's ready queue: while it
-        still waits and every thread slot is taken, ask a step of another
-        tree that held its thread a time slice to pause (it secedes, and
-        the slot is free; ``lanes.Seats.preempt_for``), and look again after
-        ``PATIENCE``. Without this a small tree's root waited for the whole
-        inline chain of another tree's task (seconds), in the ready queue."""
+    def _queued(self) -> None:
+        """Every ``PATIENCE`` while a task waits in the worker's ready queue:
+        if every thread slot is taken and a run's step holds a thread, ask a
+        step of another tree than the next task's, one that holds a slot and
+        held its thread a time slice, to pause (it secedes, and the slot is
+        free; ``lanes.Seats.preempt_for``). Without this a small tree's root
+        waited in the ready queue for the whole inline chain of another
+        tree's task: seconds. One timer per worker, while a task waits."""
         worker, lanes = self.worker, self.lanes
-        state = None if worker is None else private.worker_task_state(worker, key)
-        if worker is None or lanes is None or (state != "ready" and state != "constrained"):
-            self.queued.discard(key)
+        key = None if worker is None else private.worker_next_ready(worker)
+        if key is None or worker is None:
+            self.watching = False
             return
-        if private.worker_slots_full(worker):
+        if lanes is not None and lanes.seats.busy() and private.worker_slots_full(worker):
             given = private.worker_task_annotations(worker, key).get(TREE)
             tree = str(key) if given is None else str(given[0])
             holding = {str(k) for k, run in self.runs.items() if not run.seceded}
             lanes.seats.preempt_for(tree, holding)
-        asyncio.get_running_loop().call_later(PATIENCE, self._queued, key)
+        asyncio.get_running_loop().call_later(PATIENCE, self._queued)
 
 
 def _watcher(worker: Worker) -> _KeyWatcher:
     # Added synchronously: replacing it would drop the runs it watches.
     w: _KeyWatcher = private.add_worker_plugin_now(worker, _KeyWatcher.name, _KeyWatcher)
+    w.worker = worker
     private.seceding_waits(worker, _secede_after)  # once per worker; a dict lookup after
     return w
 
