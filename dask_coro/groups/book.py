@@ -75,7 +75,9 @@ class Child:
     def cancel(self) -> None:
         """Cancel this child: queued, it never starts; a coroutine child is
         closed at its current yield; a running plain function runs on and its
-        result is dropped. It is never delivered. No-op once done."""
+        result is dropped. It is never delivered: a body waiting in
+        ``next()`` for the last children left, cancelled from another thread
+        or task, hears that none is left. No-op once delivered."""
         self.group.cancel_child(self)
 
     def __repr__(self) -> str:
