@@ -5,6 +5,7 @@ cancellation contract."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import tracemalloc
 
@@ -19,7 +20,7 @@ from distributed import (
     as_completed,
     worker_client,
 )
-from distributed.utils_test import async_poll_for, gen_cluster
+from distributed.utils_test import async_poll_for, captured_logger, gen_cluster
 from helpers import cluster
 from workloads import FLAGS, held, runs_until_released, watchdog
 
@@ -520,6 +521,34 @@ async def test_the_wait_ends_when_the_children_left_are_cancelled_from_elsewhere
     with c.as_current():  # on the client
         assert await run("w4", cancelled_by_a_side_task("w4")) == ([], True)
     assert await run("w5", c.submit(plain_dask_watchdog, "w5")) == ["cancelled"]
+    await async_poll_for(lambda: not s.tasks, timeout=10)
+
+
+@coroutine
+async def leaves_a_failed_child_undelivered(tag):
+    async with dask_coro.group() as g:
+        failed = g.spawn(boom(tag))
+        g.spawn(runs_until_released(tag))  # cancelled by the leaving: nothing to say
+        while not failed.done():
+            await asyncio.sleep(0.01)
+        return g.name
+
+
+@cluster(nthreads=[("", 2)])
+async def test_leaving_a_group_logs_an_error_never_delivered(c, s, a):
+    """A child ended with an error and the body left the group without
+    taking it: the error is logged, naming the child, as asyncio logs a
+    task's exception never retrieved. The child the leaving cancelled says
+    nothing. It was dropped silently."""
+    with captured_logger("dask_coro", level=logging.WARNING) as log:
+        try:
+            name = await asyncio.wait_for(c.compute(leaves_a_failed_child_undelivered("e1")), 10)
+        finally:
+            FLAGS["release-e1"].set()
+    text = log.getvalue()
+    assert f"<child 0 of {name} (done)> ended with an error that was never delivered" in text
+    assert "ValueError('boom e1')" in text
+    assert "child 1" not in text
     await async_poll_for(lambda: not s.tasks, timeout=10)
 
 

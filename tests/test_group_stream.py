@@ -7,6 +7,8 @@ the items are checked against the producer's own list."""
 
 from __future__ import annotations
 
+import logging
+
 import dask
 import pytest
 from distributed import Client, Event, LocalCluster, Variable
@@ -228,6 +230,27 @@ async def test_cancelling_a_stream_child_closes_its_producer(c, s, a, b):
     assert "('plain', 25)" in got and "0" in got and "1" in got
     await async_poll_for(lambda: "closed-k1" in s.extensions["variables"].variables, timeout=30)
     await async_poll_for(lambda: not s.plugins["dask-coro-streams"].books, timeout=30)
+
+
+@coroutine
+def leaves_after_the_first_item(k):
+    with dask_coro.group() as g:
+        g.spawn(stream(fails_after(k)))
+        for _, x in g:
+            return x
+
+
+def test_leaving_logs_a_stream_childs_error_never_delivered(caplog):
+    """Without a cluster the producer runs to its end before its first item
+    is delivered: the body leaving after that item leaves its error behind,
+    which is logged (as on a cluster, ``test_group.py``). It was dropped
+    silently."""
+    with caplog.at_level(logging.WARNING, logger="dask_coro"), dask.config.set(scheduler="sync"):
+        assert leaves_after_the_first_item(2).compute() == 0
+    [record] = [r for r in caplog.records if r.name == "dask_coro"]
+    assert record.levelno == logging.WARNING
+    assert "<child 0 of group (done)> ended with an error that was never delivered" in record.getMessage()
+    assert "ValueError('failed after 2')" in record.getMessage()
 
 
 @gen_cluster(client=True, nthreads=[("", 2)])

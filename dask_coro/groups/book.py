@@ -263,6 +263,18 @@ class GroupBook:
         self.left -= 1
         return state == STARTED
 
+    def undelivered_errors(self) -> list[tuple[Child, BaseException]]:
+        """The children that ended with an error not yet delivered (a
+        stream child: its error after items not yet delivered), in spawn
+        order, with that error: what closing the group would drop."""
+        out = []
+        for c in self.children:
+            if c.state != DONE:
+                continue  # a started child's end is not known; a cancelled one's is of no one
+            outcomes = [c.outcome] if c.items is None else list(c.items)
+            out += [(c, value) for ok, value in (o for o in outcomes if o is not None) if not ok]
+        return out
+
     def cancel_all(self) -> list[Child]:
         """Close the group: every child not delivered is cancelled; the ones
         that were started (their tasks to stop), in spawn order."""

@@ -521,8 +521,7 @@ async def _aclose(g: _Group) -> None:
     """Cancel the rest, and wait until the scheduler let go of every child
     task and every child run beside us has closed."""
     backend: WorkerBackend = g.backend
-    with g.lock:
-        stop = [] if g.book.closed else g.book.cancel_all()
+    stop = g.cancel_all() or []
     keys = [backend.futures[c.index].key for c in stop if c.index in backend.futures]
     keys += [k for k in (_producer_key(backend, c) for c in stop) if k is not None]
     backend.stop(stop, closing=True)
