@@ -99,3 +99,12 @@ def watchdog(tag, act):
         act()
 
     threading.Thread(target=run, daemon=True).start()
+
+
+@coroutine
+def held_producer(tag):
+    """A stream's producer that emits nothing until the flag ``release-{tag}``
+    is set (``held``; it is submitted when its consumer first waits for an
+    item, so that consumer waits while it is held), then one item."""
+    yield runs_until_released(tag)
+    yield emit(tag)
