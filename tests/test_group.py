@@ -4,14 +4,25 @@ cancellation contract."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 import tracemalloc
 
 import dask
 import pytest
-from distributed import Client, Event, LocalCluster, SchedulerPlugin, Variable
-from distributed.utils_test import async_poll_for, gen_cluster
+from distributed import (
+    Client,
+    Event,
+    LocalCluster,
+    SchedulerPlugin,
+    Variable,
+    as_completed,
+    worker_client,
+)
+from distributed.utils_test import async_poll_for, captured_logger, gen_cluster
 from helpers import cluster
+from workloads import FLAGS, held, runs_until_released, watchdog
 
 import dask_coro
 from dask_coro import coroutine
@@ -440,6 +451,105 @@ def cancel_one(tag):
 async def test_cancel_one_child(c, s, a, b):
     assert await c.compute(cancel_one("c1")) == ([16], 0)
     await async_poll_for(lambda: not any(str(k).startswith("waits_forever") for k in s.tasks), timeout=10)
+
+
+def plain_dask_watchdog(tag):
+    """Plain Dask: the same wait in a worker_client task, its future
+    cancelled by a watchdog thread."""
+    with worker_client() as client:
+        f = client.submit(held, tag)
+        watchdog(tag, f.cancel)
+        return [x.status for x in as_completed([f])]
+
+
+@coroutine
+def left_to_a_watchdog(tag, how):
+    """The only child is cancelled by a watchdog thread while the body waits
+    for it (``for``, or ``next()``)."""
+    with dask_coro.group() as g:
+        child = g.spawn(runs_until_released(tag))
+        watchdog(tag, child.cancel)
+        if how == "for":
+            return [v for _, v in g], child.cancelled()
+        try:
+            yield g.next()
+        except RuntimeError as e:
+            return str(e), child.cancelled()
+        return "delivered", child.cancelled()
+
+
+async def cancelled_by_a_side_task(tag):
+    """The same, cancelled by another asyncio task (in a body, or on the
+    client with an asynchronous client)."""
+    async with dask_coro.group() as g:
+        child = g.spawn(runs_until_released(tag))
+
+        async def cancel_once_started():
+            while not FLAGS[f"started-{tag}"].is_set():
+                await asyncio.sleep(0.01)
+            child.cancel()
+
+        side = asyncio.create_task(cancel_once_started())
+        got = [v async for _, v in g]
+        await side
+        return got, child.cancelled()
+
+
+@coroutine
+async def left_to_a_side_task(tag):
+    return await cancelled_by_a_side_task(tag)
+
+
+@cluster(nthreads=[("", 2)])
+async def test_the_wait_ends_when_the_children_left_are_cancelled_from_elsewhere(c, s, a):
+    """``handle.cancel()`` from a watchdog thread, or from another task of an
+    async body, while the body waits for that child: iteration ends, and
+    ``next()`` says no child is left (a cancelled child is never delivered),
+    as on the client. Plain Dask's ``as_completed`` ends there too (giving
+    the cancelled future). It waited for ever."""
+
+    async def run(tag, waiting):
+        try:
+            return await asyncio.wait_for(waiting, 10)
+        finally:
+            FLAGS[f"release-{tag}"].set()  # the plain function runs on until then
+
+    assert await run("w1", c.compute(left_to_a_watchdog("w1", "for"))) == ([], True)
+    said, cancelled = await run("w2", c.compute(left_to_a_watchdog("w2", "next")))
+    assert "no child left to deliver" in said and cancelled
+    assert await run("w3", c.compute(left_to_a_side_task("w3"))) == ([], True)
+    with c.as_current():  # on the client
+        assert await run("w4", cancelled_by_a_side_task("w4")) == ([], True)
+    assert await run("w5", c.submit(plain_dask_watchdog, "w5")) == ["cancelled"]
+    await async_poll_for(lambda: not s.tasks, timeout=10)
+
+
+@coroutine
+async def leaves_a_failed_child_undelivered(tag):
+    async with dask_coro.group() as g:
+        failed = g.spawn(boom(tag))
+        g.spawn(runs_until_released(tag))  # cancelled by the leaving: nothing to say
+        while not failed.done():
+            await asyncio.sleep(0.01)
+        return g.name
+
+
+@cluster(nthreads=[("", 2)])
+async def test_leaving_a_group_logs_an_error_never_delivered(c, s, a):
+    """A child ended with an error and the body left the group without
+    taking it: the error is logged, naming the child, as asyncio logs a
+    task's exception never retrieved. The child the leaving cancelled says
+    nothing. It was dropped silently."""
+    with captured_logger("dask_coro", level=logging.WARNING) as log:
+        try:
+            name = await asyncio.wait_for(c.compute(leaves_a_failed_child_undelivered("e1")), 10)
+        finally:
+            FLAGS["release-e1"].set()
+    text = log.getvalue()
+    assert f"<child 0 of {name} (done)> ended with an error that was never delivered" in text
+    assert "ValueError('boom e1')" in text
+    assert "child 1" not in text
+    await async_poll_for(lambda: not s.tasks, timeout=10)
 
 
 # -- on the client ------------------------------------------------------------------------

@@ -7,12 +7,15 @@ the items are checked against the producer's own list."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import dask
 import pytest
 from distributed import Client, Event, LocalCluster, Variable
 from distributed.utils_test import async_poll_for, gen_cluster
 from helpers import cluster
-from workloads import endless
+from workloads import FLAGS, endless, held_producer, watchdog
 
 import dask_coro
 from dask_coro import coroutine, emit, stream
@@ -228,6 +231,57 @@ async def test_cancelling_a_stream_child_closes_its_producer(c, s, a, b):
     assert "('plain', 25)" in got and "0" in got and "1" in got
     await async_poll_for(lambda: "closed-k1" in s.extensions["variables"].variables, timeout=30)
     await async_poll_for(lambda: not s.plugins["dask-coro-streams"].books, timeout=30)
+
+
+@coroutine
+def stream_child_left_to_a_watchdog(tag, how):
+    """The only child, a stream, is cancelled (its handle's ``cancel()``) or
+    closed (the stream's ``close()``) by a watchdog thread while the body
+    waits for its first item."""
+    s = stream(held_producer(tag))
+    with dask_coro.group() as g:
+        child = g.spawn(s)
+        watchdog(tag, child.cancel if how == "cancel" else s.close)
+        try:
+            return [x for _, x in g], child.cancelled()
+        except RuntimeError as e:
+            return str(e), e.dask_coro_child is child
+
+
+@cluster(nthreads=[("", 2)])
+async def test_the_wait_ends_when_a_stream_child_is_cancelled_or_closed_from_elsewhere(c, s, a):
+    """Cancelled, the child is never delivered and the loop ends, as for any
+    child (``test_group.py``); closed, the stream's iteration raises the
+    RuntimeError of a closed stream (``test_stream.py``), here the child's
+    error. The first waited for ever; the second raised that the producer
+    was released before it ended."""
+    for tag, how, expected in [("g1", "cancel", ([], True)), ("g2", "close", ("iterating a stream that was closed", True))]:
+        try:
+            assert await asyncio.wait_for(c.compute(stream_child_left_to_a_watchdog(tag, how)), 10) == expected
+        finally:
+            FLAGS[f"release-{tag}"].set()
+    await async_poll_for(lambda: not s.plugins["dask-coro-streams"].books, timeout=30)
+
+
+@coroutine
+def leaves_after_the_first_item(k):
+    with dask_coro.group() as g:
+        g.spawn(stream(fails_after(k)))
+        for _, x in g:
+            return x
+
+
+def test_leaving_logs_a_stream_childs_error_never_delivered(caplog):
+    """Without a cluster the producer runs to its end before its first item
+    is delivered: the body leaving after that item leaves its error behind,
+    which is logged (as on a cluster, ``test_group.py``). It was dropped
+    silently."""
+    with caplog.at_level(logging.WARNING, logger="dask_coro"), dask.config.set(scheduler="sync"):
+        assert leaves_after_the_first_item(2).compute() == 0
+    [record] = [r for r in caplog.records if r.name == "dask_coro"]
+    assert record.levelno == logging.WARNING
+    assert "<child 0 of group (done)> ended with an error that was never delivered" in record.getMessage()
+    assert "ValueError('failed after 2')" in record.getMessage()
 
 
 @gen_cluster(client=True, nthreads=[("", 2)])

@@ -5,12 +5,14 @@ lets go, items as keys."""
 
 from __future__ import annotations
 
+import asyncio
+
 import dask
 import pytest
 from distributed import Client, Event, LocalCluster
 from distributed.utils_test import async_poll_for, gen_cluster
 from helpers import Recorder, cluster
-from workloads import endless
+from workloads import FLAGS, endless, held_producer, watchdog
 
 import dask_coro
 from dask_coro import coroutine, emit, stream
@@ -251,6 +253,63 @@ async def test_items_are_keys_other_tasks_depend_on(c, s, a, b):
     assert keys == [item_key(producer, i) for i in range(5)]
     # Let go of once the consumer's futures are gone.
     await async_poll_for(lambda: not any(k in s.tasks for k in keys), timeout=30)
+
+
+@coroutine
+def closed_by_a_watchdog(tag):
+    s = stream(held_producer(tag))
+    watchdog(tag, s.close)
+    try:
+        return list(s)
+    except RuntimeError as e:
+        return str(e)
+
+
+@coroutine
+async def closed_by_a_side_task(tag):
+    s = stream(held_producer(tag))
+
+    async def close_once_started():
+        while not FLAGS[f"started-{tag}"].is_set():
+            await asyncio.sleep(0.01)
+        s.close()
+
+    side = asyncio.create_task(close_once_started())
+    try:
+        return [x async for x in s]
+    except RuntimeError as e:
+        return str(e)
+    finally:
+        await side
+
+
+@cluster(nthreads=[("", 2)])
+async def test_a_consumer_waiting_when_the_stream_is_closed_elsewhere(c, s, a):
+    """``s.close()`` from a watchdog thread, or from another task of an async
+    body, while the consumer waits for an item: the consumer gets the
+    RuntimeError of a closed stream (docs/misuse.md), on a worker and on the
+    client. It got a DaskCoroError saying the producer was released."""
+
+    async def on_the_client(tag):
+        s = stream(held_producer(tag))
+        watchdog(tag, s.close)
+        try:
+            return [x async for x in s]
+        except RuntimeError as e:
+            return str(e)
+
+    async def run(tag, consumer):
+        try:
+            return await asyncio.wait_for(consumer, 10)
+        finally:
+            FLAGS[f"release-{tag}"].set()  # the held producer's thread runs on until then
+
+    closed = "iterating a stream that was closed"
+    assert await run("c1", c.compute(closed_by_a_watchdog("c1"))) == closed
+    assert await run("c2", c.compute(closed_by_a_side_task("c2"))) == closed
+    with c.as_current():
+        assert await run("c3", on_the_client("c3")) == closed
+    await async_poll_for(lambda: not s.plugins["dask-coro-streams"].books, timeout=30)
 
 
 # -- without a cluster, and on the client -----------------------------------------

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections import defaultdict
+
 from distributed import Variable
 
 from dask_coro import coroutine, emit
@@ -65,3 +68,43 @@ def endless(tag):
             i += 1
     finally:
         Variable(f"closed-{tag}").set(True)
+
+
+#: Flags the children of a cluster test and the test's own threads set and
+#: wait on (gen_cluster's workers run in the test's process).
+FLAGS: defaultdict[str, threading.Event] = defaultdict(threading.Event)
+
+
+def held(tag):
+    """Sets the flag ``started-{tag}``, then runs until the flag
+    ``release-{tag}`` is set (60 s at most): a plain function that does not
+    end on its own, which no cancel interrupts."""
+    FLAGS[f"started-{tag}"].set()
+    FLAGS[f"release-{tag}"].wait(60)
+    return tag
+
+
+@coroutine
+def runs_until_released(tag):
+    """``held`` as a child of a coroutine body."""
+    return held(tag)
+
+
+def watchdog(tag, act):
+    """``act()`` from a thread of its own, as a watchdog's, once the flag
+    ``started-{tag}`` is set."""
+
+    def run():
+        FLAGS[f"started-{tag}"].wait(60)
+        act()
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+@coroutine
+def held_producer(tag):
+    """A stream's producer that emits nothing until the flag ``release-{tag}``
+    is set (``held``; it is submitted when its consumer first waits for an
+    item, so that consumer waits while it is held), then one item."""
+    yield runs_until_released(tag)
+    yield emit(tag)

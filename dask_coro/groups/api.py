@@ -25,6 +25,7 @@ else runs inline.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -35,6 +36,8 @@ from .book import CANCELLED, Child, GroupBook
 from .request import Request
 
 __all__ = ["Child", "Group", "group"]
+
+logger = logging.getLogger("dask_coro")
 
 
 def group(limit: int | None = None, timeout: float | None = None, deadline: float | None = None) -> Group:
@@ -65,7 +68,9 @@ def group(limit: int | None = None, timeout: float | None = None, deadline: floa
     not yet delivered: coroutine children are closed at their current yield
     (their ``finally`` blocks run), children not started never start, and a
     plain function already running on a worker runs to its end, its result
-    dropped (Dask cannot interrupt a thread, dask/distributed#4694).
+    dropped (Dask cannot interrupt a thread, dask/distributed#4694). A
+    child that had ended with an error never delivered is logged (warning,
+    the ``dask_coro`` logger), never dropped silently.
     """
     for name, v in (("timeout", timeout), ("deadline", deadline)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v != v):
@@ -126,11 +131,30 @@ class Group:
         """Cancel every child not yet delivered (see ``group``); no wait."""
         if self.backend is None:
             return
+        stop = self.cancel_all()
+        if stop is not None:
+            self.backend.stop(stop, closing=True)
+
+    def cancel_all(self, expire: bool = False) -> list[Child] | None:
+        """Close the book: every child not yet delivered is cancelled; those
+        to stop, or None if it was closed already. ``expire``: the deadline
+        passed. An error a child ended with and the body was never given is
+        logged, never dropped silently (as asyncio logs a task's exception
+        never retrieved); a child cancelled here had not ended, and logs
+        nothing."""
         with self.lock:
+            if expire:
+                self.expired = True
             if self.book.closed:
-                return
+                return None
+            lost = [(repr(c), e) for c, e in self.book.undelivered_errors()]
             stop = self.book.cancel_all()
-        self.backend.stop(stop, closing=True)
+        for child, e in lost:
+            logger.warning(
+                "%s ended with an error that was never delivered (the group was closed first): %r",
+                child, e, exc_info=(type(e), e, e.__traceback__),
+            )
+        return stop
 
     # -- children --------------------------------------------------------------
 
@@ -244,9 +268,7 @@ class Group:
 
     def expire(self) -> list[Child]:
         """The deadline passed: cancel every child; those to stop."""
-        with self.lock:
-            self.expired = True
-            return self.book.cancel_all()
+        return self.cancel_all(expire=True) or []
 
     def deliver(self, child: Child) -> tuple[Child, Any]:
         """``(child, value)``, or the child's error raised, naming it."""

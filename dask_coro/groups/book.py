@@ -75,7 +75,9 @@ class Child:
     def cancel(self) -> None:
         """Cancel this child: queued, it never starts; a coroutine child is
         closed at its current yield; a running plain function runs on and its
-        result is dropped. It is never delivered. No-op once done."""
+        result is dropped. It is never delivered: a body waiting in
+        ``next()`` for the last children left, cancelled from another thread
+        or task, hears that none is left. No-op once delivered."""
         self.group.cancel_child(self)
 
     def __repr__(self) -> str:
@@ -260,6 +262,18 @@ class GroupBook:
             child.items.clear()
         self.left -= 1
         return state == STARTED
+
+    def undelivered_errors(self) -> list[tuple[Child, BaseException]]:
+        """The children that ended with an error not yet delivered (a
+        stream child: its error after items not yet delivered), in spawn
+        order, with that error: what closing the group would drop."""
+        out = []
+        for c in self.children:
+            if c.state != DONE:
+                continue  # a started child's end is not known; a cancelled one's is of no one
+            outcomes = [c.outcome] if c.items is None else list(c.items)
+            out += [(c, value) for ok, value in (o for o in outcomes if o is not None) if not ok]
+        return out
 
     def cancel_all(self) -> list[Child]:
         """Close the group: every child not delivered is cancelled; the ones

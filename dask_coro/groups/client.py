@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import time
 from typing import Any
 
@@ -37,6 +38,7 @@ class ClientBackend:
         self.futures: dict[int, Any] = {}  # started children's futures, by index
         self.streams: dict[int, Any] = {}  # started stream children, by index
         self.rounds: dict[int, concurrent.futures.Future[list[Any]]] = {}  # their batches asked for
+        self.cancelling: set[asyncio.Future[Any]] = set()
 
     def check(self, x: Any) -> None:
         pass
@@ -57,7 +59,14 @@ class ClientBackend:
     def stop(self, children: list[Child], closing: bool) -> None:
         out = [f for f in (self.futures.pop(c.index, None) for c in children) if f is not None]
         if out:
-            self.client.cancel(out)
+            cancelling = self.client.cancel(out)
+            if inspect.isawaitable(cancelling):
+                # An asynchronous client, on its loop (leaving ``async with``,
+                # a deadline, another task's ``cancel()``): its methods give
+                # a coroutine there, which does nothing unless it runs.
+                task = asyncio.ensure_future(cancelling)
+                self.cancelling.add(task)  # held until done: the loop holds tasks weakly
+                task.add_done_callback(self.cancelling.discard)
         for c in children:
             s = self.streams.pop(c.index, None)
             if s is not None:

@@ -358,13 +358,16 @@ class WorkerBackend:
                 stream[1].close()  # its producer is let go of: the scheduler cancels it
         if out:
             self.run.release(out)
-        if closing:
-            if self.timer is not None:
-                self.timer.cancel()
-                self.timer = None
-            with self.group.lock:
-                waiter, self.waiter = self.waiter, None
-            _wake(waiter)
+        if closing and self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        # The body may wait in next() for these very children: once no
+        # child is left it must hear so (``_take`` answers None), as a
+        # group on the client does, whoever cancelled them (the body's
+        # other task, another thread).
+        with self.group.lock:
+            waiter, self.waiter = self.waiter, None
+        _wake(waiter)
 
     async def _ended(self, keys: list[Any]) -> None:
         """Until every child run beside us has closed (``_stop`` cancelled
@@ -518,8 +521,7 @@ async def _aclose(g: _Group) -> None:
     """Cancel the rest, and wait until the scheduler let go of every child
     task and every child run beside us has closed."""
     backend: WorkerBackend = g.backend
-    with g.lock:
-        stop = [] if g.book.closed else g.book.cancel_all()
+    stop = g.cancel_all() or []
     keys = [backend.futures[c.index].key for c in stop if c.index in backend.futures]
     keys += [k for k in (_producer_key(backend, c) for c in stop) if k is not None]
     backend.stop(stop, closing=True)

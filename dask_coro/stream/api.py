@@ -151,6 +151,7 @@ class Stream:
         fetches on: the worker's for a body's stream, the client's for a
         client's, the body's without a cluster). Once ended, ``end`` is set."""
         items, end = await self.backend.batch(self.index)
+        self._open_still()
         self.index += len(items)
         if end is not None:
             self.end = end
@@ -159,7 +160,17 @@ class Stream:
 
     # -- receiving -----------------------------------------------------------
 
+    def _open_still(self) -> None:
+        """After a wait for items: closed meanwhile (``close()`` from another
+        thread, or another task of an ``async def`` body), the stream gives
+        nothing more. What the wait brought is dropped, and the producer is
+        let go of again, in case the wait submitted it after the close."""
+        if self.closed:
+            self.backend.release()
+            raise RuntimeError("iterating a stream that was closed")
+
     def _got(self, got: tuple[list[Any], tuple[bool, Any] | None]) -> None:
+        self._open_still()
         items, end = got
         self.items.extend(items)
         self.index += len(items)

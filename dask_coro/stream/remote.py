@@ -148,6 +148,7 @@ class RemoteConsumer:
         self.buffer = buffer
         self.future: Any = None
         self.client: Any = None
+        self.released = False  # let go of: a producer submitted after it is let go of at once
 
     async def submit(self, client: Any, call: Any, ann: dict[str, Any]) -> Any:
         raise NotImplementedError
@@ -168,6 +169,9 @@ class RemoteConsumer:
             await install(client)
             call, self.call = self.call, None
             self.future = await self.submit(client, call, {ANNOTATION: {"buffer": self.buffer}})
+            if self.released:  # the stream was closed (from another thread) while we submitted
+                self.release()
+                return [], None
         key = self.future.key
         r = await client.scheduler.dask_coro_stream_next(key=key, index=index, client=client.id if futures else None)
         if "restart" in r:
@@ -257,6 +261,7 @@ class WorkerConsumer(RemoteConsumer):
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._fetch(index, futures), self.run.loop))
 
     def release(self) -> None:
+        self.released = True
         future, self.future = self.future, None
         if future is not None:
             self.run.release([future])
@@ -289,6 +294,7 @@ class ClientConsumer(RemoteConsumer):
         return self.client.sync(self.fetch, self.client, index, futures)
 
     def release(self) -> None:
+        self.released = True
         future, self.future = self.future, None
         if future is not None:
             future.release()  # the scheduler cancels it: nobody else wants it
