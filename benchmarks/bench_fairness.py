@@ -28,8 +28,9 @@ import math
 import statistics
 import time
 
-from distributed import Client, LocalCluster, worker_client
+from distributed import Client, LocalCluster, wait, worker_client
 
+import dask_coro
 from dask_coro import coroutine
 
 SMALL_LEAF = 200_000
@@ -187,6 +188,103 @@ def trace(c: Client, small, wide) -> None:
               f"{(min(began) - t0) * 1e3 if began else float('nan'):.0f} ms", flush=True)
 
 
+# -- the race of docs/groups.md ----------------------------------------------
+
+
+@coroutine
+def step(x, seconds):
+    time.sleep(seconds)
+    return x + 1
+
+
+@coroutine
+def strategy(name, steps, seconds):
+    x = 0
+    for _ in range(steps):  # a chain of calls (inline, or tasks when handed out)
+        x = yield step(x, seconds)
+    return name, x
+
+
+@coroutine
+def race(deadline_s):
+    with dask_coro.group(timeout=deadline_s) as g:
+        g.spawn(strategy("careful", 40, 0.05))  # about 2 s
+        g.spawn(strategy("greedy", 5, 0.02))  # about 0.1 s
+        try:
+            _, (name, _) = yield g.next()
+        except TimeoutError:
+            return "no answer in time"
+        return name
+
+
+def plain_step(x, seconds):
+    time.sleep(seconds)
+    return x + 1
+
+
+def plain_strategy(name, steps, seconds):
+    x = 0
+    with worker_client() as c:
+        for _ in range(steps):
+            x = c.submit(plain_step, x, seconds, pure=False).result()
+    return name, x
+
+
+def plain_race() -> str:
+    with worker_client() as c:
+        fs = [c.submit(plain_strategy, "careful", 40, 0.05, pure=False),
+              c.submit(plain_strategy, "greedy", 5, 0.02, pure=False)]
+        done, _ = wait(fs, return_when="FIRST_COMPLETED")
+        name = next(iter(done)).result()[0]
+        c.cancel(fs)
+        return name
+
+
+def races(c: Client, n: int, deadline: float | None, plain: bool = False) -> list[tuple[float, str, int]]:
+    """``n`` races one after another: (seconds to the answer, the answer, keys left on the
+    scheduler 5 s after it, at most)."""
+    rows = []
+    for _ in range(n):
+        t = time.perf_counter()
+        if plain:
+            f = c.submit(plain_race, pure=False)
+        else:
+            f = c.compute(race(deadline) if deadline is not None else first_of())
+        answer = f.result()
+        took = time.perf_counter() - t
+        del f
+        left = c.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
+        end = time.monotonic() + 5
+        while left and time.monotonic() < end:
+            time.sleep(0.05)
+            left = c.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
+        rows.append((took, answer, left))
+    return rows
+
+
+@coroutine
+def first_of():
+    """The race without a deadline (issue 45, item 5)."""
+    with dask_coro.group() as g:
+        g.spawn(strategy("careful", 40, 0.05))
+        g.spawn(strategy("greedy", 5, 0.02))
+        _, (name, _) = yield g.next()
+        return name
+
+
+def report_races(name: str, rows, deadline: float | None) -> None:
+    times = sorted(t for t, _, _ in rows)
+    fast = [t for t, a, _ in rows if a == "greedy"]
+    print(f"\n### {name}: {len(rows)} races")
+    print("| answered by greedy | median (s) | worst (s) | within 0.3 s | within 0.5 s |"
+          + (" within deadline + 0.2 s |" if deadline else "") + " keys left 5 s after |")
+    print("|---|---|---|---|---|" + ("---|" if deadline else "") + "---|")
+    print(f"| {len(fast)} of {len(rows)} | {statistics.median(times):.3f} | {times[-1]:.3f} | "
+          f"{sum(t <= 0.3 for t in times)} of {len(rows)} | {sum(t <= 0.5 for t in times)} of {len(rows)} |"
+          + (f" {sum(t <= deadline + 0.2 for t in times)} of {len(rows)} |" if deadline else "")
+          + f" {max(k for _, _, k in rows)} at most |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=10, help="runs of nine rounds (dask_coro)")
@@ -194,7 +292,13 @@ def main() -> None:
     p.add_argument("--small", type=int, default=3_000_000)
     p.add_argument("--wide", type=int, default=6_000_000)
     p.add_argument("--trace", action="store_true")
+    p.add_argument("--races", type=int, default=20, help="races of each kind (0: none)")
+    p.add_argument("--no-trees", action="store_true", help="the races alone")
     args = p.parse_args()
+    if args.races:
+        run_races(args.races)
+    if args.no_trees:
+        return
     small, wide = (0, args.small), (0, args.wide)
     with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0") as lc, Client(lc) as c:
         c.compute(by_sieve(0, 400_000)).result()  # warm up: plugins, lanes
@@ -207,6 +311,19 @@ def main() -> None:
         if args.plain_runs:
             psolo, prows = measure(c, args.plain_runs, small, wide, plain=True)
             report("plain Dask (worker_client)", psolo, prows)
+
+
+def run_races(n: int) -> None:
+    """The race of docs/groups.md with its 2 s deadline on 2 workers x 2 threads, and without
+    a deadline on 2 workers x 1 thread (issue 45, item 5), beside plain Dask's race
+    (``wait(FIRST_COMPLETED)`` in a ``worker_client`` task)."""
+    with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=":0") as lc, Client(lc) as c:
+        c.compute(race(5)).result()  # warm up
+        report_races("race, deadline 2 s, 2 workers x 2 threads", races(c, n, 2.0), 2.0)
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as lc, Client(lc) as c:
+        c.compute(first_of()).result()
+        report_races("first-of, no deadline, 2 workers x 1 thread", races(c, n, None), None)
+        report_races("plain Dask, wait(FIRST_COMPLETED), 2 workers x 1 thread", races(c, n, None, plain=True), None)
 
 
 if __name__ == "__main__":
