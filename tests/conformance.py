@@ -1040,7 +1040,7 @@ EXAMPLES["stream error leaves"] = (
 # ----------------------------------------------------------------------------
 # The paths, and the comparison.
 
-PATHS = ("local-inline", "local-task", "inline", "task", "stolen")
+PATHS = ("local-inline", "local-task", "inline", "task", "stolen", "paused")
 
 
 class _AlwaysIdle:
@@ -1064,6 +1064,36 @@ def _set_idle(dask_worker: Any, always: bool) -> None:
     watcher.idle = _AlwaysIdle() if always else Idle()
 
 
+class _Pauser:
+    """The paused path: every run of every worker of an in-process cluster
+    asked to pause (``_Run._pause``, as a waiting step of a fairer tree
+    asks; docs/running.md, fair progress between trees) about every
+    millisecond, so steps stop at random inline calls and yields, secede,
+    and go on from there."""
+
+    def __init__(self, client: Any):
+        self.workers = list(client.cluster.workers.values())
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._main, name="conformance-pauser", daemon=True)
+
+    def _main(self) -> None:
+        from dask_coro.runtime.worker import _watcher
+
+        watchers = [_watcher(w) for w in self.workers]
+        while not self.stop.wait(0.001):
+            for watcher in watchers:
+                for run in list(watcher.runs.values()):
+                    run._pause()
+
+    def __enter__(self) -> _Pauser:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
 class Harness:
     """Runs a program on each path and compares it with the reference.
 
@@ -1083,7 +1113,7 @@ class Harness:
             RUNS.clear()  # a late run of an earlier epoch counts under its own
             EPOCH[0] += 1
             epoch = EPOCH[0]
-        inline = path in ("local-inline", "inline", "stolen")
+        inline = path in ("local-inline", "inline", "stolen", "paused")
         counts = None
         with dask.config.set({"coro.inline.enabled": inline}):
             if path.startswith("local"):
@@ -1092,6 +1122,10 @@ class Harness:
                     outcome: Any = describe(value)
                 except Exception as e:
                     outcome = Raised(type(e).__name__, str(e))
+            elif path == "paused":
+                with _Pauser(self.client):
+                    outcome, counts = self._on_cluster(node, stolen=False)
+                self.leftovers()
             else:
                 outcome, counts = self._on_cluster(node, stolen=path == "stolen")
                 self.leftovers()
@@ -1164,11 +1198,13 @@ class Harness:
         with dask.config.set({"coro.inline.enabled": path != "task"}):
             if stolen:
                 self.client.run(_set_idle, always=True)
+            pauser = _Pauser(self.client) if path == "paused" else contextlib.nullcontext()
             try:
-                fut = self.client.compute(root_call(node))
-                time.sleep(after)
-                fut.cancel()
-                del fut
+                with pauser:
+                    fut = self.client.compute(root_call(node))
+                    time.sleep(after)
+                    fut.cancel()
+                    del fut
                 try:
                     self.leftovers()
                 except AssertionError as e:

@@ -1,6 +1,8 @@
 """One answer on every path: random coroutine programs (tests/conformance.py)
-run locally with calls inline and as tasks, on a cluster inline, as tasks
-and with every call handed out (stolen), and each must agree with a reference
+run locally with calls inline and as tasks, on a cluster inline, as tasks,
+with every call handed out (stolen) and with every step asked to pause about
+every millisecond (paused: the fair share's preemption at random points),
+and each must agree with a reference
 interpreter in plain Python: value, exception type and message, how often
 each function ran, and nothing left on the scheduler or the workers.
 
@@ -118,7 +120,7 @@ def test_cancel_at_random_points(harness, request):
         phases=[Phase.explicit, Phase.generate],
         suppress_health_check=list(HealthCheck),
     )
-    @given(C.programs(), st.sampled_from(["inline", "task", "stolen"]), st.floats(0, 0.1))
+    @given(C.programs(), st.sampled_from(["inline", "task", "stolen", "paused"]), st.floats(0, 0.1))
     def each(node, path, after):
         assert harness.cancel(node, path, round(after, 3)) == [], f"program {node!r}"
 
