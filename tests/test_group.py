@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import time
 import tracemalloc
 
 import dask
+import dask.array as da
+import numpy as np
 import pytest
 from distributed import (
     Client,
@@ -25,7 +28,7 @@ from helpers import cluster
 from workloads import FLAGS, held, runs_until_released, watchdog
 
 import dask_coro
-from dask_coro import coroutine
+from dask_coro import BadYieldError, coroutine
 
 
 @coroutine
@@ -235,6 +238,112 @@ def test_without_a_cluster_children_run_one_at_a_time_in_spawn_order():
     assert dask.compute(error_named(), scheduler="sync")[0] == [4, ("boom 3", True, True)]
     assert dask.compute(plain_iteration(4), scheduler="sync")[0] == [0, 1, 4, 9]
     assert dask.compute(async_body(4), scheduler="sync")[0] == [0, 1, 4, 9]
+
+
+# -- what may be spawned: anything a yield accepts ----------------------------------
+
+
+def spawnables():
+    """One of each kind of thing a yield accepts (made anew for each use: a
+    call spawned belongs to its group)."""
+    return [
+        sq(2),
+        [sq(1), sq(2)],
+        (sq(3), 5),
+        {"a": sq(4), "b": [sq(5), 6]},
+        7,
+        np.arange(3),
+        dask.delayed(operator.add)(1, 2),
+        da.arange(4, chunks=2) * 2,
+        [],
+    ]
+
+
+def plain(x):
+    """``x`` with its arrays as lists, to compare shapes and values with ==."""
+    if isinstance(x, np.ndarray):
+        return ("ndarray", x.tolist())
+    if type(x) in (list, tuple):
+        return type(x)(plain(v) for v in x)
+    if type(x) is dict:
+        return {k: plain(v) for k, v in x.items()}
+    return x
+
+
+@coroutine
+def spawns_everything():
+    """What a group delivers of each spawnable, in spawn order, and what a
+    yield of the same gives; a bad spawn raises at spawn() and leaves the
+    good children alone."""
+    with dask_coro.group() as g:
+        for x in spawnables():
+            g.spawn(x)
+        for bad in ({1, 2}, [sq(1), iter([1])]):
+            with pytest.raises(BadYieldError, match=r"spawn\(\) of child 9 of group"):
+                g.spawn(bad)
+        got = yield g.all()
+    yielded = yield spawnables()
+    return got, yielded
+
+
+def test_a_child_may_be_anything_a_yield_accepts():
+    expected = plain(list(dask.compute(*spawnables(), scheduler="sync")))
+    # Without a cluster, in a body on a worker, and on the client: the value
+    # of each child in the shape a yield (and dask.compute) gives.
+    got, yielded = spawns_everything().compute(scheduler="sync")
+    assert plain(got) == plain(yielded) == expected
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as lc:
+        with Client(lc) as client:
+            got, yielded = client.compute(spawns_everything()).result()
+            assert plain(got) == plain(yielded) == expected
+            assert plain(list(dask.compute(*spawnables()))) == expected  # plain Dask, on the cluster
+            with dask_coro.group() as g:
+                for x in spawnables():
+                    g.spawn(x)
+                with pytest.raises(BadYieldError, match=r"spawn\(\) of child 9 of group"):
+                    g.spawn({1, 2})
+                assert plain(dask_coro.result(g.all())) == expected
+            assert not g
+
+
+@gen_cluster(client=True, nthreads=[("", 2)])
+async def test_a_child_of_many_values_with_an_asynchronous_client(c, s, a):
+    async with dask_coro.group() as g:
+        g.spawn({"a": [sq(2), sq(3)], "b": 1})
+        bad = g.spawn([sq(1), boom(3)])
+        g.spawn(5)
+        got = [await g.next(), await g.next()]
+        assert sorted((ch.index, v) for ch, v in got) == [(0, {"a": [4, 9], "b": 1}), (2, 5)]
+        with pytest.raises(ValueError, match="boom 3") as info:
+            await g.next()
+    assert info.value.dask_coro_child is bad
+
+
+@coroutine
+def many_values_and_errors():
+    """A child of several values: its error is raised at next() naming it;
+    the others of its step are delivered."""
+    out = []
+    with dask_coro.group() as g:
+        g.spawn([sq(1), sq(2)])
+        bad = g.spawn((sq(3), boom(4)))
+        g.spawn(9)
+        while g:
+            try:
+                child, value = yield g.next()
+            except ValueError as e:
+                assert e.dask_coro_child is bad
+                out.append((bad.index, str(e)))
+            else:
+                out.append((child.index, value))
+    return sorted(out)
+
+
+@cluster(nthreads=[("", 2)])
+async def test_a_childs_error_among_many_values(c, s, a):
+    expected = [(0, [1, 4]), (1, "boom 4"), (2, 9)]
+    assert await c.compute(many_values_and_errors()) == expected
+    assert many_values_and_errors().compute(scheduler="sync") == expected
 
 
 # -- limit ------------------------------------------------------------------------

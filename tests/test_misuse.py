@@ -152,6 +152,12 @@ def spawns_a_started_stream():
 
 
 @coroutine
+def spawns_a_set():
+    with dask_coro.group() as g:
+        g.spawn([one(), {1, 2}])
+
+
+@coroutine
 def asks_a_stream_result_early():
     s = dask_coro.stream(numbers(3))
     next(iter(s))
@@ -224,6 +230,8 @@ LOCAL = [
          "group timeout= must be a number of seconds or None, not 'soon'"),
     Case("a negative group timeout", lambda: dask_coro.group(timeout=-1), ValueError,
          "group timeout= must be >= 0, not -1"),
+    Case("spawn a set (or anything a yield refuses)", lambda: spawns_a_set().compute(scheduler="sync"),
+         BadYieldError, "spawn() of child 0 of group was given {1, 2} at position [1]"),
     Case("spawn() outside the group's block", lambda: dask_coro.group().spawn(one()), RuntimeError,
          "use a group inside its block: with dask_coro.group() as g: ..."),
     Case("spawn() after the group's block was left", lambda: spawns_after_its_block().compute(), RuntimeError,
