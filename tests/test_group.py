@@ -24,6 +24,8 @@ from distributed import (
     worker_client,
 )
 from distributed.utils_test import async_poll_for, captured_logger, gen_cluster
+from filelog import append as _append
+from filelog import lines as _lines
 from helpers import cluster
 from workloads import FLAGS, held, runs_until_released, watchdog
 
@@ -344,6 +346,66 @@ async def test_a_childs_error_among_many_values(c, s, a):
     expected = [(0, [1, 4]), (1, "boom 4"), (2, 9)]
     assert await c.compute(many_values_and_errors()) == expected
     assert many_values_and_errors().compute(scheduler="sync") == expected
+
+
+# -- a child shares the body's results, as a yield does --------------------------
+
+
+@coroutine
+def gen(n, folder):
+    _append(folder, "gen", str(n))
+    return list(range(n))
+
+
+@coroutine
+def my_len(L):
+    return len(L)
+
+
+@coroutine
+def shares_results(folder, grouped):
+    """docs/coroutines.md's process_all, its first wait a group's child (or
+    a yield); then the other way round: a child uses what a yield computed."""
+    L = gen(5, folder)
+    if grouped:
+        with dask_coro.group() as g:
+            g.spawn(my_len(L))
+            _, n = yield g.next()
+    else:
+        n = yield my_len(L)
+    firsts = yield [sq(L[i]) for i in range(n)]
+    M = gen(3, folder)
+    m = yield my_len(M)
+    with dask_coro.group() as g:
+        g.spawn([sq(M[i]) for i in range(m)])
+        _, seconds = yield g.next()
+    return firsts, seconds
+
+
+@pytest.mark.parametrize("inline", [pytest.param(True, marks=pytest.mark.inline), False])
+def test_a_child_shares_the_bodys_results_as_a_yield_does(inline, tmp_path):
+    expected = ([0, 1, 4, 9, 16], [0, 1, 4])
+    assert dask.config.get("coro.inline.enabled") is inline
+
+    @cluster(nthreads=[("", 2)])
+    async def run(c, s, a):
+        for grouped in (False, True):
+            folder = tmp_path / f"{grouped}"
+            folder.mkdir()
+            folder = str(folder)
+            assert await c.compute(shares_results(folder, grouped)) == expected
+            # L and M computed once each, as without a group.
+            assert _lines(folder, "gen") == ["5", "3"], grouped
+
+    run()
+    folder = tmp_path / "local"
+    folder.mkdir()
+    folder = str(folder)
+    assert shares_results(folder, True).compute(scheduler="sync") == expected
+    if inline:
+        # Without a cluster, with calls run inline, L and M are computed
+        # inline once and their values kept on the calls.
+        assert _lines(folder, "gen") == ["5", "3"]
 
 
 # -- limit ------------------------------------------------------------------------

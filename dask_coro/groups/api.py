@@ -112,7 +112,7 @@ class Group:
         else:
             from .worker import WorkerBackend
 
-            self.backend = WorkerBackend(self, tramp.host)
+            self.backend = WorkerBackend(self, tramp.host, tramp)
         return self
 
     def __enter__(self) -> Group:

@@ -4,8 +4,9 @@ A child is a task (one per leaf of what was spawned, a list of calls being
 several): the run submits it as it submits a yield's children
 (``_Run.start_children``: a key derived from the run's key, the group's
 number and the child's index; ranked as the run's child, annotated with the
-parent's key, so ``DurablePlugin`` holds it for a re-run). The spawns of one
-step go in one message. Never a call run in the body's thread: a group
+parent's key, so ``DurablePlugin`` holds it for a re-run), sharing the
+results of the body that opened the group as that body's yields share
+theirs (``_Run.scope_here``). The spawns of one step go in one message. Never a call run in the body's thread: a group
 exists to act on each child as it finishes, and a child run inline would
 make the body wait for all of it, so neither a first-of nor a deadline could
 hold. But a small ``async def`` call (``_near``) runs *beside* the run on
@@ -55,12 +56,15 @@ logger = logging.getLogger("dask_coro")
 
 
 class WorkerBackend:
-    def __init__(self, group: _Group, run: Run):
+    def __init__(self, group: _Group, run: Run, tramp: Any):
         self.group = group
         self.run = run
         self.loop: asyncio.AbstractEventLoop = run.loop  # the worker's
         self.ident = run.ident("group")
         group.name = f"group {self.ident[2]} of {run.key!r}"
+        # The body's results its children share, as its yields share them
+        # (``_Run.scope_here``: asked here, in the body that opened the group).
+        self.scope = run.scope_here(tramp)
         # Started children's futures (one per leaf of what was spawned), by index.
         self.futures: dict[int, list[Future]] = {}
         # The shapes of started children spawned as more than one value
@@ -223,6 +227,7 @@ class WorkerBackend:
             futures = await self.run.start_children(
                 todo, where, self.ident,
                 {"dask_coro_deadline": g.deadline} if g.deadline is not None else None,
+                self.scope,
             ) if todo else []
         except Exception as e:  # planning failed (a bad graph, a lost Future)
             del todo
