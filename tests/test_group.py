@@ -536,8 +536,13 @@ def test_bad_arguments():
         dask_coro.group(timeout="1s")
     with pytest.raises(ValueError, match="timeout= must be >= 0"):
         dask_coro.group(timeout=-1)
-    with pytest.raises(ValueError, match="positive int"):
-        dask_coro.group(limit=0)
+    # As for timeout=: a wrong type is a TypeError, a wrong value a ValueError.
+    for bad in ("x", 2.0, True):
+        with pytest.raises(TypeError, match="limit= must be a positive int or None"):
+            dask_coro.group(limit=bad)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="limit= must be >= 1"):
+            dask_coro.group(limit=bad)
     g = dask_coro.group()
     with pytest.raises(RuntimeError, match="inside its block"):
         g.spawn(sq(1))

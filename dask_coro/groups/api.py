@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from ..core.engine import current_trampoline
-from .book import CANCELLED, Child, GroupBook, leaves, rebuild, shaped
+from .book import CANCELLED, Child, GroupBook, check_limit, leaves, rebuild, shaped
 from .request import Request
 
 __all__ = ["Child", "Group", "group"]
@@ -72,6 +72,7 @@ def group(limit: int | None = None, timeout: float | None = None, deadline: floa
     child that had ended with an error never delivered is logged (warning,
     the ``dask_coro`` logger), never dropped silently.
     """
+    check_limit(limit)
     for name, v in (("timeout", timeout), ("deadline", deadline)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v != v):
             raise TypeError(f"group {name}= must be a number of seconds or None, not {v!r}")

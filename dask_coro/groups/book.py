@@ -145,6 +145,17 @@ def rebuild(obj: Any, values: list[Any]) -> Any:
     return obj.rebuild(values) if type(obj) is Structure else values[0]
 
 
+def check_limit(limit: Any) -> None:
+    """A group's ``limit=``: a wrong type is a ``TypeError``, a number
+    below 1 a ``ValueError`` (as for its ``timeout=``)."""
+    if limit is None:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"group limit= must be a positive int or None, not {limit!r}")
+    if limit < 1:
+        raise ValueError(f"group limit= must be >= 1, not {limit!r}")
+
+
 class GroupBook:
     """The children of one group and what to do next (see the module).
 
@@ -158,8 +169,7 @@ class GroupBook:
                  "delivered", "closed")
 
     def __init__(self, limit: int | None = None, replay: Iterable[int] = ()):
-        if limit is not None and (type(limit) is not int or limit < 1):
-            raise ValueError(f"group limit must be a positive int or None, not {limit!r}")
+        check_limit(limit)
         self.limit = limit
         self.children: list[Child] = []  # by index; a child stays while the group lives
         self.queued: deque[Child] = deque()  # spawned over the limit, oldest first
