@@ -152,6 +152,13 @@ def spawns_a_started_stream():
 
 
 @coroutine
+def reads_a_stream_twice():
+    s = dask_coro.stream(numbers(3))
+    first = list(s)
+    return first, list(s)
+
+
+@coroutine
 def spawns_a_set():
     with dask_coro.group() as g:
         g.spawn([one(), {1, 2}])
@@ -250,6 +257,8 @@ LOCAL = [
          "dask_coro.emit() is called in a coroutine body"),
     Case("iterate a stream after closing it", lambda: iterates_a_closed_stream().compute(), RuntimeError,
          "iterating a stream that was closed"),
+    Case("iterate a stream again after its end", lambda: reads_a_stream_twice().compute(), RuntimeError,
+         "iterating a stream that was already read to its end: a stream is read once"),
     Case("a stream's result before its last item", lambda: asks_a_stream_result_early().compute(), RuntimeError,
          "a stream's result is known once every item was taken (iterate it to its end)"),
     Case("spawn a stream in two groups, or twice", lambda: spawns_a_stream_twice().compute(), RuntimeError,
