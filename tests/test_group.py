@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import time
 import tracemalloc
 
 import dask
+import dask.array as da
+import numpy as np
 import pytest
 from distributed import (
     Client,
@@ -21,11 +24,13 @@ from distributed import (
     worker_client,
 )
 from distributed.utils_test import async_poll_for, captured_logger, gen_cluster
+from filelog import append as _append
+from filelog import lines as _lines
 from helpers import cluster
 from workloads import FLAGS, held, runs_until_released, watchdog
 
 import dask_coro
-from dask_coro import coroutine
+from dask_coro import BadYieldError, coroutine
 
 
 @coroutine
@@ -237,6 +242,172 @@ def test_without_a_cluster_children_run_one_at_a_time_in_spawn_order():
     assert dask.compute(async_body(4), scheduler="sync")[0] == [0, 1, 4, 9]
 
 
+# -- what may be spawned: anything a yield accepts ----------------------------------
+
+
+def spawnables():
+    """One of each kind of thing a yield accepts (made anew for each use: a
+    call spawned belongs to its group)."""
+    return [
+        sq(2),
+        [sq(1), sq(2)],
+        (sq(3), 5),
+        {"a": sq(4), "b": [sq(5), 6]},
+        7,
+        np.arange(3),
+        dask.delayed(operator.add)(1, 2),
+        da.arange(4, chunks=2) * 2,
+        [],
+    ]
+
+
+def plain(x):
+    """``x`` with its arrays as lists, to compare shapes and values with ==."""
+    if isinstance(x, np.ndarray):
+        return ("ndarray", x.tolist())
+    if type(x) in (list, tuple):
+        return type(x)(plain(v) for v in x)
+    if type(x) is dict:
+        return {k: plain(v) for k, v in x.items()}
+    return x
+
+
+@coroutine
+def spawns_everything():
+    """What a group delivers of each spawnable, in spawn order, and what a
+    yield of the same gives; a bad spawn raises at spawn() and leaves the
+    good children alone."""
+    with dask_coro.group() as g:
+        for x in spawnables():
+            g.spawn(x)
+        for bad in ({1, 2}, [sq(1), iter([1])]):
+            with pytest.raises(BadYieldError, match=r"spawn\(\) of child 9 of group"):
+                g.spawn(bad)
+        got = yield g.all()
+    yielded = yield spawnables()
+    return got, yielded
+
+
+def test_a_child_may_be_anything_a_yield_accepts():
+    expected = plain(list(dask.compute(*spawnables(), scheduler="sync")))
+    # Without a cluster, in a body on a worker, and on the client: the value
+    # of each child in the shape a yield (and dask.compute) gives.
+    got, yielded = spawns_everything().compute(scheduler="sync")
+    assert plain(got) == plain(yielded) == expected
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as lc:
+        with Client(lc) as client:
+            got, yielded = client.compute(spawns_everything()).result()
+            assert plain(got) == plain(yielded) == expected
+            assert plain(list(dask.compute(*spawnables()))) == expected  # plain Dask, on the cluster
+            with dask_coro.group() as g:
+                for x in spawnables():
+                    g.spawn(x)
+                with pytest.raises(BadYieldError, match=r"spawn\(\) of child 9 of group"):
+                    g.spawn({1, 2})
+                assert plain(dask_coro.result(g.all())) == expected
+            assert not g
+
+
+@gen_cluster(client=True, nthreads=[("", 2)])
+async def test_a_child_of_many_values_with_an_asynchronous_client(c, s, a):
+    async with dask_coro.group() as g:
+        g.spawn({"a": [sq(2), sq(3)], "b": 1})
+        bad = g.spawn([sq(1), boom(3)])
+        g.spawn(5)
+        got = [await g.next(), await g.next()]
+        assert sorted((ch.index, v) for ch, v in got) == [(0, {"a": [4, 9], "b": 1}), (2, 5)]
+        with pytest.raises(ValueError, match="boom 3") as info:
+            await g.next()
+    assert info.value.dask_coro_child is bad
+
+
+@coroutine
+def many_values_and_errors():
+    """A child of several values: its error is raised at next() naming it;
+    the others of its step are delivered."""
+    out = []
+    with dask_coro.group() as g:
+        g.spawn([sq(1), sq(2)])
+        bad = g.spawn((sq(3), boom(4)))
+        g.spawn(9)
+        while g:
+            try:
+                child, value = yield g.next()
+            except ValueError as e:
+                assert e.dask_coro_child is bad
+                out.append((bad.index, str(e)))
+            else:
+                out.append((child.index, value))
+    return sorted(out)
+
+
+@cluster(nthreads=[("", 2)])
+async def test_a_childs_error_among_many_values(c, s, a):
+    expected = [(0, [1, 4]), (1, "boom 4"), (2, 9)]
+    assert await c.compute(many_values_and_errors()) == expected
+    assert many_values_and_errors().compute(scheduler="sync") == expected
+
+
+# -- a child shares the body's results, as a yield does --------------------------
+
+
+@coroutine
+def gen(n, folder):
+    _append(folder, "gen", str(n))
+    return list(range(n))
+
+
+@coroutine
+def my_len(L):
+    return len(L)
+
+
+@coroutine
+def shares_results(folder, grouped):
+    """docs/coroutines.md's process_all, its first wait a group's child (or
+    a yield); then the other way round: a child uses what a yield computed."""
+    L = gen(5, folder)
+    if grouped:
+        with dask_coro.group() as g:
+            g.spawn(my_len(L))
+            _, n = yield g.next()
+    else:
+        n = yield my_len(L)
+    firsts = yield [sq(L[i]) for i in range(n)]
+    M = gen(3, folder)
+    m = yield my_len(M)
+    with dask_coro.group() as g:
+        g.spawn([sq(M[i]) for i in range(m)])
+        _, seconds = yield g.next()
+    return firsts, seconds
+
+
+@pytest.mark.parametrize("inline", [pytest.param(True, marks=pytest.mark.inline), False])
+def test_a_child_shares_the_bodys_results_as_a_yield_does(inline, tmp_path):
+    expected = ([0, 1, 4, 9, 16], [0, 1, 4])
+    assert dask.config.get("coro.inline.enabled") is inline
+
+    @cluster(nthreads=[("", 2)])
+    async def run(c, s, a):
+        for grouped in (False, True):
+            folder = tmp_path / f"{grouped}"
+            folder.mkdir()
+            folder = str(folder)
+            assert await c.compute(shares_results(folder, grouped)) == expected
+            # L and M computed once each, as without a group.
+            assert _lines(folder, "gen") == ["5", "3"], grouped
+
+    run()
+    folder = tmp_path / "local"
+    folder.mkdir()
+    folder = str(folder)
+    assert shares_results(folder, True).compute(scheduler="sync") == expected
+    if inline:
+        # Without a cluster, with calls run inline, L and M are computed
+        # inline once and their values kept on the calls.
+        assert _lines(folder, "gen") == ["5", "3"]
+
+
 # -- limit ------------------------------------------------------------------------
 
 
@@ -365,8 +536,13 @@ def test_bad_arguments():
         dask_coro.group(timeout="1s")
     with pytest.raises(ValueError, match="timeout= must be >= 0"):
         dask_coro.group(timeout=-1)
-    with pytest.raises(ValueError, match="positive int"):
-        dask_coro.group(limit=0)
+    # As for timeout=: a wrong type is a TypeError, a wrong value a ValueError.
+    for bad in ("x", 2.0, True):
+        with pytest.raises(TypeError, match="limit= must be a positive int or None"):
+            dask_coro.group(limit=bad)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="limit= must be >= 1"):
+            dask_coro.group(limit=bad)
     g = dask_coro.group()
     with pytest.raises(RuntimeError, match="inside its block"):
         g.spawn(sq(1))

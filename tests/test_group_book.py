@@ -87,8 +87,12 @@ def test_cancel_one_frees_room():
 
 
 def test_bad_limit():
-    for bad in (0, -1, 1.5, "8", True):
-        with pytest.raises(ValueError, match="positive int"):
+    # A wrong type is a TypeError, a wrong value a ValueError, as for timeout=.
+    for bad in (1.5, "8", True):
+        with pytest.raises(TypeError, match="limit= must be a positive int or None"):
+            GroupBook(limit=bad)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="limit= must be >= 1"):
             GroupBook(limit=bad)
 
 

@@ -152,6 +152,19 @@ def spawns_a_started_stream():
 
 
 @coroutine
+def reads_a_stream_twice():
+    s = dask_coro.stream(numbers(3))
+    first = list(s)
+    return first, list(s)
+
+
+@coroutine
+def spawns_a_set():
+    with dask_coro.group() as g:
+        g.spawn([one(), {1, 2}])
+
+
+@coroutine
 def asks_a_stream_result_early():
     s = dask_coro.stream(numbers(3))
     next(iter(s))
@@ -224,6 +237,12 @@ LOCAL = [
          "group timeout= must be a number of seconds or None, not 'soon'"),
     Case("a negative group timeout", lambda: dask_coro.group(timeout=-1), ValueError,
          "group timeout= must be >= 0, not -1"),
+    Case("a group limit that is not an int", lambda: dask_coro.group(limit="x"), TypeError,
+         "group limit= must be a positive int or None, not 'x'"),
+    Case("a group limit below 1", lambda: dask_coro.group(limit=0), ValueError,
+         "group limit= must be >= 1, not 0"),
+    Case("spawn a set (or anything a yield refuses)", lambda: spawns_a_set().compute(scheduler="sync"),
+         BadYieldError, "spawn() of child 0 of group was given {1, 2} at position [1]"),
     Case("spawn() outside the group's block", lambda: dask_coro.group().spawn(one()), RuntimeError,
          "use a group inside its block: with dask_coro.group() as g: ..."),
     Case("spawn() after the group's block was left", lambda: spawns_after_its_block().compute(), RuntimeError,
@@ -238,6 +257,8 @@ LOCAL = [
          "dask_coro.emit() is called in a coroutine body"),
     Case("iterate a stream after closing it", lambda: iterates_a_closed_stream().compute(), RuntimeError,
          "iterating a stream that was closed"),
+    Case("iterate a stream again after its end", lambda: reads_a_stream_twice().compute(), RuntimeError,
+         "iterating a stream that was already read to its end: a stream is read once"),
     Case("a stream's result before its last item", lambda: asks_a_stream_result_early().compute(), RuntimeError,
          "a stream's result is known once every item was taken (iterate it to its end)"),
     Case("spawn a stream in two groups, or twice", lambda: spawns_a_stream_twice().compute(), RuntimeError,

@@ -312,6 +312,38 @@ async def test_a_consumer_waiting_when_the_stream_is_closed_elsewhere(c, s, a):
     await async_poll_for(lambda: not s.plugins["dask-coro-streams"].books, timeout=30)
 
 
+@coroutine
+def reads_twice(n):
+    """A loop stopped early leaves the rest to the next; a loop begun after
+    one reached the end raises (never an empty loop)."""
+    s = stream(squares(n))
+    first = []
+    for x in s:
+        first.append(x)
+        break
+    rest = list(s)
+    try:
+        list(s)
+    except RuntimeError as e:
+        again = str(e)
+    else:
+        again = "read nothing, silently"
+    return first, rest, again
+
+
+ALREADY_READ = "iterating a stream that was already read to its end"
+
+
+@cluster(nthreads=[("", 2)])
+async def test_a_stream_read_to_its_end_is_not_read_again(c, s, a):
+    first, rest, again = await c.compute(reads_twice(4))
+    assert (first, rest) == ([0], [1, 4, 9])
+    assert ALREADY_READ in again
+    first, rest, again = reads_twice(4).compute(scheduler="sync")
+    assert (first, rest) == ([0], [1, 4, 9])
+    assert ALREADY_READ in again
+
+
 # -- without a cluster, and on the client -----------------------------------------
 
 
@@ -329,12 +361,16 @@ def test_on_the_client_with_the_default_client():
             s = stream(squares(5), buffer=2)
             assert list(s) == [0, 1, 4, 9, 16]
             assert s.result == 5
+            with pytest.raises(RuntimeError, match=ALREADY_READ):
+                list(s)
             s = stream(fails_after(2))
             got = []
             with pytest.raises(ValueError, match="failed after 2"):
                 for x in s:
                     got.append(x)
             assert got == [0, 1]
+            with pytest.raises(RuntimeError, match=ALREADY_READ):  # not the producer's error again
+                list(s)
 
 
 def test_bad_arguments():
@@ -351,6 +387,8 @@ async def test_async_for_on_an_asynchronous_client(c, s, a):
     st = stream(squares(4), buffer=2)
     assert [x async for x in st] == [0, 1, 4, 9]
     assert st.result == 4
+    with pytest.raises(RuntimeError, match=ALREADY_READ):
+        [x async for x in st]
 
 
 @coroutine

@@ -84,13 +84,32 @@ def classifier(name: str, index: int) -> Callable[[Any, Path], bool]:
         try:
             return is_lazy(obj)
         except Rejected as e:
-            hint = f" ({e.hint})" if e.hint else ""
             raise BadYieldError(
                 f"coroutine {name!r} yielded {_short_repr(obj)} at position "
-                f"{format_path(path)} of yield #{index}; {ACCEPTED}{hint}"
+                f"{format_path(path)} of yield #{index}; {ACCEPTED}{_hint(e)}"
             ) from None
 
     return classify
+
+
+def spawn_classifier(group: str, index: int) -> Callable[[Any, Path], bool]:
+    """``is_lazy`` for what ``Group.spawn`` was given (anything a yield
+    accepts), its error naming the group, the child and the position."""
+
+    def classify(obj: Any, path: Path) -> bool:
+        try:
+            return is_lazy(obj)
+        except Rejected as e:
+            raise BadYieldError(
+                f"spawn() of child {index} of {group} was given {_short_repr(obj)} at "
+                f"position {format_path(path)}; {ACCEPTED}{_hint(e)}"
+            ) from None
+
+    return classify
+
+
+def _hint(e: Rejected) -> str:
+    return f" ({e.hint})" if e.hint else ""
 
 
 def _short_repr(obj: Any) -> str:

@@ -462,6 +462,18 @@ class Trampoline(Counting, Stealing):
             setattr(hub, _ATTR, before)
         return errors
 
+    def running_frame(self) -> Frame | None:
+        """The frame of the body running here (the one whose yields ``wait``
+        makes), asked from that body: None while the stack is empty (a
+        plain root function: its waits are the root's, ``start``'s
+        ``scope``), or while a call run inline that has no frame yet runs."""
+        stack = self.stack
+        if not stack:
+            return None
+        top = stack[-1]
+        body = top.body
+        return top if body is None or _is_running(body) else None
+
     def wait(self, value: Any) -> Any:
         """``dask_coro.result(value)`` inside a body, at any call depth: a
         yield of the body that is running, whose stack stays parked in this

@@ -70,6 +70,15 @@ class Structure:
             return _Slot(len(self.leaves) - 1)
         return _Value(obj)
 
+    def without_leaves(self) -> Structure:
+        """The same shape and paths, holding none of the leaves: to rebuild
+        once their results are in, without keeping the leaves alive."""
+        out = Structure.__new__(Structure)
+        out.leaves = [None] * len(self.leaves)
+        out.paths = self.paths
+        out._template = self._template
+        return out
+
     def rebuild(self, results: Sequence[Any]) -> Any:
         """The yielded shape, with leaf ``i`` replaced by ``results[i]``."""
         if len(results) != len(self.leaves):

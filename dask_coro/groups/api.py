@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from ..core.engine import current_trampoline
-from .book import CANCELLED, Child, GroupBook
+from .book import CANCELLED, Child, GroupBook, check_limit, leaves, rebuild, shaped
 from .request import Request
 
 __all__ = ["Child", "Group", "group"]
@@ -72,6 +72,7 @@ def group(limit: int | None = None, timeout: float | None = None, deadline: floa
     child that had ended with an error never delivered is logged (warning,
     the ``dask_coro`` logger), never dropped silently.
     """
+    check_limit(limit)
     for name, v in (("timeout", timeout), ("deadline", deadline)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v != v):
             raise TypeError(f"group {name}= must be a number of seconds or None, not {v!r}")
@@ -112,7 +113,7 @@ class Group:
         else:
             from .worker import WorkerBackend
 
-            self.backend = WorkerBackend(self, tramp.host)
+            self.backend = WorkerBackend(self, tramp.host, tramp)
         return self
 
     def __enter__(self) -> Group:
@@ -182,7 +183,7 @@ class Group:
         if claim is not None:
             backend.check_stream(x)
         else:
-            backend.check(x)
+            x = shaped(x, self.name, len(self.book.children))
         with self.lock:
             if self.expired:
                 # Cancelled at once: the body hears of the deadline at its
@@ -331,9 +332,6 @@ class LocalBackend:
     def __init__(self, group: Group):
         self.group = group
 
-    def check(self, x: Any) -> None:
-        pass
-
     def check_stream(self, s: Any) -> None:
         self.group.place(s, "local", True)
 
@@ -376,7 +374,9 @@ async def _local_step(g: Group) -> Child | None:
             ok, value = obj.end
         else:
             try:
-                value = await gather(obj)
+                # Its leaves, as one yield; no leaf: a plain value, given back.
+                todo = leaves(obj)
+                value = rebuild(obj, await gather(todo) if todo else [])
             except Exception as e:  # a child's error: delivered in its turn
                 ok, value = False, e
             else:

@@ -35,6 +35,11 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from dask.delayed import Delayed
+
+from ..core.classify import spawn_classifier
+from ..core.structure import Path, Structure
+
 QUEUED = 0
 STARTED = 1
 DONE = 2
@@ -48,9 +53,11 @@ class Child:
     """One child of a group: what ``Group.spawn`` returns (the handle).
 
     ``index`` is its place in spawn order (its key derives from it on a
-    cluster). ``obj`` is what was spawned, dropped once it started (the task
-    holds it then) or ended. ``outcome`` is ``(True, value)`` or ``(False,
-    error)`` once DONE, dropped once delivered.
+    cluster). ``obj`` is what was spawned, as ``shaped`` keeps it (one value
+    to compute, or the ``Structure`` of a list, a dict, a plain value...),
+    dropped once it started (the task holds it then) or ended. ``outcome``
+    is ``(True, value)`` or ``(False, error)`` once DONE, dropped once
+    delivered.
     """
 
     __slots__ = ("group", "index", "obj", "state", "outcome", "items", "__weakref__")
@@ -108,6 +115,47 @@ def _detached(index: int, name: str, state: int) -> Child:
     return child
 
 
+def shaped(x: Any, group: str, index: int) -> Any:
+    """What a group keeps of ``x``, spawned as child ``index``: ``x`` itself
+    if it is one value to compute (a call, a ``Delayed``, a Future, a
+    collection), else its ``Structure`` (``core/structure.py``, as a yield
+    of ``x`` walks it: its leaves to compute, in one message, and the shape
+    to give their values back in; no leaf for a plain value). Raises the
+    ``BadYieldError`` a yield of ``x`` would."""
+    if isinstance(x, Delayed):
+        return x  # the common case, without a walk
+    structure = Structure(x, spawn_classifier(group, index))
+    if structure.paths == [()]:
+        return structure.leaves[0]
+    return structure
+
+
+def leaves(obj: Any) -> list[Any]:
+    """The values to compute of a child kept as ``shaped`` made it."""
+    return obj.leaves if type(obj) is Structure else [obj]
+
+
+def paths(obj: Any) -> list[Path]:
+    """Where each of ``leaves(obj)`` sits in what was spawned."""
+    return obj.paths if type(obj) is Structure else [()]
+
+
+def rebuild(obj: Any, values: list[Any]) -> Any:
+    """The value of a child kept as ``shaped`` made it, from its leaves'."""
+    return obj.rebuild(values) if type(obj) is Structure else values[0]
+
+
+def check_limit(limit: Any) -> None:
+    """A group's ``limit=``: a wrong type is a ``TypeError``, a number
+    below 1 a ``ValueError`` (as for its ``timeout=``)."""
+    if limit is None:
+        return
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"group limit= must be a positive int or None, not {limit!r}")
+    if limit < 1:
+        raise ValueError(f"group limit= must be >= 1, not {limit!r}")
+
+
 class GroupBook:
     """The children of one group and what to do next (see the module).
 
@@ -121,8 +169,7 @@ class GroupBook:
                  "delivered", "closed")
 
     def __init__(self, limit: int | None = None, replay: Iterable[int] = ()):
-        if limit is not None and (type(limit) is not int or limit < 1):
-            raise ValueError(f"group limit must be a positive int or None, not {limit!r}")
+        check_limit(limit)
         self.limit = limit
         self.children: list[Child] = []  # by index; a child stays while the group lives
         self.queued: deque[Child] = deque()  # spawned over the limit, oldest first

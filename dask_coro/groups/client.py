@@ -22,7 +22,8 @@ import inspect
 import time
 from typing import Any
 
-from .book import Child
+from ..core.structure import Structure
+from .book import Child, leaves, rebuild
 from .request import Request
 
 #: The group (``api.Group``; not imported: it imports this module).
@@ -35,13 +36,13 @@ class ClientBackend:
 
         self.group = group
         self.client = default_client()
-        self.futures: dict[int, Any] = {}  # started children's futures, by index
+        # Started children's futures (one per leaf of what was spawned), by index.
+        self.futures: dict[int, list[Any]] = {}
+        # The shapes of started children spawned as more than one value (``book.shaped``).
+        self.shapes: dict[int, Structure] = {}
         self.streams: dict[int, Any] = {}  # started stream children, by index
         self.rounds: dict[int, concurrent.futures.Future[list[Any]]] = {}  # their batches asked for
         self.cancelling: set[asyncio.Future[Any]] = set()
-
-    def check(self, x: Any) -> None:
-        pass
 
     def check_stream(self, s: Any) -> None:
         self.group.place(s, "client", getattr(s.backend, "client", None) is self.client)
@@ -54,10 +55,21 @@ class ClientBackend:
             if c.items is not None:
                 self.streams[c.index] = obj  # read in rounds (``_ask``)
                 continue
-            self.futures[c.index] = obj if isinstance(obj, Future) else self.client.compute(obj)
+            todo = leaves(obj)
+            if not todo:  # a plain value: given back at once
+                more = self.group.book.finished(c, True, rebuild(obj, []))
+                if more:
+                    self.start(more)
+                continue
+            if type(obj) is Structure:
+                self.shapes[c.index] = obj.without_leaves()
+            # The leaves computed together, as Client.compute computes a list.
+            lazy = [x for x in todo if not isinstance(x, Future)]
+            computed = iter(self.client.compute(lazy) if lazy else ())
+            self.futures[c.index] = [x if isinstance(x, Future) else next(computed) for x in todo]
 
     def stop(self, children: list[Child], closing: bool) -> None:
-        out = [f for f in (self.futures.pop(c.index, None) for c in children) if f is not None]
+        out = [f for c in children for f in self.futures.pop(c.index, ())]
         if out:
             cancelling = self.client.cancel(out)
             if inspect.isawaitable(cancelling):
@@ -68,6 +80,7 @@ class ClientBackend:
                 self.cancelling.add(task)  # held until done: the loop holds tasks weakly
                 task.add_done_callback(self.cancelling.discard)
         for c in children:
+            self.shapes.pop(c.index, None)
             s = self.streams.pop(c.index, None)
             if s is not None:
                 r = self.rounds.pop(c.index, None)
@@ -111,7 +124,7 @@ class ClientBackend:
         ``TimeoutError`` after ``timeout`` seconds."""
         from .._internals import distributed_private as private
 
-        settled: list[asyncio.Future[Any]] = [private.future_settled(f) for f in self.futures.values()]
+        settled: list[asyncio.Future[Any]] = [private.future_settled(f) for fs in self.futures.values() for f in fs]
         rounds: list[asyncio.Future[Any]] = [asyncio.wrap_future(r) for r in self.rounds.values()]
         try:
             done, _ = await asyncio.wait([*settled, *rounds], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -121,8 +134,11 @@ class ClientBackend:
         if not done:
             raise TimeoutError
 
-    def _done(self) -> list[Any]:
-        return [f for f in self.futures.values() if f.done()]
+    def _done(self) -> list[int]:
+        """The started children whose futures all finished, or one failed,
+        oldest first."""
+        return [i for i, fs in sorted(self.futures.items())
+                if all(f.done() for f in fs) or any(f.status in ("error", "cancelled") for f in fs)]
 
     def request(self, kind: str) -> Request | _Awaitable:
         g = self.group
@@ -140,23 +156,40 @@ class ClientBackend:
             return None
         return g.deadline - time.time()
 
-    def _settle(self, done: Any, values: dict[int, Any] | None = None) -> None:
-        """Children whose futures are ``done``: their outcomes, oldest first."""
+    def _failed(self, i: int) -> Any:
+        """The first of child ``i``'s futures that failed, or None."""
+        return next((f for f in self.futures[i] if f.status in ("error", "cancelled")), None)
+
+    def _outcome(self, i: int) -> tuple[bool, Any]:
+        """Child ``i``'s outcome, once ``_done`` named it (blocking)."""
+        f = self._failed(i)
+        if f is None:
+            return True, self._value(i, self.client.gather(self.futures[i]))
+        if f.status == "cancelled":
+            return False, _cancelled_error(self.group.book.children[i])
+        return False, f.exception()
+
+    async def _aoutcome(self, i: int) -> tuple[bool, Any]:
+        """``_outcome`` with an asynchronous client."""
+        f = self._failed(i)
+        if f is None:
+            return True, self._value(i, await self.client.gather(self.futures[i]))
+        if f.status == "cancelled":
+            return False, _cancelled_error(self.group.book.children[i])
+        return False, await f.exception()
+
+    def _value(self, i: int, values: list[Any]) -> Any:
+        shape = self.shapes.pop(i, None)
+        return values[0] if shape is None else shape.rebuild(values)
+
+    def _settle(self, outcomes: dict[int, tuple[bool, Any]]) -> None:
+        """Children ``outcomes`` names (``_done``): their outcomes, oldest first."""
         g = self.group
-        by_future = {id(f): i for i, f in self.futures.items()}
-        for f in sorted(done, key=lambda f: by_future.get(id(f), -1)):
-            i = by_future.get(id(f))
-            if i is None:
+        for i, (ok, value) in outcomes.items():
+            if self.futures.pop(i, None) is None:
                 continue
-            del self.futures[i]
-            child = g.book.children[i]
-            if f.status == "finished":
-                ok, value = True, values[id(f)] if values is not None else f.result()
-            elif f.status == "cancelled":
-                ok, value = False, _cancelled_error(child)
-            else:
-                ok, value = False, values[id(f)] if values is not None else f.exception()
-            more = g.book.finished(child, ok, value)
+            self.shapes.pop(i, None)
+            more = g.book.finished(g.book.children[i], ok, value)
             if more:
                 self.start(more)
 
@@ -183,7 +216,7 @@ class ClientBackend:
                 self.client.sync(self._first, remaining)
             except TimeoutError:
                 raise self._timeout() from None
-            self._settle(self._done())
+            self._settle({i: self._outcome(i) for i in self._done()})
             self._settle_rounds()
 
     def _more(self) -> tuple[Child, Any] | None:
@@ -208,7 +241,7 @@ class ClientBackend:
         from distributed import wait
 
         g = self.group
-        futures = list(self.futures.values())
+        futures = [f for fs in self.futures.values() for f in fs]
         g.close()
         if futures:
             wait(futures)
@@ -233,14 +266,7 @@ class ClientBackend:
                 await self._first(remaining)
             except TimeoutError:
                 raise self._timeout() from None
-            done = self._done()
-            values = {}
-            for f in done:
-                if f.status == "finished":
-                    values[id(f)] = await f
-                elif f.status == "error":
-                    values[id(f)] = await f.exception()
-            self._settle(done, values)
+            self._settle({i: await self._aoutcome(i) for i in self._done()})
             self._settle_rounds()
 
     async def _amore(self) -> tuple[Child, Any] | None:

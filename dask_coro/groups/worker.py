@@ -1,10 +1,12 @@
 """A group in a body running on a distributed worker.
 
-A child is a task: the run submits it as it submits a yield's children
+A child is a task (one per leaf of what was spawned, a list of calls being
+several): the run submits it as it submits a yield's children
 (``_Run.start_children``: a key derived from the run's key, the group's
 number and the child's index; ranked as the run's child, annotated with the
-parent's key, so ``DurablePlugin`` holds it for a re-run). The spawns of one
-step go in one message. Never a call run in the body's thread: a group
+parent's key, so ``DurablePlugin`` holds it for a re-run), sharing the
+results of the body that opened the group as that body's yields share
+theirs (``_Run.scope_here``). The spawns of one step go in one message. Never a call run in the body's thread: a group
 exists to act on each child as it finishes, and a child run inline would
 make the body wait for all of it, so neither a first-of nor a deadline could
 hold. But a small ``async def`` call (``_near``) runs *beside* the run on
@@ -33,13 +35,14 @@ from .. import _config
 from .._exceptions import BaseExceptionError
 from .._internals import distributed_private as private
 from ..core.engine import NOT_DONE
+from ..core.structure import Structure
 from ..durability.scheduler import GROUP_LOG
 from ..runtime.beside import Beside, run_beside
 from ..runtime.call import ASYNC, CoroutineCall
 from ..runtime.errors import task_error
 from ..runtime.extensions import Run
 from ..runtime.worker import closing_here
-from .book import CANCELLED, Child
+from .book import CANCELLED, Child, leaves, paths
 from .request import Request
 
 if TYPE_CHECKING:
@@ -53,13 +56,20 @@ logger = logging.getLogger("dask_coro")
 
 
 class WorkerBackend:
-    def __init__(self, group: _Group, run: Run):
+    def __init__(self, group: _Group, run: Run, tramp: Any):
         self.group = group
         self.run = run
         self.loop: asyncio.AbstractEventLoop = run.loop  # the worker's
         self.ident = run.ident("group")
         group.name = f"group {self.ident[2]} of {run.key!r}"
-        self.futures: dict[int, Future] = {}  # started children's futures, by index
+        # The body's results its children share, as its yields share them
+        # (``_Run.scope_here``: asked here, in the body that opened the group).
+        self.scope = run.scope_here(tramp)
+        # Started children's futures (one per leaf of what was spawned), by index.
+        self.futures: dict[int, list[Future]] = {}
+        # The shapes of started children spawned as more than one value
+        # (``book.shaped``; their leaves let go of), by index.
+        self.shapes: dict[int, Structure] = {}
         self.pending: list[Child] = []  # to submit on the loop's next turn
         self.flushing = False
         self.waiter: asyncio.Future[None] | None = None  # of the lane's loop
@@ -68,7 +78,7 @@ class WorkerBackend:
         self.durable = False  # DurablePlugin keeps what this group delivered
         # Children run beside the run, by index: the task running each, and its host.
         self.near: dict[int, tuple[asyncio.Task[None], Beside]] = {}
-        self.settled: list[tuple[Child, Future]] = []  # ended, to gather
+        self.settled: list[tuple[Child, list[Future]]] = []  # ended, to gather
         self.watchers: dict[int, asyncio.Task[None]] = {}  # by index, until settled
         # Stream children, by index: the task taking their items, the stream,
         # and an event set once the body took every item given so far.
@@ -78,9 +88,6 @@ class WorkerBackend:
         # and the deadline are known: the first take waits for it.
         self.ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.loop.call_soon_threadsafe(self._spawn_task, self._prepare())
-
-    def check(self, x: Any) -> None:
-        pass  # planning it raises (at the next wait) what a yield would
 
     def check_stream(self, s: Any) -> None:
         self.group.place(s, "worker", getattr(s.backend, "run", None) is self.run)
@@ -199,26 +206,60 @@ class WorkerBackend:
             task.add_done_callback(self.tasks.discard)
 
     async def _submit(self, batch: list[Child]) -> None:
+        """Submit the children of ``batch`` in one message: the leaves of
+        each, as a yield of what it spawned would submit them (a plain
+        value, with none, is delivered as it is)."""
         g = self.group
         objs = [c.obj for c in batch]
         for c in batch:
             c.obj = None  # the task holds it now
+        todo: list[Any] = []
+        where: list[Any] = []
+        counts: list[int] = []  # leaves per child
+        for c, obj in zip(batch, objs, strict=True):
+            mine = leaves(obj)
+            todo += mine
+            where += [(c.index, *p) for p in paths(obj)]  # one leaf: (index,), as ever
+            counts.append(len(mine))
+            if type(obj) is Structure:
+                self.shapes[c.index] = obj.without_leaves()
         try:
             futures = await self.run.start_children(
-                objs, [(c.index,) for c in batch], self.ident,
+                todo, where, self.ident,
                 {"dask_coro_deadline": g.deadline} if g.deadline is not None else None,
-            )
-        except Exception as e:  # planning failed (a bad graph, a lost Future): each child's error
+                self.scope,
+            ) if todo else []
+        except Exception as e:  # planning failed (a bad graph, a lost Future)
+            del todo
+            if len(batch) > 1:  # each child on its own: the others' error is not theirs
+                for c, obj in zip(batch, objs, strict=True):
+                    c.obj = obj if c.state != CANCELLED else None
+                del objs
+                for c in batch:
+                    if c.state != CANCELLED:
+                        await self._submit([c])
+                return
             for c in batch:
+                self.shapes.pop(c.index, None)
                 self._finished(c, False, e)
             return
-        del objs
-        for c, f in zip(batch, futures, strict=True):
+        del todo, objs
+        at = 0
+        for c, n in zip(batch, counts, strict=True):
+            fs, at = futures[at:at + n], at + n
             if c.state == CANCELLED:
-                self.run.release([f])
+                self.shapes.pop(c.index, None)
+                self.run.release(fs)
                 continue
-            self.futures[c.index] = f
-            self.watchers[c.index] = asyncio.ensure_future(self._watch(c, f))
+            if not fs:  # a plain value (no leaf): its value, at once
+                self._finished(c, True, self._rebuild(c, []))
+                continue
+            self.futures[c.index] = fs
+            self.watchers[c.index] = asyncio.ensure_future(self._watch(c, fs))
+
+    def _rebuild(self, child: Child, values: list[Any]) -> Any:
+        shape = self.shapes.pop(child.index, None)
+        return values[0] if shape is None else shape.rebuild(values)
 
     async def _beside(self, child: Child, host: Beside) -> None:
         """Run ``child`` (a small ``async def`` call) beside the run: no task,
@@ -272,20 +313,23 @@ class WorkerBackend:
         finally:
             self.streams.pop(child.index, None)
 
-    async def _watch(self, child: Child, future: Future) -> None:
-        """Wait until the client hears that ``future`` ended (no message),
-        then gather it with every other child that ended meanwhile: one
-        ``gather`` for the children of one turn of the loop, as a yield
-        gathers its children, not one each."""
+    async def _watch(self, child: Child, futures: list[Future]) -> None:
+        """Wait until the client hears that ``futures`` ended, or one of
+        them failed (no message), then gather them with every other child
+        that ended meanwhile: one ``gather`` for the children of one turn of
+        the loop, as a yield gathers its children, not one each."""
         try:
-            await private.future_settled(future)
+            if len(futures) == 1:
+                await private.future_settled(futures[0])
+            else:
+                await _settled(futures)
         except asyncio.CancelledError:
             return  # the group let go of it (``_stop``)
         finally:
             self.watchers.pop(child.index, None)
         if child.state == CANCELLED:
             return
-        self.settled.append((child, future))
+        self.settled.append((child, futures))
         if not self.gathering:
             self.gathering = True
             self._spawn_task(self._gather_settled())
@@ -295,27 +339,29 @@ class WorkerBackend:
             await asyncio.sleep(0)  # the children settling this turn join
             while self.settled:
                 batch, self.settled = self.settled, []
-                batch = [(c, f) for c, f in batch if c.state != CANCELLED]
+                batch = [(c, fs) for c, fs in batch if c.state != CANCELLED]
                 if not batch:
                     continue
-                futures = [f for _, f in batch]
+                futures = [f for _, fs in batch for f in fs]
                 try:
                     values = await self.run.gather(futures)
                 except BaseException:  # a child's error (any class): each child on its own
-                    for c, f in batch:
-                        self._spawn_task(self._gather_one(c, f))
+                    for c, fs in batch:
+                        self._spawn_task(self._gather_one(c, fs))
                     continue
-                for (c, _), v in zip(batch, values, strict=True):
-                    self._finished(c, True, v)
+                at = 0
+                for c, fs in batch:
+                    self._finished(c, True, self._rebuild(c, values[at:at + len(fs)]))
+                    at += len(fs)
         finally:
             self.gathering = False
             if self.settled:  # settled while we finished
                 self.gathering = True
                 self._spawn_task(self._gather_settled())
 
-    async def _gather_one(self, child: Child, future: Future) -> None:
+    async def _gather_one(self, child: Child, futures: list[Future]) -> None:
         try:
-            value = await self.run.gather(future)
+            values = await self.run.gather(futures)
         except asyncio.CancelledError:
             if child.state == CANCELLED:
                 return
@@ -327,16 +373,17 @@ class WorkerBackend:
                 e = e.error
             self._finished(child, False, e)
             return
-        self._finished(child, True, value)
+        self._finished(child, True, self._rebuild(child, values))
 
     def _finished(self, child: Child, ok: bool, value: Any) -> None:
         g = self.group
         with g.lock:
             more = g.book.finished(child, ok, value)
             waiter, self.waiter = self.waiter, None
-        f = self.futures.pop(child.index, None)
-        if f is not None:
-            self.run.release([f])  # consumed: held for a re-run within the budget
+        self.shapes.pop(child.index, None)
+        fs = self.futures.pop(child.index, None)
+        if fs is not None:
+            self.run.release(fs)  # consumed: held for a re-run within the budget
         if more:
             self._start_here(more)
         _wake(waiter)
@@ -344,8 +391,9 @@ class WorkerBackend:
     def _stop(self, children: list[Child], closing: bool) -> None:
         """Let go of the children's tasks (the scheduler cancels those nobody
         else wants; a coroutine child's run closes its body)."""
-        out = [f for f in (self.futures.pop(c.index, None) for c in children) if f is not None]
+        out = [f for c in children for f in self.futures.pop(c.index, ())]
         for c in children:
+            self.shapes.pop(c.index, None)
             near = self.near.get(c.index)
             if near is not None:
                 near[0].cancel()  # closes its body at its await; gone from ``near`` once closed
@@ -411,6 +459,21 @@ class WorkerBackend:
             return [k for ks in per_worker.values() for k in ks]
 
         await _until_none(closing)
+
+
+async def _settled(futures: list[Future]) -> None:
+    """Until the client hears that every one of ``futures`` ended, or that
+    one of them failed (its error is the child's: a yield raises the first)."""
+    waiting = {private.future_settled(f): f for f in futures}
+    try:
+        while waiting:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for w in done:
+                if waiting.pop(w).status != "finished":
+                    return
+    finally:
+        for w in waiting:
+            w.cancel()  # off the future's event
 
 
 async def _until_none(ask: Any) -> None:
@@ -522,7 +585,7 @@ async def _aclose(g: _Group) -> None:
     task and every child run beside us has closed."""
     backend: WorkerBackend = g.backend
     stop = g.cancel_all() or []
-    keys = [backend.futures[c.index].key for c in stop if c.index in backend.futures]
+    keys = [f.key for c in stop for f in backend.futures.get(c.index, ())]
     keys += [k for k in (_producer_key(backend, c) for c in stop) if k is not None]
     backend.stop(stop, closing=True)
     await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(backend._ended(keys), backend.loop))

@@ -111,10 +111,16 @@ class Beside:
     def ident(self, kind: str) -> Any:
         return self.run.ident(kind)
 
+    def scope_here(self, tramp: Any) -> Any:
+        """None: what the body waits for is computed as side children of the
+        run, each let go of once its value is here; no cache to share."""
+        return None
+
     async def start_children(
-        self, leaves: list[Any], paths: list[Any], ident: Any, annotations: dict[str, Any] | None = None
+        self, leaves: list[Any], paths: list[Any], ident: Any, annotations: dict[str, Any] | None = None,
+        scope: Any = None,
     ) -> list[Any]:
-        out: list[Any] = await self.run.start_children(leaves, paths, ident, annotations)
+        out: list[Any] = await self.run.start_children(leaves, paths, ident, annotations, scope)
         return out
 
     def release(self, futures: Any) -> None:

@@ -191,13 +191,23 @@ class Run(Protocol):
         """A new name under the run's key for a feature's children
         (``kind``): the same in a re-run that asks in the same order."""
 
+    def scope_here(self, tramp: Any) -> Any:
+        """Asked from a body of the run, on its thread (``tramp`` its
+        engine): what children started for it share with its yields (a
+        yield's cache of results, for ``start_children``); None where there
+        is nothing to share (a body beside a run)."""
+
     async def start_children(
-        self, leaves: list[Any], paths: list[Any], ident: Any, annotations: dict[str, Any] | None = None
+        self, leaves: list[Any], paths: list[Any], ident: Any, annotations: dict[str, Any] | None = None,
+        scope: Any = None,
     ) -> list[Any]:
         """Submit ``leaves`` as children of the run in one message, keyed as
         a yield's leaves at ``paths`` under ``ident``, annotated as a yield's
         children and with ``annotations``; the futures of their values, in
-        order, which the caller holds and lets go of (``release``)."""
+        order, which the caller holds and lets go of (``release``). With
+        ``scope`` (``scope_here``), planned as a yield of that body: its
+        earlier results used, those below the leaves kept for its later
+        yields."""
 
     def release(self, futures: Any) -> None:
         """Let go of futures ``start_children`` gave (any thread)."""

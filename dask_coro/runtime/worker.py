@@ -751,19 +751,45 @@ class _Run:
         self.idents[kind] = n + 1
         return (self.key, kind, n)
 
+    def scope_here(self, tramp: Trampoline) -> Scope[Future] | None:
+        """The scope of our body running here (asked from it, on our lane):
+        what a feature's children (a group's) share with its yields, as
+        another yield would (``start_children``). None for a body that is
+        not ours (run beside us) or has no frame yet (a plain function run
+        inline, before its first wait)."""
+        if tramp is not self.tramp:
+            return None
+        frame = tramp.running_frame()
+        if frame is None:
+            return self.root if not tramp.stack else None
+        return self._scope_of(frame)
+
     async def start_children(
-        self, leaves: list[Any], paths: list[Any], ident: Any, annotations: dict[str, Any] | None = None
+        self, leaves: list[Any], paths: list[Any], ident: Any, annotations: dict[str, Any] | None = None,
+        scope: Scope[Future] | None = None,
     ) -> list[Future]:
         """Submit ``leaves`` as children of this run in one message, keyed as
         a yield's leaves at ``paths`` under ``ident`` (see ``ident``), ranked,
         annotated and held for a re-run as a yield's children are, with
-        ``annotations`` too; the futures of their values, in order. The
-        caller holds them and lets go of them (``release``); the run lets go
-        of nothing of them."""
+        ``annotations`` too; the futures of their values, in order (one each,
+        also for two leaves of one key). The caller holds them and lets go
+        of them (``release``); the run lets go of nothing of them.
+
+        With ``scope`` (``scope_here``), as a yield of its frame: results its
+        earlier yields computed are used, not computed again, and the
+        results of ``Delayed`` tasks below the leaves are kept there for its
+        later yields, while a lazy value of the body depends on them (the
+        leaves' own results are the caller's)."""
         client = await self._client()
         tramp = self.tramp
         own = tramp.own_annotations if tramp is not None else None
-        plan = plan_yield(leaves, paths, {}, ident, 0, None, own=own)
+        if scope is not None and id(scope) not in self.scopes:
+            scope = None  # its body ended: nothing to share with
+        # Copies: the body may read the cache on our lane meanwhile (values
+        # computed in place); its entries are added on this loop only.
+        known = dict(scope.cache.known) if scope is not None else {}
+        values = dict(scope.cache.values) if scope is not None else None
+        plan = plan_yield(leaves, paths, known, ident, 0, values, own=own)
         compute = plan.compute  # collections, computed together as in a yield
         computed = list(dict.fromkeys(compute.outputs)) if compute is not None else []
         wanted = [k for k in Scope.wanted(plan.outputs, plan.keep, plan.graph) if k not in computed]
@@ -776,10 +802,26 @@ class _Run:
             if compute is not None:
                 message = private.collections_message(compute.expr, compute.graph, compute.collections)
                 new.update(zip(computed, private.send_serialized(client, message, computed)))
-        kept = {k: f for k, f in new.items() if k not in plan.outputs}
-        if kept:
-            self._release(kept.values())  # intermediate keys: the outputs need them, not us
-        return [new[k] for k in plan.outputs]
+        outputs = set(plan.outputs)
+        if scope is not None and plan.keep:
+            # Held for the frame's later yields, as ``Scope.record`` holds a
+            # yield's: its own Future, released when the layer dies.
+            scope.cache.add(
+                (layer, {old: k for old, k in mapping.items() if k not in outputs})
+                for layer, mapping in plan.layers
+            )
+            for k in plan.keep:
+                if k not in outputs and k in new:
+                    scope.held[k] = new.pop(k)
+        out: list[Future] = []
+        for k in plan.outputs:
+            # A key an earlier yield holds, or one of two leaves of one key:
+            # a Future of its own, so each is let go of once.
+            f = new.pop(k, None)
+            out.append(f if f is not None else Future(k, client))
+        if new:
+            self._release(new.values())  # intermediate keys: the outputs need them, not us
+        return out
 
     def release(self, futures: Any) -> None:
         """Let go of children ``start_children`` made (thread-safe)."""

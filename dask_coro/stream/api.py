@@ -132,6 +132,7 @@ class Stream:
         self.end: tuple[bool, Any] | None = None
         self.closed = False
         self.grouped = False  # spawned in a group: read through it
+        self.drained = False  # an iteration reached its end: nothing is left to read
 
     # -- in a group ------------------------------------------------------------
 
@@ -182,6 +183,7 @@ class Stream:
         if self.items:
             return self.items.popleft()
         if self.end is not None:
+            self.drained = True
             ok, value = self.end
             if not ok:
                 raise value
@@ -196,6 +198,13 @@ class Stream:
     def _unclaimed(self) -> None:
         if self.grouped:
             raise RuntimeError("a stream spawned in a group is read through it: for child, item in g")
+        if self.drained:
+            # Its items were handed out once and let go of, as a generator's:
+            # a second loop would otherwise end at once, silently empty.
+            raise RuntimeError(
+                "iterating a stream that was already read to its end: a stream is read once "
+                "(its items are not kept; keep them in a list, or make a new stream)"
+            )
 
     def _iter(self, futures: bool) -> Iterator[Any]:
         from ..runtime.result import result
