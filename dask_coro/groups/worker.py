@@ -301,6 +301,7 @@ class WorkerBackend:
                 futures = [f for _, f in batch]
                 try:
                     values = await self.run.gather(futures)
+                    await self.run.received(values)  # before the children go (``_finished``)
                 except BaseException:  # a child's error (any class): each child on its own
                     for c, f in batch:
                         self._spawn_task(self._gather_one(c, f))
@@ -316,6 +317,7 @@ class WorkerBackend:
     async def _gather_one(self, child: Child, future: Future) -> None:
         try:
             value = await self.run.gather(future)
+            await self.run.received([value])
         except asyncio.CancelledError:
             if child.state == CANCELLED:
                 return
