@@ -561,6 +561,194 @@ def test_coroutine_keeps_an_array_a_child_made(client, tmp_path):
     assert parts == EXPECTED
 
 
+# A body holds the shared arrays that reach it from a group or a stream as it
+# holds a yield's results: tied to its key before the child (the producer)
+# is let go of. They were not: a consumer leaving a stream early returned
+# arrays whose producer had been cancelled, and without children held for a
+# re-run (hold-children off, or no budget for them) the producer of a stream
+# read to its end and a group's child were forgotten once delivered. Each
+# body below then waits until the test saw every other key of its tree
+# forgotten and every release they owed run, and returns what it got.
+
+#: Settings under which nothing holds a consumed child for its parent.
+NOT_HELD = {
+    "hold-children-off": {"coro.durability.hold-children": False},
+    "hold-bytes-0": {"coro.durability.hold-bytes": 0},
+}
+
+
+@pytest.fixture(params=sorted(NOT_HELD))
+def client_not_holding(request):
+    """A client of a cluster made under one of ``NOT_HELD`` (the worker
+    processes take the settings from their nannies)."""
+    with dask.config.set(NOT_HELD[request.param]), LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster, Client(cluster) as client:
+        yield client
+
+
+@coroutine
+def emits_arrays(folder: str, n: int):
+    """A stream's producer: ``n`` shared arrays, and one more as its value."""
+    for _ in range(n):
+        yield dask_coro.emit(_made(folder))
+    return _made(folder)
+
+
+@coroutine
+def takes_from_a_stream(folder: str, go: str, n: int, take: int | None):
+    """The first ``take`` items (None: every item, then the producer's value)."""
+    got = []
+    with dask_coro.stream(emits_arrays(folder, n), buffer=1) as s:
+        for a in s:
+            got.append(a)
+            if len(got) == take:
+                break  # leaves the block: the producer is cancelled
+        else:
+            got.append(s.result)
+    yield dask.delayed(wait_for, pure=False)(go)
+    return got
+
+
+@coroutine
+async def takes_from_a_stream_async(folder: str, go: str, n: int, take: int | None):
+    got = []
+    with dask_coro.stream(emits_arrays(folder, n), buffer=1) as s:
+        async for a in s:
+            got.append(a)
+            if len(got) == take:
+                break
+        else:
+            got.append(s.result)
+    await dask_coro.gather(dask.delayed(wait_for, pure=False)(go))
+    return got
+
+
+@coroutine
+async def awaits_an_array(folder: str):
+    """A child run beside its parent: it gets the array from a task of the parent's."""
+    return await dask_coro.gather(dask.delayed(make, pure=False)(folder))
+
+
+def _spawn_makers(g, folder: str, n: int) -> None:
+    for _ in range(n):
+        g.spawn(dask.delayed(make, pure=False)(folder))
+
+
+@coroutine
+def takes_from_a_group(folder: str, go: str, how: str):
+    with dask_coro.group() as g:
+        if how == "stream":
+            g.spawn(dask_coro.stream(emits_arrays(folder, 2), buffer=1))
+        elif how == "beside":
+            g.spawn(awaits_an_array(folder))
+        else:
+            _spawn_makers(g, folder, 2)
+        if how == "next":
+            got = []
+            while g:
+                _, a = yield g.next()
+                got.append(a)
+        elif how == "all":
+            got = yield g.all()
+        else:
+            got = [a for _, a in g]
+    yield dask.delayed(wait_for, pure=False)(go)
+    return got
+
+
+@coroutine
+async def takes_from_a_group_async(folder: str, go: str, how: str):
+    async with dask_coro.group() as g:
+        _spawn_makers(g, folder, 2)
+        if how == "next":
+            got = []
+            while g:
+                _, a = await g.next()
+                got.append(a)
+        else:
+            got = await g.all()
+    await dask_coro.gather(dask.delayed(wait_for, pure=False)(go))
+    return got
+
+
+def _left_besides(root, dask_scheduler=None) -> list[str]:
+    """Keys the scheduler knows other than ``root`` and the child it waits
+    in, and the releases it has yet to see run."""
+    from dask.utils import key_split
+
+    plugin = dask_scheduler.plugins.get("dask-coro-lifetimes")
+    ledger = plugin.ledger if plugin is not None else None
+    keys = [str(k) for k in dask_scheduler.tasks if k != root and key_split(k) != "wait_for"]
+    return keys + ([f"release of {rid}" for rid in (*ledger.owed, *ledger.sent)] if ledger else [])
+
+
+def _until_alone(client: Client, name: str, root) -> None:
+    def left() -> list[str]:
+        return client.run_on_scheduler(_left_besides, root)
+
+    poll(lambda: not left(), lambda: f"{name}: {left()}")
+
+
+def assert_kept_then_released(client: Client, folder: str, bodies: dict) -> None:
+    """Each body (name -> a function of the Event's name making its call)
+    runs once every other key of its tree is forgotten and their releases
+    ran, returns a list of intact arrays (the client maps their segments: a
+    released one cannot be unpickled); once the client lets go of them, no
+    segment the test made is left."""
+    broken = {}
+    for name, body in bodies.items():
+        go = f"go-{uuid.uuid4().hex}"
+        fut = client.compute(body(go))
+        try:
+            _until_alone(client, name, fut.key)
+        finally:
+            Event(go, client=client).set()
+        try:
+            arrays = fut.result(timeout=60)
+        except FileNotFoundError as e:
+            broken[name] = str(e)
+            continue
+        finally:
+            fut.release()
+        assert arrays and all(isinstance(a, shm.ShmArray) for a in arrays), (name, arrays)
+        for a in arrays:
+            np.testing.assert_array_equal(a, np.arange(N), err_msg=name)
+        del a, arrays
+    if broken:
+        pytest.fail("\n".join(f"{name}: {e}" for name, e in broken.items()))
+    assert_released(client, _lines(folder, "segments"))
+
+
+@pytest.mark.parametrize("body", [takes_from_a_stream, takes_from_a_stream_async], ids=["generator", "async"])
+def test_a_stream_consumer_leaving_early_keeps_the_arrays_it_took(client, tmp_path, body):
+    folder = str(tmp_path)
+    assert_kept_then_released(client, folder, {"consumer": lambda go: body(folder, go, 5, 2)})
+
+
+def test_a_stream_read_to_its_end_keeps_its_arrays_though_children_are_not_held(client_not_holding, tmp_path):
+    folder = str(tmp_path)
+    bodies = {
+        body.__name__: functools.partial(lambda body, go: body(folder, go, 2, None), body)
+        for body in (takes_from_a_stream, takes_from_a_stream_async)
+    }
+    assert_kept_then_released(client_not_holding, folder, bodies)
+
+
+@pytest.mark.inline  # a small async def child runs beside its parent
+def test_a_group_child_array_once_delivered_is_kept_though_children_are_not_held(client_not_holding, tmp_path):
+    folder = str(tmp_path)
+    bodies = {
+        f"{body.__name__}-{how}": functools.partial(lambda body, how, go: body(folder, go, how), body, how)
+        for body, hows in [
+            (takes_from_a_group, ["next", "all", "iteration", "stream", "beside"]),
+            (takes_from_a_group_async, ["next", "all"]),
+        ]
+        for how in hows
+    }
+    assert_kept_then_released(client_not_holding, folder, bodies)
+
+
 def _mapped_names(dask_scheduler=None, dask_worker=None) -> list[str]:
     import gc
 

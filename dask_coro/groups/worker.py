@@ -345,6 +345,7 @@ class WorkerBackend:
                 futures = [f for _, fs in batch for f in fs]
                 try:
                     values = await self.run.gather(futures)
+                    await self.run.received(values)  # before the children go (``_finished``)
                 except BaseException:  # a child's error (any class): each child on its own
                     for c, fs in batch:
                         self._spawn_task(self._gather_one(c, fs))
@@ -362,6 +363,7 @@ class WorkerBackend:
     async def _gather_one(self, child: Child, futures: list[Future]) -> None:
         try:
             values = await self.run.gather(futures)
+            await self.run.received(values)
         except asyncio.CancelledError:
             if child.state == CANCELLED:
                 return

@@ -2,9 +2,10 @@
 
 ``LifetimesPlugin`` is installed by the preload, or by ``tie`` on first use;
 shared arrays a body passes on as values go as keys of its worker
-(``passed.py``); a coroutine ties the shared-memory segments in its children's results to its
-own key before it lets the children go (``hold_segments``), since its body
-now holds them.
+(``passed.py``); a coroutine ties the shared-memory segments in what
+reaches its body (a yield's results, a group's children, a stream's items:
+``results_received``) to its own key before it lets the children go
+(``hold_segments``), since its body now holds them.
 """
 
 from __future__ import annotations

@@ -129,6 +129,9 @@ class Beside:
     async def gather(self, futures: Any) -> Any:
         return await self.run.gather(futures)
 
+    async def received(self, values: list[Any]) -> None:
+        await self.run.received(values)
+
     async def submitting_client(self) -> Any:
         return await self.run.submitting_client()
 

@@ -82,8 +82,15 @@ plugins are installed:
     raised at the yield, as the wait's own error; a wait it ends for good
     raises ``Released`` (``run.until``).
 ``async results_received(run, results)``
-    The results of a yield, before the children are let go of. What it
-    raises is raised at the yield, as a child's error would be.
+    Values that reach the body from the cluster, before the futures that
+    held them are let go of: a yield's results, a group's children's values
+    (as they arrive, before the group lets go of the children), a stream's
+    items and its producer's value (each batch, before the stream lets go
+    of its producer), what an asyncio Task of the body (or a body run
+    beside the run) awaited. A feature delivering values of its own calls
+    ``run.received(values)``. What it raises is raised where the body
+    would get them: at the yield, as a child's error would be; as the
+    group's child's error; at the stream's wait.
 ``released(run, futures)``
     The run let go of these children's futures, on the loop: what this hook
     queues there runs after the client's reference counting of them and
@@ -216,6 +223,11 @@ class Run(Protocol):
         """The values of ``futures`` (a list, or one), gathered as a task of
         this worker does: from its own memory, or from the workers holding
         them."""
+
+    async def received(self, values: list[Any]) -> None:
+        """``values`` reach the body (a feature's children's values, a
+        stream's items): the extensions' ``results_received``, awaited
+        before the caller lets go of the futures that held them."""
 
     async def submitting_client(self) -> Any:
         """The worker's client the run submits with (made on first use)."""

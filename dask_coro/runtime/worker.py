@@ -534,7 +534,9 @@ class _Run:
             with private.submitting_as(self.key), dask.annotate(**annotations):
                 future = client.compute(gathered(value))
             gathering = asyncio.ensure_future(client.gather(future, asynchronous=True))
-            return await asyncio.shield(gathering)
+            got = await asyncio.shield(gathering)
+            await self.received([got])  # before the child goes
+            return got
         finally:
             self.sides.discard(me)
             if gathering is not None and not gathering.done():
@@ -838,6 +840,15 @@ class _Run:
         with private.as_worker(self.worker):
             return await client.gather(futures, asynchronous=True)
 
+    async def received(self, values: list[Any]) -> None:
+        """``values`` reach the body from the cluster: a yield's results, a
+        group's children, a stream's items, what an asyncio Task of the
+        body awaited. Tell the extensions (``results_received``: shared
+        arrays in them are ours now, tied to our key) before letting go of
+        the futures that held them; what a hook raises is raised here."""
+        for ext in self.active.results_received:
+            await ext.results_received(self, values)
+
     async def submitting_client(self) -> Client:
         """The worker's client this run submits with (made on first use)."""
         return await self._client()
@@ -1029,10 +1040,8 @@ class _Run:
                 raise scope.error
             client = await self._client()
             results = await self._around(self._wait(client, scope.handles(frame.remote)))
-            # Before the children go (shared-memory segments in their
-            # results are ours now); what it raises is raised at the yield.
-            for ext in self.active.results_received:
-                await ext.results_received(self, results)
+            # Before the children go; what it raises is raised at the yield.
+            await self.received(results)
         except Released:
             raise
         except _NOT_A_CHILD_S:

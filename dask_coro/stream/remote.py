@@ -244,7 +244,15 @@ class WorkerConsumer(RemoteConsumer):
         return True
 
     async def _fetch(self, index: int, futures: bool) -> tuple[list[Any], tuple[bool, Any] | None]:
-        return await self.fetch(await self.run.submitting_client(), index, futures)
+        items, end = await self.fetch(await self.run.submitting_client(), index, futures)
+        # The body holds them now (shared arrays in them tied to its key), as
+        # a yield's results, before the producer goes.
+        values = [] if futures else list(items)
+        if end is not None and end[0]:
+            values.append(end[1])
+        if values:
+            await self.run.received(values)
+        return items, end
 
     async def gather(self, client: Any, futures: list[Any]) -> list[Any]:
         return await self.run.gather(futures)  # straight from the producer's worker
