@@ -32,8 +32,8 @@ import pandas as pd
 from distributed import Client, LocalCluster, worker_client
 
 from dask_coro import coroutine
-from dask_coro._internals import distributed_private as private
 from dask_coro._internals.dask_private import expression_graph
+from dask_coro._internals.distributed.client import collections_message
 from dask_coro.core.plan import plan_yield
 
 
@@ -58,7 +58,7 @@ def plan_seconds(coll):
     t0 = time.perf_counter()
     plan = plan_yield([coll], [()], {}, "parent-0123456789abcdef0123456789abcdef", 0)
     c = plan.compute
-    private.collections_message(c.expr, c.graph, c.collections)
+    collections_message(c.expr, c.graph, c.collections)
     return time.perf_counter() - t0, plan
 
 

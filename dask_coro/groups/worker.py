@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _config
 from .._exceptions import BaseExceptionError
-from .._internals import distributed_private as private
+from .._internals.distributed.client import future_settled, send_on_client_stream
 from ..core.engine import NOT_DONE
 from ..durability.scheduler import GROUP_LOG
 from ..runtime.beside import Beside, run_beside
@@ -152,7 +152,7 @@ class WorkerBackend:
     async def _log(self, index: int | None = None, deadline: float | None = None) -> None:
         client = await self.run.submitting_client()
         msg = {"op": GROUP_LOG, "key": self.run.key, "group": self.ident[2], "index": index, "deadline": deadline}
-        private.send_on_client_stream(client, msg)
+        send_on_client_stream(client, msg)
 
     def _arm(self) -> None:
         deadline = self.group.deadline
@@ -278,7 +278,7 @@ class WorkerBackend:
         ``gather`` for the children of one turn of the loop, as a yield
         gathers its children, not one each."""
         try:
-            await private.future_settled(future)
+            await future_settled(future)
         except asyncio.CancelledError:
             return  # the group let go of it (``_stop``)
         finally:
