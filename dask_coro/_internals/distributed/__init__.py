@@ -11,6 +11,6 @@ queue's ``HeapSet``) and ``dashboard`` (the scheduler's dashboard).
 Checked against distributed 2026.8.0. Each function names what it relies on;
 ``tests/test_internals.py`` pins each assumption against the installed
 distributed, so a release that changes one fails a named test instead of
-hanging somewhere. Only the adapters (runners, plugins) import these modules:
-importing one imports distributed.
+hanging somewhere. Only the adapters (runners, plugins) import these modules;
+most import distributed as they are imported.
 """
