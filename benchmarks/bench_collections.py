@@ -21,19 +21,19 @@ For array and dataframe graphs of about N tasks (``--sizes``):
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import pstats
 import time
 
+import _bench as B
 import dask.array as da
 import numpy as np
 import pandas as pd
 from distributed import Client, LocalCluster, worker_client
 
 from dask_coro import coroutine
-from dask_coro._internals import distributed_private as private
 from dask_coro._internals.dask_private import expression_graph
+from dask_coro._internals.distributed.client import collections_message
 from dask_coro.core.plan import plan_yield
 
 
@@ -58,7 +58,7 @@ def plan_seconds(coll):
     t0 = time.perf_counter()
     plan = plan_yield([coll], [()], {}, "parent-0123456789abcdef0123456789abcdef", 0)
     c = plan.compute
-    private.collections_message(c.expr, c.graph, c.collections)
+    collections_message(c.expr, c.graph, c.collections)
     return time.perf_counter() - t0, plan
 
 
@@ -76,13 +76,20 @@ def removals(dask_scheduler) -> int:
     return sum(1 for _, e in dask_scheduler.get_events("all") if e.get("action") == "remove-worker")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+SCENARIOS = [  # its section of RESULTS.md, run by run_all.py
+    B.Scenario("collections", "Collections in a body: planning per task and wall time against "
+               "`client.compute` from a `worker_client` task, run by run_all.py",
+               ["--sizes", "1000", "10000", "--wall"], 300, json=False, quick=["--wall"]),
+]
+
+
+def main(argv=None) -> None:
+    ap = B.parser(__doc__, repeat=None, json=False)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     ap.add_argument("--wall", action="store_true", help="also time body and worker_client on a cluster")
     ap.add_argument("--profile", action="store_true", help="cProfile of plan_yield at each size")
-    args = ap.parse_args()
+    args = B.parse(ap, argv, {"sizes": [100]})
     cluster = client = None
     if args.wall:
         cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")

@@ -174,7 +174,6 @@ def main(argv=None) -> int:
     data["walls"] = {f"{e}/{w}": v for (e, w), v in walls.items()}
     med = {k: statistics.median(v) for k, v in walls.items()}
     calls = B.fib_calls(args.ns_n)
-    print("## The compiled engine against the pure one\n")
     print(f"An inline call in one process: fib({args.ns_n}) ({calls} calls) through `Trampoline` "
           f"wired as a worker wires it; median of {args.rounds} fresh processes per engine.\n")
     print("| ns per call | compiled | pure | pure / compiled |")
@@ -201,6 +200,12 @@ def main(argv=None) -> int:
                   f"{each} | **{m / seq:.1f} x** | {speed} |")
     B.write_json(args.json, data)
     return 0
+
+
+SCENARIOS = [  # its section of RESULTS.md, run by run_all.py
+    B.Scenario("engine", "The compiled engine against the pure one: an inline call, and fib(25) on "
+               "1 and 2 workers", ["--rounds", "3", "--repeat", "3"], 420),
+]
 
 
 if __name__ == "__main__":

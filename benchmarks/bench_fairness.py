@@ -2,8 +2,8 @@
 arrival orders, round by round, on one LocalCluster; the same trees as plain Dask
 (``worker_client`` tasks) in the same run.
 
-Run: python benchmarks/bench_fairness.py [--runs 10] [--plain-runs 2] [--small 3000000]
-                                         [--wide 6000000] [--trace]
+Run: python benchmarks/bench_fairness.py [--runs 10] [--plain-runs 1] [--ray-runs 1]
+                                         [--races 20] [--small 3000000] [--wide 6000000] [--trace]
 
 A run is nine rounds: each of three arrival orders three times, in turn:
 
@@ -17,7 +17,10 @@ issue 45 is 4 x its time alone, or 0.25 s if that is more, in every round. Both 
 are binary trees of ``@coroutine`` calls with plain arguments (inline calls, handed out
 to idle threads); the leaves are pure Python (small: 16 leaves of a few ms; wide: 300
 leaves of 4-51 ms, recursive halving: the shape of the race in docs/groups.md).
-``--trace`` prints, for the ``later`` rounds, where the small root's first task waited
+The same trees as plain Dask (``worker_client`` tasks) and as Ray nested tasks (where Ray
+imports) run the same rounds after. The races (``--races``): the race of docs/groups.md with
+its 2 s deadline, and first-of without one on 1-thread workers, beside plain Dask's
+``wait(FIRST_COMPLETED)``. ``--trace`` prints, for the ``later`` rounds, where the small root's first task waited
 (the scheduler's and the worker's story: sent to its worker, started there).
 """
 
@@ -98,13 +101,50 @@ def plain_tree(count, lo: int, hi: int, leaf: int) -> int:
     return a + b
 
 
+def _ray_tree(kind: str, lo: int, hi: int, leaf: int) -> int:
+    """The same tree as Ray nested tasks (``ray.get`` in a task gives its CPU back)."""
+    import ray
+
+    count = sieve_count if kind == "sieve" else trial_count
+    if hi - lo <= leaf:
+        return count(lo, hi)
+    mid = (lo + hi) // 2
+    tree = ray.remote(_ray_tree)
+    a, b = ray.get([tree.remote(kind, lo, mid, leaf), tree.remote(kind, mid, hi, leaf)])
+    return a + b
+
+
+class _RayClient:
+    """What ``one_round`` needs of a client, for Ray: ``submit`` a tree, ``result()`` its ref."""
+
+    def __init__(self) -> None:
+        import ray
+
+        self.ray = ray
+        self.tree = ray.remote(_ray_tree)
+
+    def tree_of(self, kind: str, args):
+        ref = self.tree.remote(kind, *args, SMALL_LEAF if kind == "sieve" else WIDE_LEAF)
+        ray = self.ray
+
+        class Ref:
+            def result(self) -> int:
+                return ray.get(ref)
+
+        return Ref()
+
+
 def _small(c: Client, args, plain: bool):
+    if isinstance(c, _RayClient):
+        return c.tree_of("sieve", args)
     if plain:
         return c.submit(plain_tree, sieve_count, *args, SMALL_LEAF, pure=False)
     return c.compute(by_sieve(*args))
 
 
 def _wide(c: Client, args, plain: bool):
+    if isinstance(c, _RayClient):
+        return c.tree_of("trial", args)
     if plain:
         return c.submit(plain_tree, trial_count, *args, WIDE_LEAF, pure=False)
     return c.compute(by_trial(*args))
@@ -294,6 +334,7 @@ def main() -> None:
     p.add_argument("--trace", action="store_true")
     p.add_argument("--races", type=int, default=20, help="races of each kind (0: none)")
     p.add_argument("--no-trees", action="store_true", help="the races alone")
+    p.add_argument("--ray-runs", type=int, default=1, help="runs of nine rounds, Ray (where it imports; 0: none)")
     args = p.parse_args()
     if args.races:
         run_races(args.races)
@@ -304,13 +345,28 @@ def main() -> None:
         c.compute(by_sieve(0, 400_000)).result()  # warm up: plugins, lanes
         if args.trace:
             trace(c, small, wide)
-        solo, rows = measure(c, args.runs, small, wide, plain=False)
-        pauses = sum(c.run(_pauses).values())
-        report("dask_coro", solo, rows)
-        print(f"pauses asked: {pauses}")
+        if args.runs:
+            solo, rows = measure(c, args.runs, small, wide, plain=False)
+            pauses = sum(c.run(_pauses).values())
+            report("dask_coro", solo, rows)
+            print(f"pauses asked: {pauses}")
         if args.plain_runs:
             psolo, prows = measure(c, args.plain_runs, small, wide, plain=True)
             report("plain Dask (worker_client)", psolo, prows)
+    if args.ray_runs:
+        try:
+            import ray
+        except ImportError:
+            print("\nRay is not installed: no Ray rows")
+            return
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        try:
+            rc = _RayClient()
+            rc.tree_of("sieve", (0, 400_000)).result()
+            rsolo, rrows = measure(rc, args.ray_runs, small, wide, plain=False)  # type: ignore[arg-type]
+            report(f"Ray {ray.__version__} (nested tasks, ray.init(num_cpus=4))", rsolo, rrows)
+        finally:
+            ray.shutdown()
 
 
 def run_races(n: int) -> None:

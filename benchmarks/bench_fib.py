@@ -23,7 +23,7 @@ import _bench as B
 import psutil
 from distributed import get_worker, worker_client
 
-from dask_coro._internals.distributed_private import secede_from_loop
+from dask_coro._internals.distributed.worker_state_machine import secede_from_loop
 from dask_coro.examples import fib as coro_fib
 
 ray = None  # imported by _import_ray() in the client process only: worker

@@ -420,5 +420,13 @@ def main(argv=None) -> int:
     return 0
 
 
+SCENARIOS = [  # its section of RESULTS.md, run by run_all.py
+    B.Scenario("fib_scaling", "fib(25) on 2 workers versus 1: the run's time, term by term",
+               ["--repeat", "3"], 300,
+               notes="The analysis of these terms, from `--repeat 7` and `--timeline`: the "
+                     "section \"fib(25) on 2 workers versus 1: where the second worker's time goes\"."),
+]
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -14,7 +14,6 @@ the knapsack show the median of ``--repeat`` runs after a warm-up run.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import heapq
@@ -25,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import _bench as B
 import dask
 from _bench import worker_sampler
 from distributed import Client, LocalCluster, SchedulerPlugin, as_completed, wait, worker_client
@@ -413,13 +413,20 @@ def plain_side(only: set, args, pages: list) -> dict:
     return out
 
 
+SCENARIOS = [  # its section of RESULTS.md, run by run_all.py
+    B.Scenario("groups", "Groups: a crawl, a race, branch-and-bound and successive halving against "
+               "plain Dask and Ray, run by run_all.py", ["--repeat", "1", "--race-runs", "5"], 420,
+               json=False, quick=["--no-ray"]),
+]
+
+
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = B.parser(__doc__, repeat=None, json=False)
     p.add_argument("--only", default="crawl,race,knapsack,halving")
     p.add_argument("--no-ray", action="store_true")
     p.add_argument("--race-runs", type=int, default=20)
     p.add_argument("--repeat", type=int, default=3, help="runs of the crawl and the knapsack (the median is shown)")
-    args = p.parse_args(argv)
+    args = B.parse(p, argv, {"repeat": 1, "race_runs": 1, "only": "race,halving"})
     only = set(args.only.split(","))
     rows: list[str] = []
     pages = site("site")

@@ -9,10 +9,11 @@ Prints microseconds per wait.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import sys
 import time
 
+import _bench as B
 from distributed import Event, Scheduler, Worker, secede
 
 from dask_coro.resources.worker import _lender, lent
@@ -61,9 +62,19 @@ async def main(n: int) -> None:
             await c.gather([plain, gpu])
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--n", type=int, default=100_000)
-    args = parser.parse_args()
+SCENARIOS = [  # its section of RESULTS.md, run by run_all.py
+    B.Scenario("lend", "Resources lent while a coroutine waits: microseconds a wait pays, run by "
+               "run_all.py", [], 120, json=False),
+]
+
+
+def run(argv=None) -> None:
+    p = B.parser(__doc__, repeat=None, json=False)
+    p.add_argument("--n", type=int, default=100_000)
+    args = B.parse(p, argv, {"n": 1_000})
     print("| wait | n | us per wait |\n|---|---|---|")
     asyncio.run(main(args.n))
+
+
+if __name__ == "__main__":
+    sys.exit(run())

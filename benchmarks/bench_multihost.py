@@ -103,6 +103,11 @@ def main() -> None:
     B.write_json(args.json, med)
 
 
+SCENARIOS = [  # its section of RESULTS.md, run by run_all.py (as root, on Linux)
+    B.Scenario("multihost", HEADING.removeprefix("## "), ["--repeat", "3"], 300),
+]
+
+
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     main()

@@ -8,11 +8,11 @@ Ray's streaming generator; the producer's worker's peak memory with
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import threading
 import time
 
+import _bench as B
 import dask
 import numpy as np
 from distributed import Client, LocalCluster, Queue
@@ -141,14 +141,24 @@ def bench_ray(args):
     return out
 
 
-if __name__ == "__main__":
-    p = argparse.ArgumentParser()
+SCENARIOS = [  # its section of RESULTS.md, run by run_all.py
+    B.Scenario("streams", "Streams: small and large items against a Queue and Ray, run by run_all.py",
+               ["--small", "2000", "--big", "20"], 300, json=False, quick=["--no-ray"]),
+]
+
+
+def main(argv=None) -> None:
+    p = B.parser(__doc__, repeat=None, json=False)
     p.add_argument("--small", type=int, default=10_000)
     p.add_argument("--big", type=int, default=100)
     p.add_argument("--mb", type=int, default=10)
     p.add_argument("--no-ray", action="store_true")
-    args = p.parse_args()
+    args = B.parse(p, argv, {"small": 50, "big": 2, "mb": 1})
     print("| what | items | items/s | latency p50 (ms) | p99 (ms) |\n|---|---|---|---|---|")
     bench_dask(args)
     if not args.no_ray:
         bench_ray(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -24,7 +24,7 @@ import _bench as B
 from distributed import Future, get_worker, worker_client
 
 from dask_coro import coroutine
-from dask_coro._internals.distributed_private import secede_from_loop
+from dask_coro._internals.distributed.worker_state_machine import secede_from_loop
 
 
 def _identity(x):

@@ -4,7 +4,7 @@ against the alternatives of the same run. The scenarios are declared by the scri
 (their SCENARIOS, targets and summarize; MODULES lists the scripts); the sections of RESULTS.md
 that no scenario writes (analyses written by hand, a script's own --write) are kept.
 
-Run: python benchmarks/run_all.py [--only fib fanout ...] [--total-budget 1200]
+Run: python benchmarks/run_all.py [--only fib fanout ...] [--total-budget 2400]
                                   [--output benchmarks/RESULTS.md] [--quick]
 With --quick every script runs with its own --quick (tiny sizes, one run): a smoke
 test of the suite, not a measurement; write it elsewhere than RESULTS.md.
@@ -47,11 +47,18 @@ ROOT = os.path.dirname(HERE)
 # Targets table (targets(data)) and a summary near the top (SUMMARY, summarize(data)).
 # A new scenario: a script with SCENARIOS, and its name here.
 MODULES = [
-    "bench_fib", "bench_fib_seq", "bench_steal", "bench_scale", "profile_fib", "bench_fanout",
-    "bench_process_all", "bench_suspended", "bench_yield_loop", "bench_result",
-    "bench_promises", "bench_release", "bench_scheduler_cost", "bench_shm", "bench_hold",
-    "bench_chaos",
+    "bench_fib", "bench_fib_seq", "bench_fib_scaling", "bench_engine", "bench_steal", "bench_scale",
+    "profile_fib", "bench_fanout", "bench_process_all", "bench_suspended", "bench_yield_loop",
+    "bench_result", "bench_promises", "bench_release", "bench_release_loop",
+    "bench_scheduler_cost", "bench_shm", "bench_multihost", "bench_hold", "bench_lend_overhead",
+    "bench_collections", "bench_groups", "bench_streams", "bench_chaos",
 ]
+
+# Scripts in benchmarks/ that MODULES does not list, and why
+# (tests/test_packaging.py checks that every other bench_*.py and profile_*.py is listed).
+NOT_RUN = {
+    "bench_fairness": "being rewritten; it joins MODULES then",
+}
 
 
 def load() -> tuple[list[types.ModuleType], list[B.Scenario]]:
@@ -360,8 +367,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--only", nargs="+", choices=[s.key for s in scenarios],
                    help="run only these scenarios (the others are listed as not run)")
-    p.add_argument("--total-budget", type=float, default=1200.0,
-                   help="seconds for the whole suite (it takes about 15 minutes on 2 cores)")
+    p.add_argument("--total-budget", type=float, default=2400.0,
+                   help="seconds for the whole suite (it took about 15 minutes on 2 cores before "
+                        "the groups, streams, collections and engine scenarios joined it)")
     p.add_argument("--output", default=B.RESULTS)
     p.add_argument("--quick", action="store_true",
                    help="every script with its --quick (tiny sizes): a smoke test of the suite")

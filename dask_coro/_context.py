@@ -36,7 +36,8 @@ def current_key() -> Key:
     if sys.modules.get("distributed") is not None:  # else no task of distributed runs here
         from distributed.worker import get_worker
 
-        from ._internals.distributed_private import async_tasks_executing, thread_task_key
+        from ._internals.distributed.worker import thread_task_key
+        from ._internals.distributed.worker_state_machine import async_tasks_executing
 
         key = thread_task_key()
         if key is not None:

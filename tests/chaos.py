@@ -397,7 +397,7 @@ class QueueCleanings:
         orig = self._orig
 
         def timed(scheduler: Any) -> int:
-            from dask_coro._internals.distributed_private import queue_entries
+            from dask_coro._internals.distributed.collections import queue_entries
 
             n = queue_entries(scheduler)
             t = time.perf_counter()

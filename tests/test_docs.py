@@ -36,3 +36,17 @@ def test_pages_name_public_sources_only():
         for m in re.finditer(r"\bthe (issue|seed)('s)?\b", p.read_text(), re.I)
     ]
     assert found == []
+
+
+def test_architecture_names_only_files_and_folders_that_exist():
+    """Every file or folder ARCHITECTURE.md names (in backticks, or in its
+    layout of the package) is there: relative to the repository, the package,
+    or a folder of it. distributed's own folders it compares with are not ours."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    named = set(re.findall(r"`([\w./-]+)`", text))
+    named |= set(re.findall(r"(?<![\w./-])([\w./-]+(?:/|\.py|\.c|\.md|\.yaml))(?![\w/])", text))
+    package = ROOT / "dask_coro"
+    bases = [ROOT, package, *(p for p in package.rglob("*") if p.is_dir() and p.name != "__pycache__")]
+    paths = {n.rstrip(".,;:") for n in named if "/" in n or re.search(r"\.(py|c|md|yaml)$", n)}
+    missing = sorted(p for p in paths if not any((b / p).exists() for b in bases))
+    assert missing == ["shuffle/"]  # distributed's, which the layout is modelled on

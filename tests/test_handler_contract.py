@@ -156,7 +156,7 @@ async def test_every_handler_and_method_dask_coro_replaces_keeps_its_signature(c
 
 
 def test_a_wrapper_of_another_kind_is_refused():
-    from dask_coro._internals.distributed_private import keeping_contract
+    from dask_coro._internals.distributed.core import keeping_contract
 
     def sync_handler(comm, keys, serializers=None):
         return keys

@@ -16,10 +16,67 @@ from distributed import Event, get_worker
 from distributed.utils_test import gen_cluster
 
 from dask_coro._internals import dask_private as dp
-from dask_coro._internals import distributed_private as pv
+from dask_coro._internals.distributed.client import (
+    annotated_graph,
+    collections_message,
+    flush_client_stream,
+    future_in_memory,
+    get_in_order,
+    send_on_client_stream,
+    send_serialized,
+    serialized_graph,
+    set_batch_interval,
+    submitting_as,
+)
+from dask_coro._internals.distributed.collections import drop_stale_queue_entries, queue_entries
+from dask_coro._internals.distributed.core import add_handlers, wrap_stream_handler
+from dask_coro._internals.distributed.dashboard import (
+    add_dashboard_page,
+    add_http_routes,
+    dashboard_prefix,
+    render_dashboard_page,
+)
+from dask_coro._internals.distributed.scheduler import (
+    adjust_suspicion,
+    alias_task,
+    count_resources,
+    drop_client_state,
+    fail_task,
+    forget_if_unused,
+    idle_threads,
+    processing_task,
+    send_to_worker,
+    store_worker_plugin,
+    used_resources,
+)
+from dask_coro._internals.distributed.threadpoolexecutor import PoolSeat, set_task_thread
+from dask_coro._internals.distributed.worker import (
+    add_worker_plugin_now,
+    as_worker,
+    default_executor,
+    fast_memory_value,
+    send_on_worker_stream,
+    store_own_data,
+    thread_task_key,
+    worker_is_closing,
+    worker_plugin,
+)
+from dask_coro._internals.distributed.worker_state_machine import (
+    async_tasks_executing,
+    available_resources,
+    lend_resources,
+    secede_from_loop,
+    take_resources,
+    task_resources,
+    task_run_id_priority,
+    total_resources,
+    worker_knows,
+    worker_task_annotations,
+    worker_task_priority,
+    worker_task_state,
+)
 
-# -- dask ----------------------------------------------------------------------
-
+# -- dask (_internals/dask_private.py) -------------------------------------------------
 
 def test_annotations_in_effect_is_what_dask_annotate_sets():
     assert not dp.annotations_in_effect.get()
@@ -120,70 +177,120 @@ def test_task_is_coro_honours_the_tornado_flag():
     assert task.is_coro
 
 
-# -- distributed: worker -------------------------------------------------------
+# -- distributed.worker (_internals/distributed/worker.py) -----------------------------
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_a_plugin_added_now_sees_every_transition(c, s, a):
+    seen = []
+
+    class Watch:
+        def transition(self, key, start, finish, **kwargs):
+            seen.append((key, finish))
+
+    plugin = add_worker_plugin_now(a, "test-watch", Watch)
+    assert add_worker_plugin_now(a, "test-watch", Watch) is plugin
+    assert worker_plugin(a, "test-watch") is plugin
+    await c.submit(lambda: 1, key="watched")
+    assert ("watched", "memory") in seen
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
-async def test_annotated_graph_gives_each_task_its_own_annotations(c, s, a):
-    graph = {"x": dp.Task("x", operator.add, 1, 1), "y": dp.Task("y", operator.add, 2, 2)}
-    hlg = pv.annotated_graph(graph, {"x": {"retries": 2, "team": "red"}})
-    with dask.annotate(team="blue"):  # global ones lose to a layer's
-        fx, fy = c.get(hlg, ["x", "y"], sync=False)
-    assert await c.gather([fx, fy]) == [2, 4]
-    assert s.tasks["x"].annotations == {"retries": 2, "team": "red"}
-    assert s.tasks["x"].retries == 2
-    assert s.tasks["y"].annotations == {"team": "blue"}  # no None from dict.get
-    assert pv.annotated_graph(graph, {}) is graph
+async def test_default_executor_runs_tasks_and_fast_memory_holds_results(c, s, a):
+    assert default_executor(a) is a.executors["default"]
+
+    def where():
+        return threading.current_thread().name
+
+    name = await c.submit(where, key="where")
+    assert "Dask-Default-Threads" in name
+    assert fast_memory_value(a, "where") == name
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
-async def test_a_serialized_message_is_sent_as_client_compute_sends_its_expression(c, s, a):
-    # Client._graph_to_futures serializes to_serialize(expr); a Serialized
-    # one goes as it is (distributed.protocol.serialize), so it can be made
-    # in another thread; the dask.annotate in effect reaches every task.
-    da = pytest.importorskip("dask.array")
-    x = da.arange(8, chunks=2)
-    expr, keys = dp.finalized_together([x.sum()])
-    extra = {"out": dp.Task("out", operator.add, dp.TaskRef(keys[0]), 1)}
-    message = pv.collections_message(expr, extra, [x.sum()])
-    assert type(message[0]).__name__ == "Serialized"
-    with dask.annotate(retries=2):
-        (fut,) = pv.send_serialized(c, message, ["out"])
-    assert await fut == 29
-    assert s.tasks["out"].retries == 2
-    graph = {"y": dp.Task("y", operator.mul, 6, 7)}
-    (fut,) = pv.send_serialized(c, pv.serialized_graph(graph), ["y"])
-    assert await fut == 42
+async def test_as_worker_makes_get_worker_answer(c, s, a):
+    with pytest.raises(ValueError):
+        get_worker()
+    with as_worker(a):
+        assert get_worker() is a
+    with pytest.raises(ValueError):
+        get_worker()
+    assert not worker_is_closing(a)
 
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_worker_stream_messages_reach_a_scheduler_stream_handler(c, s, a):
+    got = asyncio.Event()
+    messages = []
+
+    def handler(worker=None, **msg):
+        messages.append((worker, msg))
+        got.set()
+
+    add_handlers(s, stream={"test-worker-op": handler})
+    send_on_worker_stream(a, {"op": "test-worker-op", "x": 1})
+    await asyncio.wait_for(got.wait(), 10)
+    assert messages == [(a.address, {"x": 1})]
+
+
+# -- distributed.worker_state_machine (_internals/distributed/worker_state_machine.py) ---
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
 async def test_worker_task_state_and_thread_key(c, s, a):
     def sync_task():
         w = get_worker()
-        return pv.thread_task_key(), pv.worker_task_state(w, pv.thread_task_key())
+        return thread_task_key(), worker_task_state(w, thread_task_key())
 
     key, state = await c.submit(sync_task, key="sync-task")
     assert key == "sync-task" and state == "executing"
-    assert pv.worker_task_state(a, "no-such-key") is None
-    assert pv.worker_knows(a, "sync-task")
-    assert pv.thread_task_key() is None  # not inside a task here
+    assert worker_task_state(a, "no-such-key") is None
+    assert worker_knows(a, "sync-task")
+    assert thread_task_key() is None  # not inside a task here
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
 async def test_worker_task_priority_and_annotations_are_the_schedulers(c, s, a):
     def seen():
         w = get_worker()
-        key = pv.thread_task_key()
-        return pv.worker_task_priority(w, key), pv.worker_task_annotations(w, key)
+        key = thread_task_key()
+        return worker_task_priority(w, key), worker_task_annotations(w, key)
 
     with dask.annotate(team="red"):
         f = c.compute(dask.delayed(seen)(dask_key_name="seen"))
     priority, annotations = await f
     assert priority == s.tasks["seen"].priority  # the worker's own generation left off
     assert annotations["team"] == "red"
-    assert pv.worker_task_priority(a, "no-such-key") == ()
-    assert pv.worker_task_annotations(a, "no-such-key") == {}
+    assert worker_task_priority(a, "no-such-key") == ()
+    assert worker_task_annotations(a, "no-such-key") == {}
 
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_async_tasks_executing_lists_the_async_task(c, s, a):
+    async def async_task():
+        return async_tasks_executing(get_worker())
+
+    assert await c.submit(async_task, key="async-task") == ["async-task"]
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_secede_from_loop_frees_the_slot_on_worker_and_scheduler(c, s, a):
+    ev = Event()
+
+    async def waits():
+        secede_from_loop(get_worker(), "waits", 0.0)
+        await ev.wait()
+        return 1
+
+    fut = c.submit(waits, key="waits")
+    while not s.tasks.get("waits") or s.tasks["waits"] not in s.workers[a.address].long_running:
+        await asyncio.sleep(0.01)
+    assert a.state.tasks["waits"].state == "long-running"
+    # The slot is free: another task runs while it waits.
+    assert await c.submit(lambda: 2, key="other") == 2
+    await ev.set()
+    assert await fut == 1
+
+
+# -- distributed.threadpoolexecutor (_internals/distributed/threadpoolexecutor.py) -----
 
 def test_a_pool_seat_is_what_secede_and_rejoin_use():
     """threadpoolexecutor.secede removes the thread from the executor's
@@ -211,7 +318,7 @@ def test_a_pool_seat_is_what_secede_and_rejoin_use():
         event.set()
 
     def run():
-        pv.set_task_thread("k", 12.0, pv.PoolSeat(leave, join))
+        set_task_thread("k", 12.0, PoolSeat(leave, join))
         try:
             out["key"], out["start"] = worker.thread_state.key, worker.thread_state.start_time
             tpe.secede()
@@ -219,7 +326,7 @@ def test_a_pool_seat_is_what_secede_and_rejoin_use():
                 tpe.secede()
             tpe.rejoin()
         finally:
-            pv.set_task_thread(None)
+            set_task_thread(None)
         out["after"] = getattr(utils.thread_state, "key", None)
         out["executor"] = getattr(tpe.thread_state, "executor", None)
 
@@ -231,87 +338,39 @@ def test_a_pool_seat_is_what_secede_and_rejoin_use():
     assert worker.thread_state is utils.thread_state is worker_client.thread_state
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
-async def test_async_tasks_executing_lists_the_async_task(c, s, a):
-    async def async_task():
-        return pv.async_tasks_executing(get_worker())
-
-    assert await c.submit(async_task, key="async-task") == ["async-task"]
-
+# -- distributed.client (_internals/distributed/client.py) -----------------------------
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
-async def test_secede_from_loop_frees_the_slot_on_worker_and_scheduler(c, s, a):
-    ev = Event()
-
-    async def waits():
-        pv.secede_from_loop(get_worker(), "waits", 0.0)
-        await ev.wait()
-        return 1
-
-    fut = c.submit(waits, key="waits")
-    while not s.tasks.get("waits") or s.tasks["waits"] not in s.workers[a.address].long_running:
-        await asyncio.sleep(0.01)
-    assert a.state.tasks["waits"].state == "long-running"
-    # The slot is free: another task runs while it waits.
-    assert await c.submit(lambda: 2, key="other") == 2
-    await ev.set()
-    assert await fut == 1
+async def test_annotated_graph_gives_each_task_its_own_annotations(c, s, a):
+    graph = {"x": dp.Task("x", operator.add, 1, 1), "y": dp.Task("y", operator.add, 2, 2)}
+    hlg = annotated_graph(graph, {"x": {"retries": 2, "team": "red"}})
+    with dask.annotate(team="blue"):  # global ones lose to a layer's
+        fx, fy = c.get(hlg, ["x", "y"], sync=False)
+    assert await c.gather([fx, fy]) == [2, 4]
+    assert s.tasks["x"].annotations == {"retries": 2, "team": "red"}
+    assert s.tasks["x"].retries == 2
+    assert s.tasks["y"].annotations == {"team": "blue"}  # no None from dict.get
+    assert annotated_graph(graph, {}) is graph
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
-async def test_a_plugin_added_now_sees_every_transition(c, s, a):
-    seen = []
-
-    class Watch:
-        def transition(self, key, start, finish, **kwargs):
-            seen.append((key, finish))
-
-    plugin = pv.add_worker_plugin_now(a, "test-watch", Watch)
-    assert pv.add_worker_plugin_now(a, "test-watch", Watch) is plugin
-    assert pv.worker_plugin(a, "test-watch") is plugin
-    await c.submit(lambda: 1, key="watched")
-    assert ("watched", "memory") in seen
-
-
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
-async def test_default_executor_runs_tasks_and_fast_memory_holds_results(c, s, a):
-    assert pv.default_executor(a) is a.executors["default"]
-
-    def where():
-        return threading.current_thread().name
-
-    name = await c.submit(where, key="where")
-    assert "Dask-Default-Threads" in name
-    assert pv.fast_memory_value(a, "where") == name
-
-
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
-async def test_as_worker_makes_get_worker_answer(c, s, a):
-    with pytest.raises(ValueError):
-        get_worker()
-    with pv.as_worker(a):
-        assert get_worker() is a
-    with pytest.raises(ValueError):
-        get_worker()
-    assert not pv.worker_is_closing(a)
-
-
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
-async def test_worker_stream_messages_reach_a_scheduler_stream_handler(c, s, a):
-    got = asyncio.Event()
-    messages = []
-
-    def handler(worker=None, **msg):
-        messages.append((worker, msg))
-        got.set()
-
-    pv.add_handlers(s, stream={"test-worker-op": handler})
-    pv.send_on_worker_stream(a, {"op": "test-worker-op", "x": 1})
-    await asyncio.wait_for(got.wait(), 10)
-    assert messages == [(a.address, {"x": 1})]
-
-
-# -- distributed: client -------------------------------------------------------
+async def test_a_serialized_message_is_sent_as_client_compute_sends_its_expression(c, s, a):
+    # Client._graph_to_futures serializes to_serialize(expr); a Serialized
+    # one goes as it is (distributed.protocol.serialize), so it can be made
+    # in another thread; the dask.annotate in effect reaches every task.
+    da = pytest.importorskip("dask.array")
+    x = da.arange(8, chunks=2)
+    expr, keys = dp.finalized_together([x.sum()])
+    extra = {"out": dp.Task("out", operator.add, dp.TaskRef(keys[0]), 1)}
+    message = collections_message(expr, extra, [x.sum()])
+    assert type(message[0]).__name__ == "Serialized"
+    with dask.annotate(retries=2):
+        (fut,) = send_serialized(c, message, ["out"])
+    assert await fut == 29
+    assert s.tasks["out"].retries == 2
+    graph = {"y": dp.Task("y", operator.mul, 6, 7)}
+    (fut,) = send_serialized(c, serialized_graph(graph), ["y"])
+    assert await fut == 42
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
@@ -323,9 +382,9 @@ async def test_client_stream_is_ordered_with_graph_submissions(c, s, a):
         order.append((key, key in s.tasks))
         got.set()
 
-    pv.add_handlers(s, stream={"test-client-op": handler})
+    add_handlers(s, stream={"test-client-op": handler})
     fut = c.submit(lambda: 1, key="ordered")
-    pv.send_on_client_stream(c, {"op": "test-client-op", "key": "ordered"})
+    send_on_client_stream(c, {"op": "test-client-op", "key": "ordered"})
     await asyncio.wait_for(got.wait(), 10)
     assert order == [("ordered", True)]  # the graph arrived first
     await fut
@@ -341,14 +400,14 @@ async def test_get_in_order_gives_the_scheduler_its_order(c, s, a, monkeypatch):
     real = dask.order.order
     monkeypatch.setattr(dask.order, "order", lambda *a, **k: ordered.append(1) or real(*a, **k))
     graph = {"io-x": (operator.add, 1, 1), "io-y": (operator.mul, "io-x", 10)}
-    fy, fx = pv.get_in_order(c, graph, ["io-y", "io-x"])
+    fy, fx = get_in_order(c, graph, ["io-y", "io-x"])
     assert (fy.key, fx.key) == ("io-y", "io-x")
     assert await fy == 20 and await fx == 2
     assert s.tasks["io-x"].priority[-1] == 0 and s.tasks["io-y"].priority[-1] == 1
     assert not ordered
     # Annotated (a HighLevelGraph), as a coroutine's children may be.
-    annotated = pv.annotated_graph({"io-z": (operator.add, 2, 3)}, {"io-z": {"retries": 2}})
-    (fz,) = pv.get_in_order(c, annotated, ["io-z"])
+    annotated = annotated_graph({"io-z": (operator.add, 2, 3)}, {"io-z": {"retries": 2}})
+    (fz,) = get_in_order(c, annotated, ["io-z"])
     assert await fz == 5
     assert s.tasks["io-z"].retries == 2 and s.tasks["io-z"].priority[-1] == 0
     assert not ordered
@@ -369,44 +428,24 @@ async def test_flush_client_stream_sends_before_the_interval_ends(c, s, a):
         got.append(n)
         arrived.set()
 
-    pv.add_handlers(s, stream={"test-flush-op": handler})
+    add_handlers(s, stream={"test-flush-op": handler})
     c.scheduler_comm.interval = 3600
-    pv.send_on_client_stream(c, {"op": "test-flush-op", "n": 1})  # idle stream: sent now
+    send_on_client_stream(c, {"op": "test-flush-op", "n": 1})  # idle stream: sent now
     await asyncio.wait_for(arrived.wait(), 10)
     arrived.clear()
-    pv.send_on_client_stream(c, {"op": "test-flush-op", "n": 2})  # held for the hour
+    send_on_client_stream(c, {"op": "test-flush-op", "n": 2})  # held for the hour
     for _ in range(20):
         await asyncio.sleep(0)
     assert got == [1] and c.scheduler_comm.buffer
-    pv.flush_client_stream(c)
+    flush_client_stream(c)
     await asyncio.wait_for(arrived.wait(), 10)
     assert got == [1, 2]
     c.scheduler_comm.interval = 0.01
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
-async def test_send_to_worker_now_sends_before_the_interval_ends(c, s, a):
-    got = []
-    pv.add_handlers(a, stream={"test-op": lambda n, **kw: got.append(n)})
-    stream = s.stream_comms[a.address]
-    stream.interval = 3600
-    assert pv.send_to_worker(s, a.address, {"op": "test-op", "n": 1})
-    while not got:
-        await asyncio.sleep(0.01)
-    assert pv.send_to_worker(s, a.address, {"op": "test-op", "n": 2})
-    for _ in range(20):
-        await asyncio.sleep(0)
-    assert got == [1] and stream.buffer  # held for the hour
-    assert pv.send_to_worker(s, a.address, {"op": "test-op", "n": 3}, now=True)
-    while len(got) < 3:
-        await asyncio.sleep(0.01)
-    assert got == [1, 2, 3]  # in order, both sent by the flush
-    stream.interval = 0.005
-
-
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
 async def test_batch_interval_is_the_client_streams(c, s, a):
-    pv.set_batch_interval(c, 0.002)
+    set_batch_interval(c, 0.002)
     assert c.scheduler_comm.interval == 0.002
 
 
@@ -422,7 +461,7 @@ async def test_submitting_as_ranks_children_ahead_of_queued_work(c, s, a):
     p = c.submit(parent, key="parent")
     while "parent" not in s.tasks or s.tasks["parent"].state != "processing":
         await asyncio.sleep(0.01)
-    with pv.submitting_as("parent"):
+    with submitting_as("parent"):
         child = c.submit(lambda: 1, key="child")
     plain = c.submit(lambda: 1, key="plain")
     while "child" not in s.tasks or "plain" not in s.tasks:
@@ -432,63 +471,121 @@ async def test_submitting_as_ranks_children_ahead_of_queued_work(c, s, a):
     await asyncio.gather(p, child, plain)
 
 
-# -- distributed: scheduler ----------------------------------------------------
+@gen_cluster(client=True, nthreads=[("", 1)])
+async def test_future_in_memory_is_finished_and_gathers(c, s, a):
+    # A key put in a worker's memory and made known to the scheduler
+    # (Worker.update_data, Scheduler.update_data), as a stream's item is.
+    store_own_data(a, {"item-x": 42})
+    s.update_data(who_has={"item-x": [a.address]}, nbytes={"item-x": 28}, client="holder")
+    f = future_in_memory(c, "item-x")
+    assert f.status == "finished"
+    assert await c.gather(f) == 42
+    s.client_releases_keys(keys=["item-x"], client="holder")
 
+
+def test_blocking_client_calls_go_through_client_sync_and_the_worker_makes_its_client():
+    """seceding_waits relies on Worker._get_client (get_client() calls it and
+    makes the worker's client) and on every blocking call of a Client going
+    through its sync method (gather, Future.result, scatter)."""
+    import inspect
+
+    from distributed import Client, Future, Worker
+
+    assert callable(Worker._get_client)
+    assert "asynchronous" in inspect.signature(Client.sync).parameters
+    # What the grace of coro.secede-after does in Client.sync's place:
+    # distributed.utils.sync runs func on the client's loop, within
+    # callback_timeout, and says "timed out after ..." when it is over.
+    from distributed.utils import sync
+
+    assert "callback_timeout" in inspect.signature(Client.sync).parameters
+    assert "wait_for(awaitable, timeout)" in inspect.getsource(sync)
+    assert 'timed out after {timeout} s.' in inspect.getsource(sync)
+    for method in (Client.gather, Client.scatter, Future.result):
+        assert "self.sync(" in inspect.getsource(method) or "self.client.sync(" in inspect.getsource(method)
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_a_clients_loop_is_an_asyncio_loop_that_runs_its_calls(c, s, a):
+    """seceding_waits runs a blocking call's coroutine on the worker client's
+    loop (``Client.loop.asyncio_loop``), where Client.sync would."""
+    client = a._get_client()
+    await client
+    assert client.loop.asyncio_loop is asyncio.get_running_loop()
+
+
+@gen_cluster(client=True, client_kwargs={"set_as_default": False}, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)])
+async def test_workers_of_a_process_share_the_client_of_the_first_over_its_pool(c, s, a, b):
+    """own_scheduler_rpc relies on Worker._get_client handing the client the
+    worker's PooledRPCCall to the scheduler (Client.scheduler), making it the
+    process's default client, which the other workers adopt, and on its RPCs
+    failing once that worker's pool is closed."""
+    from distributed.core import PooledRPCCall
+
+    from dask_coro._internals.distributed.client import own_scheduler_rpc
+
+    client = a._get_client()
+    await client
+    assert b._get_client() is client  # adopted: the process's default
+    assert isinstance(client.scheduler, PooledRPCCall) and client.scheduler.pool is a.rpc
+    assert not own_scheduler_rpc(client, a)  # on a's own pool: left alone
+    await a.rpc.close()
+    with pytest.raises(RuntimeError, match="ConnectionPool is closed"):
+        await client.scheduler.identity()
+    assert own_scheduler_rpc(client, b)
+    assert client.scheduler.pool is client.rpc and not own_scheduler_rpc(client, b)
+    assert (await client.scheduler.identity())["type"] == "Scheduler"
+
+
+# -- distributed.scheduler (_internals/distributed/scheduler.py; batched.py) -----------
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 2)])
 async def test_idle_threads_counts_free_threads(c, s, a, b):
-    assert pv.idle_threads(s) == 3
+    assert idle_threads(s) == 3
     ev = Event()
 
     async def block():
         await ev.wait()
 
     futs = [c.submit(block, key=f"block-{i}") for i in range(2)]
-    while pv.idle_threads(s) > 1:
+    while idle_threads(s) > 1:
         await asyncio.sleep(0.01)
-    assert pv.idle_threads(s) == 1
+    assert idle_threads(s) == 1
     await ev.set()
     await asyncio.gather(*futs)
     with dask.config.set({"distributed.scheduler.worker-saturation": float("inf")}):
-        assert pv.idle_threads(s) >= 0  # the attribute is read either way
-
-
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
-async def test_stream_handlers_inline_plugin_wraps_are_plain_functions(c, s, a):
-    # InlinePlugin wraps them in a plain function, which handle_stream then
-    # calls without awaiting.
-    import inspect
-
-    for op in ("long-running", "worker-status-change"):
-        assert not inspect.iscoroutinefunction(s.stream_handlers[op]), op
+        assert idle_threads(s) >= 0  # the attribute is read either way
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
 async def test_send_to_worker_reaches_its_stream_handler(c, s, a):
     got = []
-    pv.add_handlers(a, stream={"test-op": lambda n, **kw: got.append(n)})
-    assert pv.send_to_worker(s, a.address, {"op": "test-op", "n": 3})
+    add_handlers(a, stream={"test-op": lambda n, **kw: got.append(n)})
+    assert send_to_worker(s, a.address, {"op": "test-op", "n": 3})
     while not got:
         await asyncio.sleep(0.01)
     assert got == [3]
-    assert not pv.send_to_worker(s, "tcp://127.0.0.1:1", {"op": "test-op", "n": 4})
+    assert not send_to_worker(s, "tcp://127.0.0.1:1", {"op": "test-op", "n": 4})
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
-async def test_wrap_stream_handler_wraps_update_graph_once(c, s, a):
-    calls = []
-
-    def wrap(handler):
-        async def wrapped(**kwargs):
-            calls.append(1)
-            return await handler(**kwargs)
-
-        return wrapped
-
-    pv.wrap_stream_handler(s, "update-graph", wrap, "_test_wrapped")
-    pv.wrap_stream_handler(s, "update-graph", wrap, "_test_wrapped")
-    assert await c.submit(lambda: 3, key="wrapped") == 3
-    assert calls == [1]
+async def test_send_to_worker_now_sends_before_the_interval_ends(c, s, a):
+    got = []
+    add_handlers(a, stream={"test-op": lambda n, **kw: got.append(n)})
+    stream = s.stream_comms[a.address]
+    stream.interval = 3600
+    assert send_to_worker(s, a.address, {"op": "test-op", "n": 1})
+    while not got:
+        await asyncio.sleep(0.01)
+    assert send_to_worker(s, a.address, {"op": "test-op", "n": 2})
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert got == [1] and stream.buffer  # held for the hour
+    assert send_to_worker(s, a.address, {"op": "test-op", "n": 3}, now=True)
+    while len(got) < 3:
+        await asyncio.sleep(0.01)
+    assert got == [1, 2, 3]  # in order, both sent by the flush
+    stream.interval = 0.005
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
@@ -502,7 +599,7 @@ async def test_stored_worker_plugin_is_given_to_joining_workers(c, s, a):
         def setup(self, worker):
             worker.marked = True
 
-    pv.store_worker_plugin(s, "test-mark", dumps(Mark()))
+    store_worker_plugin(s, "test-mark", dumps(Mark()))
     async with Worker(s.address, nthreads=1) as w:
         assert getattr(w, "marked", False)
 
@@ -515,7 +612,7 @@ async def test_fail_task_errs_a_parked_task_with_the_error(c, s, a):
     try:
         raise KeyError("failed on purpose")
     except KeyError as e:
-        pv.fail_task(s, "parked", e, "test-fail")
+        fail_task(s, "parked", e, "test-fail")
     with pytest.raises(KeyError, match="failed on purpose"):
         await fut
 
@@ -524,8 +621,8 @@ async def test_fail_task_errs_a_parked_task_with_the_error(c, s, a):
 async def test_forget_if_unused_forgets_only_released_unused_tasks(c, s, a):
     fut = c.submit(lambda: 1, key="used")
     await fut
-    assert not pv.forget_if_unused(s, "used", "test")  # in memory, wanted
-    assert not pv.forget_if_unused(s, "no-such-key", "test")
+    assert not forget_if_unused(s, "used", "test")  # in memory, wanted
+    assert not forget_if_unused(s, "no-such-key", "test")
 
 
 @gen_cluster(
@@ -539,11 +636,11 @@ async def test_alias_task_points_a_parked_task_at_a_target(c, s, a):
     await target
     while "alias" not in s.tasks or s.tasks["alias"].state != "no-worker":
         await asyncio.sleep(0.01)
-    assert pv.alias_task(s, s.tasks["alias"], s.tasks["target"], "test-alias") is None
+    assert alias_task(s, s.tasks["alias"], s.tasks["target"], "test-alias") is None
     assert await parked == 42
     assert isinstance(s.tasks["alias"].run_spec, dp.Alias)
     # A finished task cannot be re-pointed.
-    assert "cannot re-point" in pv.alias_task(s, s.tasks["alias"], s.tasks["target"], "t2")
+    assert "cannot re-point" in alias_task(s, s.tasks["alias"], s.tasks["target"], "t2")
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
@@ -561,11 +658,11 @@ async def test_remove_worker_counts_suspicion_that_adjust_suspicion_changes(c, s
         assert ts.suspicious == 0
         await s.remove_worker(b.address, stimulus_id="test")
         assert ts.suspicious == 1 and ts.prefix.suspicious == 1
-        pv.adjust_suspicion(ts, -1, prefix=-1)
+        adjust_suspicion(ts, -1, prefix=-1)
         assert ts.suspicious == 0 and ts.prefix.suspicious == 0
-        pv.adjust_suspicion(ts, -1, prefix=-1)  # a credit: below zero; the prefix not
+        adjust_suspicion(ts, -1, prefix=-1)  # a credit: below zero; the prefix not
         assert ts.suspicious == -1 and ts.prefix.suspicious == 0
-        pv.adjust_suspicion(ts, 1)
+        adjust_suspicion(ts, 1)
         await Event(ev_key, client=c).set()
         await c.cancel(fut)
 
@@ -578,14 +675,222 @@ async def test_a_scheduler_side_client_holds_keys_and_is_dropped(c, s, a):
     del fut
     await asyncio.sleep(0.2)
     assert s.tasks["held"].state == "memory"  # still wanted by the holder
-    pv.drop_client_state(s, "holder-x")
+    drop_client_state(s, "holder-x")
     assert "holder-x" in s.clients  # it still holds a key
     s.client_releases_keys(keys=["held"], client="holder-x", stimulus_id="test")
-    pv.drop_client_state(s, "holder-x")
+    drop_client_state(s, "holder-x")
     assert "holder-x" not in s.clients
     while "held" in s.tasks:
         await asyncio.sleep(0.01)
 
+
+# -- distributed.core: handlers (_internals/distributed/core.py) -----------------------
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_stream_handlers_inline_plugin_wraps_are_plain_functions(c, s, a):
+    # InlinePlugin wraps them in a plain function, which handle_stream then
+    # calls without awaiting.
+    import inspect
+
+    for op in ("long-running", "worker-status-change"):
+        assert not inspect.iscoroutinefunction(s.stream_handlers[op]), op
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_wrap_stream_handler_wraps_update_graph_once(c, s, a):
+    calls = []
+
+    def wrap(handler):
+        async def wrapped(**kwargs):
+            calls.append(1)
+            return await handler(**kwargs)
+
+        return wrapped
+
+    wrap_stream_handler(s, "update-graph", wrap, "_test_wrapped")
+    wrap_stream_handler(s, "update-graph", wrap, "_test_wrapped")
+    assert await c.submit(lambda: 3, key="wrapped") == 3
+    assert calls == [1]
+
+
+# -- distributed.collections: the scheduler's queue (_internals/distributed/collections.py) ---
+
+def test_queue_heap_keeps_discarded_tasks_and_drop_stale_queue_entries_cleans_it():
+    """``Scheduler.queued`` is a ``HeapSet`` of a set (``_data``) and a heap
+    of weak references (``_heap``); a discarded task stays in the heap, and
+    ``peek`` hands back an alive object equal to one in the set, the old one
+    (dask/distributed #7504). ``drop_stale_queue_entries`` keeps the entries
+    of the very objects in the set."""
+    from types import SimpleNamespace
+
+    from distributed.collections import HeapSet
+
+    class Task:  # compares and hashes by key, as TaskState does
+        def __init__(self, key, priority):
+            self.key, self.priority = key, priority
+
+        def __eq__(self, other):
+            return isinstance(other, Task) and other.key == self.key
+
+        def __hash__(self):
+            return hash(self.key)
+
+    s = SimpleNamespace(queued=HeapSet(key=lambda t: t.priority))
+    old, other = Task("x", 0), Task("y", 1)
+    s.queued.add(old)
+    s.queued.add(other)
+    s.queued.discard(old)  # released from the queue, not popped
+    new = Task("x", 2)  # the key queued again, the old object alive
+    s.queued.add(new)
+    assert queue_entries(s) == 3
+    assert s.queued.peek() is old  # the stale entry comes first
+    assert drop_stale_queue_entries(s) == 1 and queue_entries(s) == 2
+    assert s.queued.peek() is other and s.queued.pop() is other and s.queued.pop() is new
+    assert drop_stale_queue_entries(s) == 0
+
+
+# -- distributed.dashboard (_internals/distributed/dashboard.py) -----------------------
+
+@gen_cluster(
+    client=True, nthreads=[], scheduler_kwargs={"dashboard": True, "dashboard_address": "127.0.0.1:0", "http_prefix": "/p"}
+)
+async def test_dashboard_prefix_routes_navigation_and_frame(c, s):
+    from tornado import web
+    from tornado.httpclient import AsyncHTTPClient
+
+    assert dashboard_prefix(s) == "/p"  # the Bokeh app's prefix is the http_prefix
+
+    class Hello(web.RequestHandler):
+        def get(self):
+            self.finish(render_dashboard_page(s, '<p id="hello">hello</p>'))
+
+    add_http_routes(s, [("/p/dask-coro-hello", Hello, {})])  # added after the server started
+    add_dashboard_page(s, "dask-coro-hello")
+    add_dashboard_page(s, "dask-coro-hello")  # once
+    base = f"http://127.0.0.1:{s.http_server.port}/p"
+    hello = (await AsyncHTTPClient().fetch(f"{base}/dask-coro-hello")).body.decode()
+    assert '<p id="hello">hello</p>' in hello and "statics/css/base.css" in hello
+    # The navigation bar of this page and of the Bokeh pages, loaded now, lists it once.
+    status = (await AsyncHTTPClient().fetch(f"{base}/status")).body.decode()
+    for markup in (hello, status):
+        assert markup.count('<a href="dask-coro-hello">') == 1
+        assert markup.index('href="dask-coro-hello"') < markup.index('href="info"')
+
+
+@gen_cluster(client=True, nthreads=[])
+async def test_no_dashboard_prefix_without_a_dashboard(c, s):
+    assert s.http_server is not None  # the HTTP server runs (health, metrics), the dashboard not
+    assert dashboard_prefix(s) is None
+
+
+# -- resources lent by a waiting coroutine (worker_state_machine.py, scheduler.py) -----
+
+_GPU = {"GPU": 1}
+
+
+_VALIDATE = {"distributed.scheduler.validate": True, "distributed.worker.validate": True}
+
+
+def _seceded_holding(hold):
+    """A plain task that secedes (long-running, as a waiting coroutine is)
+    and waits: its resources stay its own (dask/distributed #6565)."""
+    from distributed import secede
+
+    secede()
+    Event(hold).wait(30)
+    return "held"
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1, {"resources": _GPU})], config=_VALIDATE)
+async def test_lend_and_take_move_a_long_running_tasks_resources_through_the_state_machine(c, s, a):
+    # Worker and scheduler validate their state after every step: the sum of
+    # available resources and those of executing | long_running tasks stays
+    # the total (WorkerState._validate_resources), whatever we lend or take.
+    p = c.submit(_seceded_holding, "hold", resources=_GPU, key="p")
+    while a.state.tasks.get("p") is None or a.state.tasks["p"].state != "long-running":
+        await asyncio.sleep(0.01)
+    assert a.state.available_resources == {"GPU": 0}  # seceding kept them
+    assert task_resources(a, "p") == _GPU
+    run_id, priority = task_run_id_priority(a, "p")
+    assert run_id == s.tasks["p"].run_id and isinstance(priority, tuple)
+    # A constrained task waits for the GPU; lending it lets it start at once
+    # (the event's handler runs _ensure_computing).
+    q = c.submit(_seceded_holding, "q-hold", resources=_GPU, key="q")
+    while a.state.tasks.get("q") is None or a.state.tasks["q"].state != "constrained":
+        await asyncio.sleep(0.01)
+    assert lend_resources(a, "p") == _GPU
+    assert a.state.tasks["p"].resource_restrictions == {}
+    while a.state.tasks["q"].state not in ("executing", "long-running"):
+        await asyncio.sleep(0.01)
+    assert lend_resources(a, "p") == {}  # nothing held: nothing lent twice
+    # Not free while q has it; free once q ended (_execute_done_common gives
+    # back q's resource_restrictions).
+    assert not take_resources(a, "p", _GPU)
+    await Event("q-hold").set()
+    assert await q == "held"
+    assert available_resources(a) == _GPU and total_resources(a) == _GPU
+    assert take_resources(a, "p", _GPU)
+    assert a.state.tasks["p"].resource_restrictions == _GPU and a.state.available_resources == {"GPU": 0}
+    assert not take_resources(a, "p", _GPU)  # holds them already
+    await Event("hold").set()
+    assert await p == "held"
+    assert a.state.available_resources == _GPU  # given back once, as it ended
+
+    # A task that ends while they are lent gives back nothing more.
+    p2 = c.submit(_seceded_holding, "hold2", resources=_GPU, key="p2")
+    while a.state.tasks.get("p2") is None or a.state.tasks["p2"].state != "long-running":
+        await asyncio.sleep(0.01)
+    assert lend_resources(a, "p2") == _GPU
+    await Event("hold2").set()
+    assert await p2 == "held"
+    assert a.state.available_resources == _GPU
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1, {"resources": _GPU})], config=_VALIDATE)
+async def test_a_cancelled_running_task_keeps_its_resource_restrictions_when_asked_for_again(c, s, a):
+    # WorkerState._handle_compute_task: a task cancelled while it runs keeps
+    # the resource_restrictions it had (so one lent stays lent, {}) when the
+    # scheduler asks for it again.
+    p = c.submit(_seceded_holding, "hold3", resources=_GPU, key="p3")
+    while a.state.tasks.get("p3") is None or a.state.tasks["p3"].state != "long-running":
+        await asyncio.sleep(0.01)
+    lend_resources(a, "p3")
+    await p.cancel()
+    while a.state.tasks["p3"].state != "cancelled":
+        await asyncio.sleep(0.01)
+    p = c.submit(_seceded_holding, "hold3", resources=_GPU, key="p3")
+    while a.state.tasks["p3"].state != "long-running":
+        await asyncio.sleep(0.01)
+    assert a.state.tasks["p3"].resource_restrictions == {}
+    assert take_resources(a, "p3", _GPU)
+    await Event("hold3").set()
+    assert await p == "held"
+    assert a.state.available_resources == _GPU
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1, {"resources": _GPU})], config=_VALIDATE)
+async def test_used_resources_count_processing_tasks_and_count_resources_adjusts_them(c, s, a):
+    p = c.submit(_seceded_holding, "hold4", resources=_GPU, key="p4")
+    while s.tasks.get("p4") is None or s.tasks["p4"] not in s.workers[a.address].long_running:
+        await asyncio.sleep(0.01)
+    # Scheduler.handle_long_running leaves used_resources alone.
+    assert used_resources(s, a.address) == _GPU
+    ts = s.tasks["p4"]
+    assert processing_task(s, "p4", a.address, ts.run_id) == (ts, s.workers[a.address])
+    assert processing_task(s, "p4", a.address, ts.run_id + 1) is None  # a stale run
+    assert processing_task(s, "p4", "tcp://elsewhere:1", ts.run_id) is None
+    count_resources(s, ts.processing_on, _GPU, used=False)
+    assert used_resources(s, a.address) == {"GPU": 0}
+    count_resources(s, ts.processing_on, _GPU, used=True)
+    assert used_resources(s, a.address) == _GPU
+    # Scheduler._exit_processing_common subtracts the task's restrictions as
+    # it leaves processing.
+    await Event("hold4").set()
+    assert await p == "held"
+    assert used_resources(s, a.address) == {"GPU": 0}
+
+
+# -- distributed's state-machine checks in the tests (--validate) ----------------------
 
 def _validates(dask_worker):
     return dask_worker.state.validate
@@ -626,234 +931,7 @@ async def test_gen_cluster_validates_in_every_pass(c, s, a, b):
     assert s.validate and a.state.validate and b.state.validate
 
 
-# -- the scheduler's dashboard ---------------------------------------------------
-
-
-@gen_cluster(
-    client=True, nthreads=[], scheduler_kwargs={"dashboard": True, "dashboard_address": "127.0.0.1:0", "http_prefix": "/p"}
-)
-async def test_dashboard_prefix_routes_navigation_and_frame(c, s):
-    from tornado import web
-    from tornado.httpclient import AsyncHTTPClient
-
-    assert pv.dashboard_prefix(s) == "/p"  # the Bokeh app's prefix is the http_prefix
-
-    class Hello(web.RequestHandler):
-        def get(self):
-            self.finish(pv.render_dashboard_page(s, '<p id="hello">hello</p>'))
-
-    pv.add_http_routes(s, [("/p/dask-coro-hello", Hello, {})])  # added after the server started
-    pv.add_dashboard_page(s, "dask-coro-hello")
-    pv.add_dashboard_page(s, "dask-coro-hello")  # once
-    base = f"http://127.0.0.1:{s.http_server.port}/p"
-    hello = (await AsyncHTTPClient().fetch(f"{base}/dask-coro-hello")).body.decode()
-    assert '<p id="hello">hello</p>' in hello and "statics/css/base.css" in hello
-    # The navigation bar of this page and of the Bokeh pages, loaded now, lists it once.
-    status = (await AsyncHTTPClient().fetch(f"{base}/status")).body.decode()
-    for markup in (hello, status):
-        assert markup.count('<a href="dask-coro-hello">') == 1
-        assert markup.index('href="dask-coro-hello"') < markup.index('href="info"')
-
-
-@gen_cluster(client=True, nthreads=[])
-async def test_no_dashboard_prefix_without_a_dashboard(c, s):
-    assert s.http_server is not None  # the HTTP server runs (health, metrics), the dashboard not
-    assert pv.dashboard_prefix(s) is None
-
-
-def test_queue_heap_keeps_discarded_tasks_and_drop_stale_queue_entries_cleans_it():
-    """``Scheduler.queued`` is a ``HeapSet`` of a set (``_data``) and a heap
-    of weak references (``_heap``); a discarded task stays in the heap, and
-    ``peek`` hands back an alive object equal to one in the set, the old one
-    (dask/distributed #7504). ``drop_stale_queue_entries`` keeps the entries
-    of the very objects in the set."""
-    from types import SimpleNamespace
-
-    from distributed.collections import HeapSet
-
-    class Task:  # compares and hashes by key, as TaskState does
-        def __init__(self, key, priority):
-            self.key, self.priority = key, priority
-
-        def __eq__(self, other):
-            return isinstance(other, Task) and other.key == self.key
-
-        def __hash__(self):
-            return hash(self.key)
-
-    s = SimpleNamespace(queued=HeapSet(key=lambda t: t.priority))
-    old, other = Task("x", 0), Task("y", 1)
-    s.queued.add(old)
-    s.queued.add(other)
-    s.queued.discard(old)  # released from the queue, not popped
-    new = Task("x", 2)  # the key queued again, the old object alive
-    s.queued.add(new)
-    assert pv.queue_entries(s) == 3
-    assert s.queued.peek() is old  # the stale entry comes first
-    assert pv.drop_stale_queue_entries(s) == 1 and pv.queue_entries(s) == 2
-    assert s.queued.peek() is other and s.queued.pop() is other and s.queued.pop() is new
-    assert pv.drop_stale_queue_entries(s) == 0
-
-
-def test_blocking_client_calls_go_through_client_sync_and_the_worker_makes_its_client():
-    """seceding_waits relies on Worker._get_client (get_client() calls it and
-    makes the worker's client) and on every blocking call of a Client going
-    through its sync method (gather, Future.result, scatter)."""
-    import inspect
-
-    from distributed import Client, Future, Worker
-
-    assert callable(Worker._get_client)
-    assert "asynchronous" in inspect.signature(Client.sync).parameters
-    # What the grace of coro.secede-after does in Client.sync's place:
-    # distributed.utils.sync runs func on the client's loop, within
-    # callback_timeout, and says "timed out after ..." when it is over.
-    from distributed.utils import sync
-
-    assert "callback_timeout" in inspect.signature(Client.sync).parameters
-    assert "wait_for(awaitable, timeout)" in inspect.getsource(sync)
-    assert 'timed out after {timeout} s.' in inspect.getsource(sync)
-    for method in (Client.gather, Client.scatter, Future.result):
-        assert "self.sync(" in inspect.getsource(method) or "self.client.sync(" in inspect.getsource(method)
-
-
-@gen_cluster(client=True, client_kwargs={"set_as_default": False}, nthreads=[("127.0.0.1", 1), ("127.0.0.1", 1)])
-async def test_workers_of_a_process_share_the_client_of_the_first_over_its_pool(c, s, a, b):
-    """own_scheduler_rpc relies on Worker._get_client handing the client the
-    worker's PooledRPCCall to the scheduler (Client.scheduler), making it the
-    process's default client, which the other workers adopt, and on its RPCs
-    failing once that worker's pool is closed."""
-    from distributed.core import PooledRPCCall
-
-    from dask_coro._internals.distributed_private import own_scheduler_rpc
-
-    client = a._get_client()
-    await client
-    assert b._get_client() is client  # adopted: the process's default
-    assert isinstance(client.scheduler, PooledRPCCall) and client.scheduler.pool is a.rpc
-    assert not own_scheduler_rpc(client, a)  # on a's own pool: left alone
-    await a.rpc.close()
-    with pytest.raises(RuntimeError, match="ConnectionPool is closed"):
-        await client.scheduler.identity()
-    assert own_scheduler_rpc(client, b)
-    assert client.scheduler.pool is client.rpc and not own_scheduler_rpc(client, b)
-    assert (await client.scheduler.identity())["type"] == "Scheduler"
-
-
-# -- resources lent by a waiting coroutine ------------------------------------------
-
-_GPU = {"GPU": 1}
-_VALIDATE = {"distributed.scheduler.validate": True, "distributed.worker.validate": True}
-
-
-def _seceded_holding(hold):
-    """A plain task that secedes (long-running, as a waiting coroutine is)
-    and waits: its resources stay its own (dask/distributed #6565)."""
-    from distributed import secede
-
-    secede()
-    Event(hold).wait(30)
-    return "held"
-
-
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1, {"resources": _GPU})], config=_VALIDATE)
-async def test_lend_and_take_move_a_long_running_tasks_resources_through_the_state_machine(c, s, a):
-    # Worker and scheduler validate their state after every step: the sum of
-    # available resources and those of executing | long_running tasks stays
-    # the total (WorkerState._validate_resources), whatever we lend or take.
-    p = c.submit(_seceded_holding, "hold", resources=_GPU, key="p")
-    while a.state.tasks.get("p") is None or a.state.tasks["p"].state != "long-running":
-        await asyncio.sleep(0.01)
-    assert a.state.available_resources == {"GPU": 0}  # seceding kept them
-    assert pv.task_resources(a, "p") == _GPU
-    run_id, priority = pv.task_run_id_priority(a, "p")
-    assert run_id == s.tasks["p"].run_id and isinstance(priority, tuple)
-    # A constrained task waits for the GPU; lending it lets it start at once
-    # (the event's handler runs _ensure_computing).
-    q = c.submit(_seceded_holding, "q-hold", resources=_GPU, key="q")
-    while a.state.tasks.get("q") is None or a.state.tasks["q"].state != "constrained":
-        await asyncio.sleep(0.01)
-    assert pv.lend_resources(a, "p") == _GPU
-    assert a.state.tasks["p"].resource_restrictions == {}
-    while a.state.tasks["q"].state not in ("executing", "long-running"):
-        await asyncio.sleep(0.01)
-    assert pv.lend_resources(a, "p") == {}  # nothing held: nothing lent twice
-    # Not free while q has it; free once q ended (_execute_done_common gives
-    # back q's resource_restrictions).
-    assert not pv.take_resources(a, "p", _GPU)
-    await Event("q-hold").set()
-    assert await q == "held"
-    assert pv.available_resources(a) == _GPU and pv.total_resources(a) == _GPU
-    assert pv.take_resources(a, "p", _GPU)
-    assert a.state.tasks["p"].resource_restrictions == _GPU and a.state.available_resources == {"GPU": 0}
-    assert not pv.take_resources(a, "p", _GPU)  # holds them already
-    await Event("hold").set()
-    assert await p == "held"
-    assert a.state.available_resources == _GPU  # given back once, as it ended
-
-    # A task that ends while they are lent gives back nothing more.
-    p2 = c.submit(_seceded_holding, "hold2", resources=_GPU, key="p2")
-    while a.state.tasks.get("p2") is None or a.state.tasks["p2"].state != "long-running":
-        await asyncio.sleep(0.01)
-    assert pv.lend_resources(a, "p2") == _GPU
-    await Event("hold2").set()
-    assert await p2 == "held"
-    assert a.state.available_resources == _GPU
-
-
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1, {"resources": _GPU})], config=_VALIDATE)
-async def test_a_cancelled_running_task_keeps_its_resource_restrictions_when_asked_for_again(c, s, a):
-    # WorkerState._handle_compute_task: a task cancelled while it runs keeps
-    # the resource_restrictions it had (so one lent stays lent, {}) when the
-    # scheduler asks for it again.
-    p = c.submit(_seceded_holding, "hold3", resources=_GPU, key="p3")
-    while a.state.tasks.get("p3") is None or a.state.tasks["p3"].state != "long-running":
-        await asyncio.sleep(0.01)
-    pv.lend_resources(a, "p3")
-    await p.cancel()
-    while a.state.tasks["p3"].state != "cancelled":
-        await asyncio.sleep(0.01)
-    p = c.submit(_seceded_holding, "hold3", resources=_GPU, key="p3")
-    while a.state.tasks["p3"].state != "long-running":
-        await asyncio.sleep(0.01)
-    assert a.state.tasks["p3"].resource_restrictions == {}
-    assert pv.take_resources(a, "p3", _GPU)
-    await Event("hold3").set()
-    assert await p == "held"
-    assert a.state.available_resources == _GPU
-
-
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1, {"resources": _GPU})], config=_VALIDATE)
-async def test_used_resources_count_processing_tasks_and_count_resources_adjusts_them(c, s, a):
-    p = c.submit(_seceded_holding, "hold4", resources=_GPU, key="p4")
-    while s.tasks.get("p4") is None or s.tasks["p4"] not in s.workers[a.address].long_running:
-        await asyncio.sleep(0.01)
-    # Scheduler.handle_long_running leaves used_resources alone.
-    assert pv.used_resources(s, a.address) == _GPU
-    ts = s.tasks["p4"]
-    assert pv.processing_task(s, "p4", a.address, ts.run_id) == (ts, s.workers[a.address])
-    assert pv.processing_task(s, "p4", a.address, ts.run_id + 1) is None  # a stale run
-    assert pv.processing_task(s, "p4", "tcp://elsewhere:1", ts.run_id) is None
-    pv.count_resources(s, ts.processing_on, _GPU, used=False)
-    assert pv.used_resources(s, a.address) == {"GPU": 0}
-    pv.count_resources(s, ts.processing_on, _GPU, used=True)
-    assert pv.used_resources(s, a.address) == _GPU
-    # Scheduler._exit_processing_common subtracts the task's restrictions as
-    # it leaves processing.
-    await Event("hold4").set()
-    assert await p == "held"
-    assert pv.used_resources(s, a.address) == {"GPU": 0}
-
-
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
-async def test_a_clients_loop_is_an_asyncio_loop_that_runs_its_calls(c, s, a):
-    """seceding_waits runs a blocking call's coroutine on the worker client's
-    loop (``Client.loop.asyncio_loop``), where Client.sync would."""
-    client = a._get_client()
-    await client
-    assert client.loop.asyncio_loop is asyncio.get_running_loop()
-# -- what a task's error becomes (runtime/errors.py) ----------------------------
-
+# -- what a task's error becomes (runtime/errors.py) -----------------------------------
 
 class _Unpicklable(Exception):
     def __init__(self, message):
@@ -920,13 +998,3 @@ def test_task_error_of_stop_iteration_is_what_a_client_raises():
     ours = task_error(StopIteration(1))
     assert (type(ours), ours.args) == (type(info.value), info.value.args)
     assert type(ours.__cause__) is type(info.value.__cause__) is StopIteration
-@gen_cluster(client=True, nthreads=[("", 1)])
-async def test_future_in_memory_is_finished_and_gathers(c, s, a):
-    # A key put in a worker's memory and made known to the scheduler
-    # (Worker.update_data, Scheduler.update_data), as a stream's item is.
-    pv.store_own_data(a, {"item-x": 42})
-    s.update_data(who_has={"item-x": [a.address]}, nbytes={"item-x": 28}, client="holder")
-    f = pv.future_in_memory(c, "item-x")
-    assert f.status == "finished"
-    assert await c.gather(f) == 42
-    s.client_releases_keys(keys=["item-x"], client="holder")

@@ -64,3 +64,26 @@ def test_extras_name_what_the_demo_says():
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert extras["shm"] == ["numpy"] and extras["dashboard"] == ["bokeh>=3.1.0"]
     assert any(r.startswith("build") for r in extras["release"])  # CI builds with it
+
+
+def _assigned(path: pathlib.Path, name: str):
+    """The literal value a module assigns to ``name`` at its top level."""
+    import ast
+
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{path.name} assigns no {name}")
+
+
+def test_every_benchmark_script_is_run_by_the_driver():
+    """Each benchmarks/bench_*.py and profile_*.py is one of the scripts
+    run_all.py runs (MODULES), or named in its NOT_RUN with the reason: a
+    script outside the driver is not measured, and rots unseen."""
+    driver = ROOT / "benchmarks" / "run_all.py"
+    modules, not_run = _assigned(driver, "MODULES"), _assigned(driver, "NOT_RUN")
+    scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem.startswith(("bench_", "profile_"))}
+    assert scripts - set(modules) - set(not_run) == set()
+    assert set(modules) | set(not_run) <= scripts  # nothing listed that is gone
+    assert not set(modules) & set(not_run)
+    assert len(modules) == len(set(modules))

@@ -377,7 +377,7 @@ def drives_first(handle, x):
 async def test_a_promise_resolved_while_its_creation_is_in_flight(c, s, a, b):
     # The check waits for the client's own stream, not for a timeout: with
     # the stream slow, the creation and earlier rewirings still arrive first.
-    from dask_coro._internals.distributed_private import set_batch_interval
+    from dask_coro._internals.distributed.client import set_batch_interval
 
     set_batch_interval(c, 0.3)
 
@@ -472,7 +472,7 @@ async def test_two_resolves_racing_into_a_cycle_fail_rather_than_hang(c, s, a, b
     # Both checks pass before either rewiring arrives (done here by hand, as
     # two clients' streams could): the second rewiring to arrive closes the
     # loop, is refused on the scheduler, and the promises fail.
-    from dask_coro._internals.distributed_private import send_on_client_stream
+    from dask_coro._internals.distributed.client import send_on_client_stream
 
     p1, p2 = [await asyncio_to(Promise) for _ in range(2)]
     await async_poll_for(lambda: p1.key in s.tasks and p2.key in s.tasks, timeout=10)
@@ -496,7 +496,7 @@ async def test_a_re_pointing_racing_into_a_cycle_is_refused_to_its_resolver(c, s
     # resolved with Y (depending on p), both granted before either arrives.
     # The re-pointing arrives second: refused, and ``applied``, which T waits
     # in, says why (resolve_with raises it in T, and p fails with T).
-    from dask_coro._internals.distributed_private import send_on_client_stream
+    from dask_coro._internals.distributed.client import send_on_client_stream
 
     p, p2 = [await asyncio_to(Promise) for _ in range(2)]
     ev = Event()

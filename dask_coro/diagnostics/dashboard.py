@@ -28,13 +28,13 @@ from typing import Any
 
 from tornado import web
 
-from .._internals.distributed_private import (
+from .._internals.distributed.dashboard import (
     add_dashboard_page,
     add_http_routes,
     dashboard_prefix,
     render_dashboard_page,
-    scheduler_plugin,
 )
+from .._internals.distributed.scheduler import scheduler_plugin
 from . import page
 
 logger = logging.getLogger("dask_coro")

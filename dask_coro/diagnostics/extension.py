@@ -70,7 +70,7 @@ def _send_calls(run: Run, reported: dict[str, tuple[int, int, int]]) -> None:
     started: a stream message nobody handles would close the stream)."""
     from dask.utils import funcname
 
-    from .._internals import distributed_private as private
+    from .._internals.distributed.worker import scheduler_stream_open, send_on_worker_stream
     from ..core.localize import evaluate
 
     totals: dict[str, tuple[int, int, int]] = {}
@@ -85,10 +85,10 @@ def _send_calls(run: Run, reported: dict[str, tuple[int, int, int]]) -> None:
         before = reported.get(name, (0, 0, 0))
         if now != before:
             delta[name] = [a - b for a, b in zip(now, before, strict=True)]
-    if not delta or not private.scheduler_stream_open(run.worker):
+    if not delta or not scheduler_stream_open(run.worker):
         return
     reported.update(totals)
-    private.send_on_worker_stream(run.worker, {"op": CALLS_OP, "key": run.key, "calls": delta})
+    send_on_worker_stream(run.worker, {"op": CALLS_OP, "key": run.key, "calls": delta})
 
 
 TREE = register(TreeExtension())

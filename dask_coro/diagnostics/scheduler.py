@@ -21,7 +21,8 @@ from dask.typing import Key
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _config
-from .._internals.distributed_private import add_handlers, drop_stale_queue_entries
+from .._internals.distributed.collections import drop_stale_queue_entries
+from .._internals.distributed.core import add_handlers
 from ..runtime.extensions import children_by_parent
 from . import dashboard
 from .book import CALLS_OP, TreeBook

@@ -32,14 +32,15 @@ class DurableExtension(Extension):
         return DurablePlugin()
 
     def run_left(self, run: Run) -> None:
-        from .._internals import distributed_private as private
+        from .._internals.distributed.client import send_on_client_stream
+        from .._internals.distributed.worker import worker_is_closing
         from .scheduler import RUN_LEFT
 
         client = run.client
-        if client is None or not private.worker_is_closing(run.worker):
+        if client is None or not worker_is_closing(run.worker):
             return
         try:
-            private.send_on_client_stream(client, {"op": RUN_LEFT, "key": run.key, "address": run.worker.address})
+            send_on_client_stream(client, {"op": RUN_LEFT, "key": run.key, "address": run.worker.address})
         except Exception as e:  # the client closed first: it sends no release either
             logger.debug("coroutine %r: %s not sent: %r", run.key, RUN_LEFT, e)
 

@@ -43,7 +43,8 @@ from dask.typing import Key
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _config
-from .._internals import distributed_private as private
+from .._internals.distributed.core import add_handlers, wrap_stream_handler
+from .._internals.distributed.scheduler import adjust_suspicion, drop_client_state
 from ..runtime.extensions import children_by_parent
 from .book import UNFINISHED, HoldBook
 from .budget import HoldBudget
@@ -105,10 +106,10 @@ class DurablePlugin(SchedulerPlugin):
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
-        private.wrap_stream_handler(scheduler, "client-releases-keys", self._then_released, "_dask_coro_durable")
-        private.wrap_stream_handler(scheduler, "cancel-keys", self._cancelling_first, "_dask_coro_durable")
-        private.wrap_stream_handler(scheduler, "client-desires-keys", self._late_fire_and_forget, "_dask_coro_durable")
-        private.add_handlers(
+        wrap_stream_handler(scheduler, "client-releases-keys", self._then_released, "_dask_coro_durable")
+        wrap_stream_handler(scheduler, "cancel-keys", self._cancelling_first, "_dask_coro_durable")
+        wrap_stream_handler(scheduler, "client-desires-keys", self._late_fire_and_forget, "_dask_coro_durable")
+        add_handlers(
             scheduler,
             rpc={GROUP_REPLAY: self._group_replay},
             stream={RUN_LEFT: self._run_left, GROUP_LOG: self._group_log},
@@ -212,7 +213,7 @@ class DurablePlugin(SchedulerPlugin):
                 self.credited.discard(parent)
                 ts = scheduler.tasks.get(parent)
                 if ts is not None:
-                    private.adjust_suspicion(ts, 0, prefix=-1)
+                    adjust_suspicion(ts, 0, prefix=-1)
                 self.forgiven += 1
                 self._credit(parent)  # still waiting on children of its own
 
@@ -393,7 +394,7 @@ class DurablePlugin(SchedulerPlugin):
         if self.book.waiting(parent):
             if parent not in self.credited and ts.state not in _ENDED:
                 self.credited.add(parent)
-                private.adjust_suspicion(ts, -1)
+                adjust_suspicion(ts, -1)
         else:
             self._uncredit(parent)
 
@@ -402,7 +403,7 @@ class DurablePlugin(SchedulerPlugin):
             self.credited.discard(parent)
             ts = self.scheduler.tasks.get(parent)
             if ts is not None:
-                private.adjust_suspicion(ts, 1)
+                adjust_suspicion(ts, 1)
 
     def _let_go_of(self, parent: Key, child: Key) -> None:
         s = self.scheduler
@@ -422,4 +423,4 @@ class DurablePlugin(SchedulerPlugin):
         keys = [k for k in children if k in s.tasks]
         if keys:
             s.client_releases_keys(keys=keys, client=client, stimulus_id=f"dask-coro-let-go-{parent}")
-        private.drop_client_state(s, client)
+        drop_client_state(s, client)

@@ -122,9 +122,9 @@ class ClientBackend:
     async def _first(self, timeout: float | None) -> None:
         """Until a started child's future or a stream's round is done;
         ``TimeoutError`` after ``timeout`` seconds."""
-        from .._internals import distributed_private as private
+        from .._internals.distributed.client import future_settled
 
-        settled: list[asyncio.Future[Any]] = [private.future_settled(f) for fs in self.futures.values() for f in fs]
+        settled: list[asyncio.Future[Any]] = [future_settled(f) for fs in self.futures.values() for f in fs]
         rounds: list[asyncio.Future[Any]] = [asyncio.wrap_future(r) for r in self.rounds.values()]
         try:
             done, _ = await asyncio.wait([*settled, *rounds], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _config
 from .._exceptions import BaseExceptionError
-from .._internals import distributed_private as private
+from .._internals.distributed.client import future_settled, send_on_client_stream
 from ..core.engine import NOT_DONE
 from ..core.structure import Structure
 from ..durability.scheduler import GROUP_LOG
@@ -159,7 +159,7 @@ class WorkerBackend:
     async def _log(self, index: int | None = None, deadline: float | None = None) -> None:
         client = await self.run.submitting_client()
         msg = {"op": GROUP_LOG, "key": self.run.key, "group": self.ident[2], "index": index, "deadline": deadline}
-        private.send_on_client_stream(client, msg)
+        send_on_client_stream(client, msg)
 
     def _arm(self) -> None:
         deadline = self.group.deadline
@@ -320,7 +320,7 @@ class WorkerBackend:
         the loop, as a yield gathers its children, not one each."""
         try:
             if len(futures) == 1:
-                await private.future_settled(futures[0])
+                await future_settled(futures[0])
             else:
                 await _settled(futures)
         except asyncio.CancelledError:
@@ -466,7 +466,7 @@ class WorkerBackend:
 async def _settled(futures: list[Future]) -> None:
     """Until the client hears that every one of ``futures`` ended, or that
     one of them failed (its error is the child's: a yield raises the first)."""
-    waiting = {private.future_settled(f): f for f in futures}
+    waiting = {future_settled(f): f for f in futures}
     try:
         while waiting:
             done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)

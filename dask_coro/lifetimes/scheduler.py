@@ -31,7 +31,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
 from .._config import get_timedelta
-from .._internals import distributed_private as private
+from .._internals.distributed.core import add_handlers, wrap_stream_handler
+from .._internals.distributed.scheduler import store_worker_plugin
 from .handles import shm_as_handles
 from .ledger import Ledger, Origin
 from .worker import LifetimesWorkerPlugin
@@ -71,7 +72,7 @@ class LifetimesPlugin(SchedulerPlugin):
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
-        private.add_handlers(
+        add_handlers(
             scheduler,
             rpc={
                 "dask_coro_tie": self.handle_tie,
@@ -85,7 +86,7 @@ class LifetimesPlugin(SchedulerPlugin):
         # Stored before we yield so a worker joining meanwhile gets it too
         # (Scheduler.add_worker sends ``worker_plugins`` with its answer).
         plugin = dumps(LifetimesWorkerPlugin(token=scheduler.id))
-        private.store_worker_plugin(scheduler, LifetimesWorkerPlugin.name, plugin)
+        store_worker_plugin(scheduler, LifetimesWorkerPlugin.name, plugin)
         self._ready = asyncio.ensure_future(
             scheduler.broadcast(
                 msg={"op": "plugin-add", "plugin": plugin, "name": LifetimesWorkerPlugin.name},
@@ -252,7 +253,7 @@ def keep_handles(scheduler: Any) -> None:
 
         return update_graph
 
-    private.wrap_stream_handler(scheduler, "update-graph", wrap, "_dask_coro_keeps_handles")
+    wrap_stream_handler(scheduler, "update-graph", wrap, "_dask_coro_keeps_handles")
 
 
 def _host_of(address: str) -> str:

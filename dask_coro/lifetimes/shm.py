@@ -339,11 +339,11 @@ def _host_copy(origin: str, data: Any) -> _Segment | None:
             return _map(name, managed=True, origin=origin)
         except FileNotFoundError:
             pass
-    from .._internals import distributed_private as private
+    from .._internals.distributed.worker import worker_of_this_process, worker_plugin
     from .worker import NAME
 
-    worker = private.worker_of_this_process()
-    plugin = private.worker_plugin(worker, NAME) if worker is not None else None
+    worker = worker_of_this_process()
+    plugin = worker_plugin(worker, NAME) if worker is not None else None
     if plugin is None or not plugin.ready() or not os.path.isdir(_SHM_DIR):
         return None  # no host registry to record the release in: a private copy
     name = copy_name(origin)

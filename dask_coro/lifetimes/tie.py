@@ -21,7 +21,8 @@ from distributed.utils import sync
 
 from .._context import current_key, on_event_loop
 from .._exceptions import DaskCoroError, NotInTaskError
-from .._internals import distributed_private as private
+from .._internals.distributed.worker import worker_plugin
+from .._internals.distributed.worker_state_machine import worker_knows
 from .scheduler import LifetimesPlugin
 from .worker import NAME, LifetimesWorkerPlugin
 
@@ -117,7 +118,7 @@ def _tie(
         if new:  # nobody will ask for it
             plugin.forget_record(rid)
         raise
-    if private.worker_knows(worker, key):
+    if worker_knows(worker, key):
         plugin.sent_ties.setdefault(key, set()).add(rid)
     return bool(answer["alive"])
 
@@ -129,7 +130,7 @@ async def hold_segments(worker: Any, key: Key, value: Any) -> None:
     shm = sys.modules.get("dask_coro.lifetimes.shm")
     if shm is None or not shm.any_attached():
         return
-    plugin = private.worker_plugin(worker, NAME)
+    plugin = worker_plugin(worker, NAME)
     sent = plugin.sent_ties.setdefault(key, set()) if plugin is not None else set()
     rids = shm.segments_in(value) - sent
     if rids:
@@ -162,7 +163,7 @@ def _sync(on: Any, func: Callable[..., Any], **kwargs: Any) -> Any:
 def ensure_installed(worker: Any) -> LifetimesWorkerPlugin:
     """This worker's plugin, installing the scheduler plugin on first use
     (one round trip; ``register_scheduler_plugin`` is idempotent)."""
-    plugin = private.worker_plugin(worker, NAME)
+    plugin = worker_plugin(worker, NAME)
     if isinstance(plugin, LifetimesWorkerPlugin) and plugin.ready():
         return plugin
 
@@ -171,11 +172,11 @@ def ensure_installed(worker: Any) -> LifetimesWorkerPlugin:
             plugin=dumps(LifetimesPlugin()), name=LifetimesPlugin.name, idempotent=True
         )
         answer = await worker.scheduler.dask_coro_lifetimes_ready()
-        plugin = private.worker_plugin(worker, NAME)
+        plugin = worker_plugin(worker, NAME)
         if not isinstance(plugin, LifetimesWorkerPlugin) or not plugin.ready():
             # The scheduler's broadcast missed us (it ignores errors): add it here.
             await worker.plugin_add(LifetimesWorkerPlugin(token=answer["token"]), name=NAME)
 
     _sync(worker, install)
-    out: LifetimesWorkerPlugin = private.worker_plugin(worker, NAME)
+    out: LifetimesWorkerPlugin = worker_plugin(worker, NAME)
     return out

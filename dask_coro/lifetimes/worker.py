@@ -20,7 +20,14 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.utils import offload
 
 from .._config import get_timedelta
-from .._internals import distributed_private as private
+from .._internals.distributed.core import add_handlers, wrap_rpc_handler
+from .._internals.distributed.worker import (
+    as_worker,
+    fast_memory_value,
+    scheduler_stream_open,
+    send_on_worker_stream,
+    worker_is_closing,
+)
 from .handles import recipient_host
 from .registry import (
     file_name,
@@ -57,19 +64,19 @@ class LifetimesWorkerPlugin(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
-        private.add_handlers(worker, rpc={"dask_coro_release": self.release})
+        add_handlers(worker, rpc={"dask_coro_release": self.release})
         # Shared arrays sent to another host travel as bytes (lifetimes.shm).
-        private.wrap_rpc_handler(worker, "get_data", _naming_the_recipient(worker), mark="_dask_coro_recipient")
+        wrap_rpc_handler(worker, "get_data", _naming_the_recipient(worker), mark="_dask_coro_recipient")
 
     async def teardown(self, worker: Any) -> None:
         # The release handler stays: a closing worker is still on the
         # scheduler's list and may be handed a release until it has left (a
         # replacing plugin's setup takes the handler over).
-        if not private.worker_is_closing(worker):
+        if not worker_is_closing(worker):
             return  # replaced by a new registration, not closing
         # Read outside the try: a bad setting is an error, not a slow scheduler.
         timeout = get_timedelta("coro.lifetimes.leave-timeout")
-        if not private.scheduler_stream_open(worker):
+        if not scheduler_stream_open(worker):
             # The scheduler is gone (its stream broke, which is why we close):
             # nobody will name our releases. If nothing listens at its address
             # any more, run what this host's registry owes for it, and go.
@@ -107,7 +114,7 @@ class LifetimesWorkerPlugin(WorkerPlugin):
     async def release(self, rids: list[str]) -> None:
         # get_worker() works in a release, as in a task (offload copies the
         # context).
-        with private.as_worker(self.worker):
+        with as_worker(self.worker):
             for rid in rids:
                 await offload(self._release_one, rid)
 
@@ -126,7 +133,7 @@ class LifetimesWorkerPlugin(WorkerPlugin):
             shm = sys.modules.get("dask_coro.lifetimes.shm")
             if shm is None or not shm.any_attached():
                 return
-            value = private.fast_memory_value(self.worker, key)
+            value = fast_memory_value(self.worker, key)
             rids = shm.segments_in(value) - self.sent_ties.get(key, set())
             if rids:
                 self.sent_ties.setdefault(key, set()).update(rids)
@@ -134,7 +141,7 @@ class LifetimesWorkerPlugin(WorkerPlugin):
                 # worker sends after its transition hooks ran
                 # (WorkerState._transition -> _notify_plugins, then
                 # Worker._handle_instructions).
-                private.send_on_worker_stream(
+                send_on_worker_stream(
                     self.worker, {"op": "dask-coro-tie", "rids": sorted(rids), "key": key}
                 )
         elif finish in ("released", "forgotten"):
@@ -160,7 +167,7 @@ def _naming_the_recipient(worker: Any) -> Callable[[Any], Any]:
                     return await get_data(comm, keys=keys, who=who, **kwargs)
                 if who is None:  # a client: it gets a plain array
                     return await get_data(comm, keys=keys, who=who, **kwargs)
-                values = [private.fast_memory_value(worker, k) for k in keys]
+                values = [fast_memory_value(worker, k) for k in keys]
                 sending = shm.sending_to(shm.segments_held(values), to)
                 if not sending.claim():
                     return {"status": "busy"}  # distributed's answer: later, or elsewhere

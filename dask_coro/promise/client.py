@@ -131,7 +131,7 @@ class Promise(Delayed):
                 # connection, and its result (this promise) may be computed
                 # by another client at once; either could overtake this
                 # client's batched stream (one round trip per promise).
-                from .._internals.distributed_private import send_on_client_stream
+                from .._internals.distributed.client import send_on_client_stream
 
                 mark = uuid.uuid4().hex
                 send_on_client_stream(client, {"op": "dask-coro-promise-mark", "token": mark})
@@ -170,7 +170,7 @@ class Promise(Delayed):
         resolver = _running_key()
         target, dsk, receivers = self._target_graph(x)
         # distributed is loaded: we hold one of its clients.
-        from .._internals.distributed_private import send_on_client_stream
+        from .._internals.distributed.client import send_on_client_stream
 
         # Vet first (one round trip, so errors reach the caller), then send the
         # target's graph and the rewiring on the client's batched stream, where

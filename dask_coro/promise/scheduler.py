@@ -46,8 +46,9 @@ from dask.typing import Key
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .._exceptions import PromiseError
-from .._internals import distributed_private as private
 from .._internals.dask_private import Task
+from .._internals.distributed.core import add_handlers
+from .._internals.distributed.scheduler import alias_task, fail_task, forget_if_unused
 from .parked import unresolved
 
 logger = logging.getLogger("dask_coro")
@@ -88,7 +89,7 @@ class PromisePlugin(SchedulerPlugin):
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
-        private.add_handlers(
+        add_handlers(
             scheduler,
             rpc={
                 "dask_coro_promise_check": self.check,
@@ -363,7 +364,7 @@ class PromisePlugin(SchedulerPlugin):
                 return
             stimulus_id = f"dask-coro-promise-resolve-{time()}"
             detached = ts.dependencies - {tt}
-            error = private.alias_task(s, ts, tt, stimulus_id)
+            error = alias_task(s, ts, tt, stimulus_id)
             if error:
                 self._fail(promise, f"promise {promise!r}: {error}", force=True)
                 return
@@ -386,7 +387,7 @@ class PromisePlugin(SchedulerPlugin):
 
     def _forget_orphan(self, key: Key) -> None:
         s = self.scheduler
-        if key not in s.tasks or private.forget_if_unused(
+        if key not in s.tasks or forget_if_unused(
             s, key, f"dask-coro-promise-orphan-{time()}"
         ):
             self.orphans.discard(key)
@@ -403,7 +404,7 @@ class PromisePlugin(SchedulerPlugin):
         try:
             raise PromiseError(message)  # raised, so that it has a traceback
         except PromiseError as e:
-            private.fail_task(s, promise, e, f"dask-coro-promise-failed-{time()}")
+            fail_task(s, promise, e, f"dask-coro-promise-failed-{time()}")
 
 
 def _joined(meet: Key, up: dict[Key, Key | None], down: dict[Key, Key | None]) -> list[Key]:

@@ -27,10 +27,10 @@ class ReleaseExtension(Extension):
 
     def released(self, run: Run, futures: list[Any]) -> None:
         # From any thread: a dict lookup, then a callback on the client's loop.
-        from .._internals import distributed_private as private
+        from .._internals.distributed.worker import worker_plugin
         from .worker import ReleaseWorkerPlugin
 
-        plugin = private.worker_plugin(run.worker, ReleaseWorkerPlugin.name)
+        plugin = worker_plugin(run.worker, ReleaseWorkerPlugin.name)
         if plugin is not None:
             client = futures[0].client
             client.loop.add_callback(plugin.let_go, client, [f.key for f in futures])

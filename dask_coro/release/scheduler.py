@@ -22,7 +22,8 @@ from dask.typing import Key
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol.pickle import dumps
 
-from .._internals import distributed_private as private
+from .._internals.distributed.core import add_handlers, wrap_stream_handler
+from .._internals.distributed.scheduler import scheduler_plugin, store_worker_plugin
 from ..runtime import extensions
 from ..runtime.extensions import children_by_parent
 from .book import EARLY, LET_GO, MARK, READY, REVOKE, Dependents, Marks
@@ -53,11 +54,11 @@ class ReleasePlugin(SchedulerPlugin):
         from .worker import ReleaseWorkerPlugin
 
         self.scheduler = scheduler
-        private.add_handlers(scheduler, stream={READY: self.handle_ready, LET_GO: self.handle_let_go})
-        private.wrap_stream_handler(scheduler, "release-worker-data", self._count_early, "_dask_coro_release")
-        private.wrap_stream_handler(scheduler, "client-desires-keys", self._revoke_wanted, "_dask_coro_release")
+        add_handlers(scheduler, stream={READY: self.handle_ready, LET_GO: self.handle_let_go})
+        wrap_stream_handler(scheduler, "release-worker-data", self._count_early, "_dask_coro_release")
+        wrap_stream_handler(scheduler, "client-desires-keys", self._revoke_wanted, "_dask_coro_release")
         plugin = dumps(ReleaseWorkerPlugin())
-        private.store_worker_plugin(scheduler, ReleaseWorkerPlugin.name, plugin)
+        store_worker_plugin(scheduler, ReleaseWorkerPlugin.name, plugin)
         await scheduler.broadcast(
             msg={"op": "plugin-add", "plugin": plugin, "name": ReleaseWorkerPlugin.name},
             on_error="ignore",
@@ -245,7 +246,7 @@ class ReleasePlugin(SchedulerPlugin):
         keys (``Extension.keeper``) is asked its ``keeps``."""
         s = self.scheduler
         for name in extensions.keepers():
-            keeper = private.scheduler_plugin(s, name)
+            keeper = scheduler_plugin(s, name)
             if keeper is not None and keeper.keeps(key, copy):
                 return True
         return False

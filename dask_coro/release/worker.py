@@ -16,7 +16,14 @@ from typing import Any
 from dask.typing import Key
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .._internals import distributed_private as private
+from .._internals.distributed.client import client_holds
+from .._internals.distributed.core import add_handlers
+from .._internals.distributed.worker import send_on_worker_stream
+from .._internals.distributed.worker_state_machine import (
+    release_own_keys,
+    worker_dependent_states,
+    worker_task_state,
+)
 from .book import EARLY, LET_GO, MARK, READY, REVOKE, Pending
 
 #: Worker task states in which a local task no longer needs its dependencies.
@@ -34,10 +41,10 @@ class ReleaseWorkerPlugin(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
-        private.add_handlers(worker, stream={MARK: self.handle_mark, REVOKE: self.handle_revoke})
+        add_handlers(worker, stream={MARK: self.handle_mark, REVOKE: self.handle_revoke})
         # Marks are sent only to workers that said they take them: a stream
         # message without a handler would close the worker's stream.
-        private.send_on_worker_stream(worker, {"op": READY})
+        send_on_worker_stream(worker, {"op": READY})
 
     def handle_mark(
         self,
@@ -54,10 +61,10 @@ class ReleaseWorkerPlugin(WorkerPlugin):
         if client is not None:
             self.pending.mark_for_client(key, client)
             known = self.clients.get(client)
-            if known is not None and not private.client_holds(known, key):
+            if known is not None and not client_holds(known, key):
                 self.let_go(known, [key])  # its coroutine let go before the mark came
             return
-        done = [d for d in dependents if private.worker_task_state(self.worker, d) in ("memory", "error")]
+        done = [d for d in dependents if worker_task_state(self.worker, d) in ("memory", "error")]
         if (self.pending.extend if more else self.pending.mark)(key, dependents, done):
             self._soon([key])
 
@@ -79,7 +86,7 @@ class ReleaseWorkerPlugin(WorkerPlugin):
         scheduler hears of the client's letting go first, on this worker's
         stream, so the release that follows finds them unwanted."""
         self.clients[client.id] = client
-        keys = [k for k in self.pending.let_go(client.id, keys) if not private.client_holds(client, k)]
+        keys = [k for k in self.pending.let_go(client.id, keys) if not client_holds(client, k)]
         self._release(keys, notice={"op": LET_GO, "client": client.id})
 
     def _soon(self, keys: list[Key]) -> None:
@@ -93,13 +100,13 @@ class ReleaseWorkerPlugin(WorkerPlugin):
         if not free:
             return
         if notice is not None:
-            private.send_on_worker_stream(self.worker, {**notice, "keys": free})
+            send_on_worker_stream(self.worker, {**notice, "keys": free})
         self.pending.released += len(free)
-        private.release_own_keys(self.worker, free, stimulus_id=f"{EARLY}-{time()}")
+        release_own_keys(self.worker, free, stimulus_id=f"{EARLY}-{time()}")
 
     def _releasable(self, key: Key) -> bool:
         """In memory here, and no task of this worker still needs it (a
         dependent the scheduler has not named yet, assigned meanwhile)."""
-        return private.worker_task_state(self.worker, key) == "memory" and all(
-            state in _DONE for state in private.worker_dependent_states(self.worker, key)
+        return worker_task_state(self.worker, key) == "memory" and all(
+            state in _DONE for state in worker_dependent_states(self.worker, key)
         )

@@ -19,7 +19,8 @@ from typing import Any
 from dask.typing import Key
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from .._internals import distributed_private as private
+from .._internals.distributed.core import add_handlers
+from .._internals.distributed.scheduler import count_resources, processing_task
 
 logger = logging.getLogger("dask_coro")
 
@@ -38,7 +39,7 @@ class ResourcePlugin(SchedulerPlugin):
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
-        private.add_handlers(scheduler, stream={OP: self.handle})
+        add_handlers(scheduler, stream={OP: self.handle})
 
     def handle(
         self, key: Key, run_id: int, lent: bool, resources: dict[str, float],
@@ -46,7 +47,7 @@ class ResourcePlugin(SchedulerPlugin):
     ) -> None:
         """``worker`` says the run ``run_id`` of ``key`` lent (or took back)
         ``resources``; a message of a stale run is ignored."""
-        found = private.processing_task(self.scheduler, key, worker, run_id)
+        found = processing_task(self.scheduler, key, worker, run_id)
         if found is None:
             return
         _, ws = found
@@ -54,11 +55,11 @@ class ResourcePlugin(SchedulerPlugin):
             if key in self.lent:
                 return
             self.lent[key] = (ws, dict(resources))
-            private.count_resources(self.scheduler, ws, resources, used=False)
+            count_resources(self.scheduler, ws, resources, used=False)
         else:
             held = self.lent.pop(key, None)
             if held is not None:
-                private.count_resources(self.scheduler, held[0], held[1], used=True)
+                count_resources(self.scheduler, held[0], held[1], used=True)
 
     def transition(self, key: Key, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
         if start != "processing" or key not in self.lent:
@@ -67,7 +68,7 @@ class ResourcePlugin(SchedulerPlugin):
         # (Scheduler._exit_processing_common): they were lent, so count them
         # back, on the worker it released them from.
         ws, resources = self.lent.pop(key)
-        private.count_resources(self.scheduler, ws, resources, used=True)
+        count_resources(self.scheduler, ws, resources, used=True)
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
         for key in [k for k, (ws, _) in self.lent.items() if ws.address == worker]:

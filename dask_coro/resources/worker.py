@@ -26,7 +26,19 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol.pickle import dumps
 
 from .._exceptions import Released
-from .._internals import distributed_private as private
+from .._internals.distributed.worker import (
+    add_worker_plugin_now,
+    scheduler_stream_open,
+    send_on_worker_stream,
+)
+from .._internals.distributed.worker_state_machine import (
+    available_resources,
+    lend_resources,
+    take_resources,
+    task_resources,
+    task_run_id_priority,
+    worker_task_state,
+)
 from .book import Lending
 from .scheduler import OP, ResourcePlugin
 
@@ -53,7 +65,7 @@ async def lent(
     raised; a run that ends meanwhile (``_ENDING``) takes nothing back.
     ``until`` is how the run awaits (raises ``Released`` if its task stops
     running here): the wait to take them back is one too."""
-    if not private.task_resources(worker, key):
+    if not task_resources(worker, key):
         return await waiting
     lender = _lender(worker)
     try:
@@ -78,7 +90,7 @@ async def lent(
 
 
 def _lender(worker: Any) -> ResourceLender:
-    lender: ResourceLender = private.add_worker_plugin_now(worker, ResourceLender.name, ResourceLender)
+    lender: ResourceLender = add_worker_plugin_now(worker, ResourceLender.name, ResourceLender)
     if lender.worker is None:
         lender.setup(worker)
     return lender
@@ -129,19 +141,19 @@ class ResourceLender(WorkerPlugin):
         installing = self.installing
         if installing is None or not installing.done() or not installing.result():
             return
-        if not private.scheduler_stream_open(self.worker):
+        if not scheduler_stream_open(self.worker):
             return
-        found = private.task_run_id_priority(self.worker, key)
+        found = task_run_id_priority(self.worker, key)
         if found is None:
             return  # forgotten here: the scheduler let go of it too
         run_id, _ = found
-        private.send_on_worker_stream(
+        send_on_worker_stream(
             self.worker,
             {"op": OP, "key": key, "run_id": run_id, "lent": lent, "resources": resources},
         )
 
     def lend(self, key: Key) -> None:
-        resources = private.lend_resources(self.worker, key)
+        resources = lend_resources(self.worker, key)
         if not resources:
             return
         self.book.lend(key, resources)
@@ -153,7 +165,7 @@ class ResourceLender(WorkerPlugin):
         """Take back what ``key`` lent, waiting until the worker has it free."""
         if key not in self.book.lent:
             return
-        found = private.task_run_id_priority(self.worker, key)
+        found = task_run_id_priority(self.worker, key)
         # A task forgotten meanwhile is passed over by the grants (it is not
         # long-running); ``until`` raises Released for it at once.
         self.book.wait(key, () if found is None else found[1])
@@ -185,11 +197,11 @@ class ResourceLender(WorkerPlugin):
         """Give the waiting runs whose resources are free their resources back."""
         self.looking = False
         worker = self.worker
-        alive = lambda key: private.worker_task_state(worker, key) == "long-running"  # noqa: E731
+        alive = lambda key: worker_task_state(worker, key) == "long-running"  # noqa: E731
         key: Any
-        for key in self.book.grants(private.available_resources(worker), alive):
+        for key in self.book.grants(available_resources(worker), alive):
             resources = self.book.lent[key]
-            if not private.take_resources(worker, key, resources):
+            if not take_resources(worker, key, resources):
                 break  # not free after all: the next transition looks again
             self.book.taken(key)
             self._tell(key, False, resources)

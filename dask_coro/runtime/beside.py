@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _config
 from .._exceptions import BaseExceptionError
-from .._internals import distributed_private as private
+from .._internals.distributed.worker import worker_is_closing
 from ..core.engine import Await, Done, Frame, Raised, Returned, Submit
 from .aio import watch
 from .call import trampoline
@@ -199,10 +199,10 @@ async def run_beside(host: Beside, func: Any, args: tuple[Any, ...], name: str) 
         # waits, on its lane (its finally blocks run there), once a step
         # running now got to its next await; or here if the worker is
         # closing (its lanes may be gone), as a run does.
-        if host.step is not None and not host.step.done() and not private.worker_is_closing(run.worker):
+        if host.step is not None and not host.step.done() and not worker_is_closing(run.worker):
             await asyncio.wait([host.step])
         host.closing = True
-        if private.worker_is_closing(run.worker):
+        if worker_is_closing(run.worker):
             try:
                 tramp.close()
             except ValueError as e:  # "generator already executing": a step still runs

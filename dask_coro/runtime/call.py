@@ -309,7 +309,7 @@ def _raise(error: Exception, *args: Any, **kwargs: Any) -> Any:
 
 def _this_process() -> str:
     if "distributed" in sys.modules:
-        from .._internals.distributed_private import process_role
+        from .._internals.distributed.worker import process_role
 
         return process_role()
     return f"process {os.getpid()}"

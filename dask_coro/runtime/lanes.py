@@ -55,7 +55,7 @@ from typing import Any
 from dask.typing import Key
 
 from .._context import body_loops
-from .._internals.distributed_private import PoolSeat, set_task_thread
+from .._internals.distributed.threadpoolexecutor import PoolSeat, set_task_thread
 
 #: Lanes a worker keeps per thread of its pool, at most (made as runs need
 #: them; the pool still bounds the user code running at once).

@@ -49,7 +49,7 @@ def result(x: Any) -> Any:
         )
     call = _wait_for(_Opaque(x))
     if sys.modules.get("distributed") is not None:
-        from .._internals.distributed_private import thread_task_key
+        from .._internals.distributed.worker import thread_task_key
 
         if thread_task_key() is not None:  # an ordinary task on a worker's thread pool
             from distributed import worker_client

@@ -37,7 +37,8 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _config
-from .._internals import distributed_private as private
+from .._internals.distributed.core import add_handlers, wrap_stream_handler
+from .._internals.distributed.scheduler import idle_threads, send_to_worker
 
 NAME = "dask-coro-inline"
 IDLE = "dask_coro_idle"  # the push to a worker, and the RPC of poll mode
@@ -93,13 +94,13 @@ class InlinePlugin(SchedulerPlugin):
         self.scheduler = scheduler
         self.interval = _config.get_timedelta("coro.inline.interval")
         self._backoff = self.interval
-        private.add_handlers(
+        add_handlers(
             scheduler,
             rpc={IDLE: self.handle_idle},
             stream={SUBSCRIBE: self.handle_subscribe, UNSUBSCRIBE: self.handle_unsubscribe},
         )
         for op in ("long-running", "worker-status-change"):
-            private.wrap_stream_handler(scheduler, op, self._then_event, "_dask_coro_inline")
+            wrap_stream_handler(scheduler, op, self._then_event, "_dask_coro_inline")
 
     async def close(self) -> None:
         if self._timer is not None:
@@ -110,7 +111,7 @@ class InlinePlugin(SchedulerPlugin):
 
     def handle_idle(self) -> int:
         self.counts["poll"] += 1
-        return private.idle_threads(self.scheduler)
+        return idle_threads(self.scheduler)
 
     # -- push mode: subscriptions -------------------------------------------------
 
@@ -206,7 +207,7 @@ class InlinePlugin(SchedulerPlugin):
             return
         counted, self._counted = self._counted, False
         self.counts["check"] += 1
-        n = private.idle_threads(self.scheduler)
+        n = idle_threads(self.scheduler)
         if n > 0 or counted:
             self._last = monotonic()
         # else: only tasks started since the last look, and no thread is idle
@@ -272,7 +273,7 @@ class InlinePlugin(SchedulerPlugin):
             # Sent now, not at the end of the stream's 5 ms batch: a thread
             # idles until the worker hears of it (the push that follows a
             # tree's start, right after its compute-task, waited out the batch).
-            if private.send_to_worker(self.scheduler, address, {"op": IDLE, "n": share}, now=True):
+            if send_to_worker(self.scheduler, address, {"op": IDLE, "n": share}, now=True):
                 self.counts["push"] += 1
                 self.counts["pushed"] += share
                 sent += 1

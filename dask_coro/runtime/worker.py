@@ -51,7 +51,36 @@ from distributed.worker import get_worker
 from .. import _config
 from .._context import gather_in_task, running_key
 from .._exceptions import BaseExceptionError, CoroutineCancelledError, DaskCoroError, Released
-from .._internals import distributed_private as private
+from .._internals.distributed.client import (
+    annotated_graph,
+    collections_message,
+    flush_client_stream,
+    future_settled,
+    get_in_order,
+    own_scheduler_rpc,
+    seceding_waits,
+    send_serialized,
+    serialized_graph,
+    set_batch_interval,
+    submitting_as,
+)
+from .._internals.distributed.core import add_handlers
+from .._internals.distributed.worker import (
+    add_worker_plugin_now,
+    as_worker,
+    default_executor,
+    send_on_worker_stream,
+    worker_plugin,
+)
+from .._internals.distributed.worker_state_machine import (
+    local_data,
+    secede_from_loop,
+    worker_next_ready,
+    worker_slots_full,
+    worker_task_annotations,
+    worker_task_priority,
+    worker_task_state,
+)
 from ..core.engine import (
     Await,
     Done,
@@ -137,7 +166,7 @@ def run_if_on_worker(task: CoroutineTask, args: tuple[Any, ...], kwargs: dict[st
         worker = get_worker()  # thread_state, or the ContextVar Worker.execute sets
     except ValueError:
         return None
-    if private.worker_task_state(worker, task.key) != "executing":
+    if worker_task_state(worker, task.key) != "executing":
         # Called on the loop, but not as the task the worker is executing:
         # a synchronous scheduler run from inside an async task, or a key
         # renamed by graph fusion. Never hand back an unawaited coroutine.
@@ -157,7 +186,7 @@ async def _started(worker: Worker, task: CoroutineTask, args: tuple[Any, ...], k
     if await _watcher(worker).install_plugins(worker, active):
         # We waited (the first coroutine here): the key may have been
         # released meanwhile, and perhaps asked for again.
-        state = private.worker_task_state(worker, task.key)
+        state = worker_task_state(worker, task.key)
         if state == "resumed":
             raise Reschedule()
         if state != "executing":
@@ -199,7 +228,7 @@ class _KeyWatcher(WorkerPlugin):
 
     def lanes_of(self, worker: Worker) -> Lanes:
         if self.lanes is None:
-            self.lanes = Lanes(worker.state.nthreads, private.default_executor(worker))
+            self.lanes = Lanes(worker.state.nthreads, default_executor(worker))
         return self.lanes
 
     def teardown(self, worker: Worker) -> None:
@@ -272,16 +301,16 @@ class _KeyWatcher(WorkerPlugin):
             return
         if not self.handler_added:
             # Before subscribing: an op with no handler closes the stream.
-            private.add_handlers(worker, stream={IDLE: lambda n, **kw: self._pushed(n)})
+            add_handlers(worker, stream={IDLE: lambda n, **kw: self._pushed(n)})
             self.handler_added = True
         self.interval = _config.get_timedelta("coro.inline.interval")
         try:
-            private.send_on_worker_stream(worker, {"op": SUBSCRIBE})
+            send_on_worker_stream(worker, {"op": SUBSCRIBE})
             while True:
                 await asyncio.sleep(_QUIET)
                 if self._quiet():
                     break
-            private.send_on_worker_stream(worker, {"op": UNSUBSCRIBE})
+            send_on_worker_stream(worker, {"op": UNSUBSCRIBE})
         except Exception as e:  # the stream is closed: the worker is going
             logger.debug("dask_coro inline subscription ended: %r", e)
         self.idle.n = 0
@@ -337,12 +366,12 @@ class _KeyWatcher(WorkerPlugin):
         waited in the ready queue for the whole inline chain of another
         tree's task: seconds. One timer per worker, while a task waits."""
         worker, lanes = self.worker, self.lanes
-        key = None if worker is None else private.worker_next_ready(worker)
+        key = None if worker is None else worker_next_ready(worker)
         if key is None or worker is None:
             self.watching = False
             return
-        if lanes is not None and lanes.seats.busy() and private.worker_slots_full(worker):
-            given = private.worker_task_annotations(worker, key).get(TREE)
+        if lanes is not None and lanes.seats.busy() and worker_slots_full(worker):
+            given = worker_task_annotations(worker, key).get(TREE)
             tree = str(key) if given is None else str(given[0])
             holding = {str(k) for k, run in self.runs.items() if not run.seceded}
             lanes.seats.preempt_for(tree, holding)
@@ -351,9 +380,9 @@ class _KeyWatcher(WorkerPlugin):
 
 def _watcher(worker: Worker) -> _KeyWatcher:
     # Added synchronously: replacing it would drop the runs it watches.
-    w: _KeyWatcher = private.add_worker_plugin_now(worker, _KeyWatcher.name, _KeyWatcher)
+    w: _KeyWatcher = add_worker_plugin_now(worker, _KeyWatcher.name, _KeyWatcher)
     w.worker = worker
-    private.seceding_waits(worker, _secede_after)  # once per worker; a dict lookup after
+    seceding_waits(worker, _secede_after)  # once per worker; a dict lookup after
     return w
 
 
@@ -363,7 +392,7 @@ def closing_here(worker: Worker, keys: list[Key]) -> list[Key]:
     await, or its body is being closed. Not one whose body runs code
     between two yields (it is closed at its next one, which may never
     come). On the worker's loop."""
-    w = private.worker_plugin(worker, _KeyWatcher.name)
+    w = worker_plugin(worker, _KeyWatcher.name)
     if w is None:
         return []
     return [k for k in keys if (run := w.runs.get(k)) is not None and (run.closing or not run.stepping)]
@@ -531,7 +560,7 @@ class _Run:
         try:
             client = await self._client()
             annotations = self._child_annotations()
-            with private.submitting_as(self.key), dask.annotate(**annotations):
+            with submitting_as(self.key), dask.annotate(**annotations):
                 future = client.compute(gathered(value))
             gathering = asyncio.ensure_future(client.gather(future, asynchronous=True))
             got = await asyncio.shield(gathering)
@@ -547,13 +576,13 @@ class _Run:
                 self._release([future])
 
     def _alive(self) -> bool:
-        return private.worker_task_state(self.worker, self.key) in _RUNNING_STATES
+        return worker_task_state(self.worker, self.key) in _RUNNING_STATES
 
     def _secede(self) -> None:
         # Not twice: a body may have seceded already (distributed.secede(),
         # worker_client(), a blocking compute; lanes.py).
-        if private.worker_task_state(self.worker, self.key) != "long-running":
-            private.secede_from_loop(self.worker, self.key, time() - self.start)
+        if worker_task_state(self.worker, self.key) != "long-running":
+            secede_from_loop(self.worker, self.key, time() - self.start)
         self.seceded = True
 
     async def _client(self) -> Client:
@@ -571,13 +600,13 @@ class _Run:
             # null or 0 leaves distributed's interval alone.
             interval = _config.get_timedelta("coro.client-batch-interval", allow_none=True)
             if "-worker-" in client.id and interval:
-                private.set_batch_interval(client, interval)
+                set_batch_interval(client, interval)
             self.watcher.client = client
         # Several workers in one process share the client the first of them
         # made, over that worker's connection pool: when that worker closes
         # (retired, scaled down), the others' coroutines would lose the
         # scheduler's RPCs under them. Once per client; a check after.
-        private.own_scheduler_rpc(client, self.worker)
+        own_scheduler_rpc(client, self.worker)
         return client
 
     def _share(self) -> tuple[str, float]:
@@ -585,11 +614,11 @@ class _Run:
         (``TREE``); a root is a tree of its own, weighted by its priority
         (``dask.annotate(priority=...)``, ``lanes.weight_of``). The threads
         of a worker are shared fairly between trees (``lanes.Seats``)."""
-        given = private.worker_task_annotations(self.worker, self.key).get(TREE)
+        given = worker_task_annotations(self.worker, self.key).get(TREE)
         if given is not None:
             tree, weight = given
             return str(tree), float(weight)
-        priority = private.worker_task_priority(self.worker, self.key)
+        priority = worker_task_priority(self.worker, self.key)
         return str(self.key), weight_of(-priority[0] if priority else 0)
 
     def _child_annotations(self) -> dict[str, Any]:
@@ -613,7 +642,7 @@ class _Run:
     # -- the run -------------------------------------------------------------
 
     async def main(self, args: tuple, kwargs: dict) -> Any:
-        state = private.worker_task_state(self.worker, self.key)
+        state = worker_task_state(self.worker, self.key)
         if state != "executing":
             raise DaskCoroError(
                 f"coroutine task {self.key!r} is not executing on this worker "
@@ -703,7 +732,7 @@ class _Run:
                     self.key,
                     error,
                 )
-            if private.worker_task_state(self.worker, self.key) in (*_RUNNING_STATES, "resumed"):
+            if worker_task_state(self.worker, self.key) in (*_RUNNING_STATES, "resumed"):
                 # Asked for again while we were closing: run it again rather than
                 # report the cancellation as the task's error.
                 raise Reschedule() from None
@@ -797,13 +826,13 @@ class _Run:
         wanted = [k for k in Scope.wanted(plan.outputs, plan.keep, plan.graph) if k not in computed]
         new: dict[Key, Future] = {}
         ann = {**self._child_annotations(), **(annotations or {})}
-        with private.submitting_as(self.key), dask.annotate(**ann):
+        with submitting_as(self.key), dask.annotate(**ann):
             if wanted:
-                full = private.annotated_graph(plan.graph, plan.annotations)
+                full = annotated_graph(plan.graph, plan.annotations)
                 new.update(zip(wanted, client.get(full, wanted, sync=False)))
             if compute is not None:
-                message = private.collections_message(compute.expr, compute.graph, compute.collections)
-                new.update(zip(computed, private.send_serialized(client, message, computed)))
+                message = collections_message(compute.expr, compute.graph, compute.collections)
+                new.update(zip(computed, send_serialized(client, message, computed)))
         outputs = set(plan.outputs)
         if scope is not None and plan.keep:
             # Held for the frame's later yields, as ``Scope.record`` holds a
@@ -837,7 +866,7 @@ class _Run:
         the scheduler, ``Scheduler.gather``: two hops more, and a large
         value's bytes twice over the network)."""
         client = (futures[0] if isinstance(futures, list) else futures).client
-        with private.as_worker(self.worker):
+        with as_worker(self.worker):
             return await client.gather(futures, asynchronous=True)
 
     async def received(self, values: list[Any]) -> None:
@@ -861,7 +890,7 @@ class _Run:
 
     def annotations(self) -> dict[str, Any]:
         """The annotations of this run's own task (on the loop)."""
-        return private.worker_task_annotations(self.worker, self.key)
+        return worker_task_annotations(self.worker, self.key)
 
     def _scope_of(self, frame: Frame) -> Scope[Future]:
         """The frame's scope, made the first time it needs one (on the loop,
@@ -957,7 +986,7 @@ class _Run:
                     )
                 compute = plan.compute
                 if compute is not None:
-                    message = private.collections_message(compute.expr, compute.graph, compute.collections)
+                    message = collections_message(compute.expr, compute.graph, compute.collections)
                     planned.computes.append((frame.ann, message, list(dict.fromkeys(compute.outputs))))
             except Exception as e:  # raised at the yield when the frame waits
                 scope.error = e
@@ -968,8 +997,8 @@ class _Run:
             planned.plans.append((scope, positions, plan))
         if len(planned.graph) > _SERIALIZE_HERE:
             # A big graph: serialized here too, not on the loop.
-            full = private.annotated_graph(planned.graph, planned.annotated)
-            planned.message = private.serialized_graph(full)
+            full = annotated_graph(planned.graph, planned.annotated)
+            planned.message = serialized_graph(full)
         return planned
 
     async def _submit(self, batches: list[tuple[Frame, list[int]]], own: Any,
@@ -1001,18 +1030,18 @@ class _Run:
             # Children get priority over unrelated queued work: the scheduler
             # ranks a graph by its submitting task.
             annotations = self._child_annotations()
-            with private.submitting_as(self.key), dask.annotate(**annotations):
+            with submitting_as(self.key), dask.annotate(**annotations):
                 if planned.message is not None:
-                    futures = private.send_serialized(client, planned.message, list(wanted))
+                    futures = send_serialized(client, planned.message, list(wanted))
                     new.update(zip(wanted, futures))
                 elif wanted:
-                    full = private.annotated_graph(graph, annotated)
+                    full = annotated_graph(graph, annotated)
                     if now:
                         # Calls handed out to idle threads: a few tasks, in the
                         # order they were handed out (the oldest, biggest, first);
                         # the scheduler need not order them, and the message goes
                         # at once.
-                        futures = private.get_in_order(client, full, list(wanted))
+                        futures = get_in_order(client, full, list(wanted))
                     else:
                         futures = client.get(full, list(wanted), sync=False)
                     new.update(zip(wanted, futures))
@@ -1021,9 +1050,9 @@ class _Run:
                     # collections, under those dask gives them, as
                     # Client.compute under dask.annotate.
                     with dask.annotate(**(ann or {})):
-                        new.update(zip(outputs, private.send_serialized(client, message, outputs)))
+                        new.update(zip(outputs, send_serialized(client, message, outputs)))
             if now:
-                private.flush_client_stream(client)
+                flush_client_stream(client)
             del passed_on  # released after the graph: its tasks hold them now
         for scope, positions, plan in planned.plans:
             # Delayed results are held until no live lazy value needs them; the
@@ -1087,7 +1116,7 @@ class _Run:
             # client-side state, then gather it (from this worker's memory if
             # it is here); a key lost meanwhile is pending again, and gather
             # waits for it.
-            await self._until(private.future_settled(futures[0]))
+            await self._until(future_settled(futures[0]))
         # Several: gather raises the first error as soon as it comes.
         gathering = asyncio.ensure_future(client.gather(futures, asynchronous=True))
         try:
@@ -1208,7 +1237,7 @@ async def _install(worker: Worker, ext: Extension) -> None:
 
 
 async def _local_data(worker: Worker, keys: list[Key]) -> list[Any] | None:
-    return private.local_data(worker, keys)
+    return local_data(worker, keys)
 
 
 _FETCH_TIMEOUT = 5.0  # s; past it a value is computed as tasks, as before

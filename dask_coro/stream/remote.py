@@ -22,7 +22,8 @@ from dask.base import tokenize
 from dask.sizeof import sizeof
 
 from .._exceptions import DaskCoroError
-from .._internals import distributed_private as private
+from .._internals.distributed.client import future_in_memory
+from .._internals.distributed.worker import send_on_worker_stream, store_own_data
 from ..runtime.extensions import Run
 from .book import PUBLISH
 
@@ -110,8 +111,8 @@ def _send(run: Run, x: Any, msg: dict[str, Any]) -> None:
     every item before it hears the producer ended)."""
     from .book import item_key
 
-    private.store_own_data(run.worker, {item_key(run.key, msg["index"]): x})
-    private.send_on_worker_stream(run.worker, msg)
+    store_own_data(run.worker, {item_key(run.key, msg["index"]): x})
+    send_on_worker_stream(run.worker, msg)
 
 
 def _on_loop(run: Run, coro: Any) -> Any:
@@ -188,7 +189,7 @@ class RemoteConsumer:
                 from distributed.protocol.pickle import loads
 
                 return [loads(b) for b in small], None
-            held = [private.future_in_memory(client, k) for k in keys]
+            held = [future_in_memory(client, k) for k in keys]
             if futures:  # the scheduler holds them for our client now
                 return held, None
             values = await self.gather(client, held)

@@ -22,7 +22,8 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .._exceptions import DaskCoroError, StreamReplayInconsistentError
-from .._internals import distributed_private as private
+from .._internals.distributed.core import add_handlers
+from .._internals.distributed.scheduler import drop_client_state, fail_task, send_to_worker
 from .book import ENDED, PUBLISH, Replay, StreamBook, item_key
 
 
@@ -40,7 +41,7 @@ class StreamPlugin(SchedulerPlugin):
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
-        private.add_handlers(
+        add_handlers(
             scheduler,
             rpc={
                 "dask_coro_stream_publish": self.publish,
@@ -81,7 +82,7 @@ class StreamPlugin(SchedulerPlugin):
 
     def _drop(self, worker: str, key: Any, index: int) -> None:
         """Let go of a re-run's copy of an item that is not published."""
-        private.send_to_worker(
+        send_to_worker(
             self.scheduler, worker,
             {"op": "remove-replicas", "keys": [item_key(key, index)], "stimulus_id": "dask-coro-stream-replayed"},
         )
@@ -89,7 +90,7 @@ class StreamPlugin(SchedulerPlugin):
     def _let_go(self, producer: Any, keys: list[Any]) -> None:
         if keys:
             self.scheduler.client_releases_keys(keys=keys, client=_holder(producer), stimulus_id="dask-coro-stream-taken")
-            private.drop_client_state(self.scheduler, _holder(producer))
+            drop_client_state(self.scheduler, _holder(producer))
 
     # -- handlers ----------------------------------------------------------------
 
@@ -108,7 +109,7 @@ class StreamPlugin(SchedulerPlugin):
             error = StreamReplayInconsistentError(str(e)) if isinstance(e, Replay) else DaskCoroError(str(e))
             ts = self.scheduler.tasks.get(key)
             if ts is not None and ts.state == "processing":
-                private.fail_task(self.scheduler, key, error, "dask-coro-stream-replay")
+                fail_task(self.scheduler, key, error, "dask-coro-stream-replay")
             self._drop(worker, key, index)
             return
         if not new and index in book.held:
