@@ -31,6 +31,7 @@ import math
 import statistics
 import time
 
+import _bench as B
 from distributed import Client, LocalCluster, wait, worker_client
 
 import dask_coro
@@ -335,7 +336,11 @@ def main() -> None:
     p.add_argument("--races", type=int, default=20, help="races of each kind (0: none)")
     p.add_argument("--no-trees", action="store_true", help="the races alone")
     p.add_argument("--ray-runs", type=int, default=1, help="runs of nine rounds, Ray (where it imports; 0: none)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, one round each: a smoke test")
     args = p.parse_args()
+    if args.quick:
+        args.runs, args.plain_runs, args.ray_runs, args.races = 1, 0, 0, 2
+        args.small, args.wide = 400_000, 800_000
     if args.races:
         run_races(args.races)
     if args.no_trees:
@@ -367,6 +372,13 @@ def main() -> None:
             report(f"Ray {ray.__version__} (nested tasks, ray.init(num_cpus=4))", rsolo, rrows)
         finally:
             ray.shutdown()
+
+
+SCENARIOS = [  # its section of RESULTS.md, run by run_all.py
+    B.Scenario("fairness", "Fair progress between trees: a small tree beside a wide one, three arrival "
+               "orders, and the races, against plain Dask and Ray, run by run_all.py",
+               ["--runs", "2", "--races", "20"], 900, json=False, quick=["--ray-runs", "0"]),
+]
 
 
 def run_races(n: int) -> None:
