@@ -183,6 +183,31 @@ def test_values_yielded_again_are_not_computed_again(tmp_path):
     assert sorted(map(int, _lines(folder, "inc"))) == list(range(20))
 
 
+@coroutine
+def named_then_used(n, folder):
+    L = gen(n, folder)
+    assert L.key  # asked for its key: L is a task now, not an inline call
+    return (yield [inc(L[i], folder) for i in range(n)])
+
+
+def test_a_call_whose_key_was_asked_is_computed_once(tmp_path):
+    """A call asked for its key is a task; yielded under several leaves (its
+    items), it is computed once, as a ``Delayed`` under several tasks is in
+    dask. Each leaf computed in place used to make a call of its own and
+    run it again (five times here)."""
+    folder = str(tmp_path)
+    assert dask.compute(named_then_used(5, folder), scheduler="sync") == ([1, 2, 3, 4, 5],)
+    assert _lines(folder, "gen") == ["5"]
+
+
+@cluster(nthreads=[("", 1)])
+async def test_a_call_whose_key_was_asked_is_computed_once_on_a_cluster(c, s, a, tmp_path):
+    folder = str(tmp_path)
+    assert await c.compute(named_then_used(5, folder)) == [1, 2, 3, 4, 5]
+    assert _lines(folder, "gen") == ["5"]
+    assert sorted(map(int, _lines(folder, "inc"))) == list(range(5))
+
+
 def test_error_in_place_is_raised_at_the_yield_with_its_type():
     (out,) = dask.compute(raises_at_yield(10, 7), scheduler="sync")
     assert out == "caught bad item 7"

@@ -159,7 +159,13 @@ def _analyse(leaf: Delayed, values: dict[Key, Any], known: dict[Key, Key]) -> tu
                 stack.append((x, True))
                 stack.extend((c, False) for c in children)
                 continue
-            # Built (something asked for its key): read its graph.
+            # Built (something asked for its key): read its graph. A call
+            # whose own result is not at hand is then a task, as dask runs
+            # it: computed in place here, each leaf needing it would make a
+            # call of its own and run it again (``L.key`` asked, then
+            # ``yield [inc(L[i]) for i in range(5)]`` ran ``L`` five times).
+            if t is CoroutineCall and x.key not in values and x.key not in known:
+                return None
             if analyse(x, values, known, _is_call, _make_call, into=local) is None:
                 return None
             local.tasks.append((name, False, [x.key], partial(_value_of, x.key)))
