@@ -710,6 +710,31 @@ async def leaves_a_failed_child_undelivered(tag):
         return g.name
 
 
+@coroutine
+async def cancels_a_failed_child_undelivered(tag):
+    async with dask_coro.group() as g:
+        failed = g.spawn(boom(tag))
+        while not failed.done():
+            await asyncio.sleep(0.01)
+        failed.cancel()  # ended already, its error never taken
+        return g.name, len(g)
+
+
+@cluster(nthreads=[("", 2)])
+async def test_cancelling_a_failed_child_logs_its_error_never_delivered(c, s, a):
+    """``handle.cancel()`` of a child that had already ended with an error
+    the body never took: the error is logged, naming the child (asyncio logs
+    a task's exception never retrieved though the task was cancelled after
+    it ended). It was dropped silently."""
+    with captured_logger("dask_coro", level=logging.WARNING) as log:
+        name, left = await asyncio.wait_for(c.compute(cancels_a_failed_child_undelivered("e2")), 10)
+    assert left == 0
+    text = log.getvalue()
+    assert f"<child 0 of {name} (done)> ended with an error that was never delivered" in text
+    assert "ValueError('boom e2')" in text
+    await async_poll_for(lambda: not s.tasks, timeout=10)
+
+
 @cluster(nthreads=[("", 2)])
 async def test_leaving_a_group_logs_an_error_never_delivered(c, s, a):
     """A child ended with an error and the body left the group without

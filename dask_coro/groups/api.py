@@ -150,11 +150,7 @@ class Group:
                 return None
             lost = [(repr(c), e) for c, e in self.book.undelivered_errors()]
             stop = self.book.cancel_all()
-        for child, e in lost:
-            logger.warning(
-                "%s ended with an error that was never delivered (the group was closed first): %r",
-                child, e, exc_info=(type(e), e, e.__traceback__),
-            )
+        _log_lost(lost, "the group was closed first")
         return stop
 
     # -- children --------------------------------------------------------------
@@ -202,8 +198,10 @@ class Group:
 
     def cancel_child(self, child: Child) -> None:
         with self.lock:
+            lost = [(repr(child), e) for e in self.book.undelivered_errors_of(child)]
             started = self.book.cancel(child)
             more = self.book.fill()
+        _log_lost(lost, "it was cancelled first")
         if started:
             self._backend().stop([child], closing=False)
         if more:
@@ -412,6 +410,17 @@ async def _local_all(g: Group) -> list[Any]:
 
 async def _local_aclose(g: Group) -> None:
     g.close()
+
+
+def _log_lost(lost: list[tuple[str, BaseException]], why: str) -> None:
+    """An error a child ended with that the body was never given: logged,
+    never dropped silently (as asyncio logs a task's exception never
+    retrieved, also when the task is cancelled after it ended)."""
+    for child, e in lost:
+        logger.warning(
+            "%s ended with an error that was never delivered (%s): %r",
+            child, why, e, exc_info=(type(e), e, e.__traceback__),
+        )
 
 
 def cancelled(child: Child) -> bool:

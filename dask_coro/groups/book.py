@@ -314,13 +314,17 @@ class GroupBook:
         """The children that ended with an error not yet delivered (a
         stream child: its error after items not yet delivered), in spawn
         order, with that error: what closing the group would drop."""
-        out = []
-        for c in self.children:
-            if c.state != DONE:
-                continue  # a started child's end is not known; a cancelled one's is of no one
-            outcomes = [c.outcome] if c.items is None else list(c.items)
-            out += [(c, value) for ok, value in (o for o in outcomes if o is not None) if not ok]
-        return out
+        return [(c, e) for c in self.children for e in self.undelivered_errors_of(c)]
+
+    @staticmethod
+    def undelivered_errors_of(child: Child) -> list[BaseException]:
+        """The errors ``child`` ended with that were not delivered yet (none
+        unless it ended: a started child's end is not known, a cancelled
+        one's is of no one)."""
+        if child.state != DONE:
+            return []
+        outcomes = [child.outcome] if child.items is None else list(child.items)
+        return [value for ok, value in (o for o in outcomes if o is not None) if not ok]
 
     def cancel_all(self) -> list[Child]:
         """Close the group: every child not delivered is cancelled; the ones
