@@ -65,6 +65,15 @@ plugins are installed:
 
 ``run_started(run)``
     Before the body's first step.
+``async supplied(run, keys)``
+    The outcomes the extension has already for some of ``keys``: a
+    mapping of key to the engine's ``Returned`` (a value) or ``Raised``
+    (an error). Asked with the run's own key before its body's first step
+    (an outcome given ends the run with it: its body never runs), and with
+    the keys of each yield's tasks before they are sent (each one given is
+    sent as its value, or as a task raising its error, instead of its
+    task; a task only those needed is not computed). Where no extension
+    overrides it, nothing is asked.
 ``async submitting(run, client, graph)``
     Before a yield's graph is sent: futures of what the extension submitted
     for it to depend on (it may rewrite ``graph``), held until it is sent.
@@ -285,6 +294,12 @@ class Extension:
     def annotations(self, run: Run) -> dict[str, Any] | None:
         return None
 
+    async def supplied(self, run: Run, keys: list[Key]) -> Mapping[Key, Any]:
+        """Outcomes (``Returned`` or ``Raised``) the extension has already for
+        some of ``keys``: the run's own, before its body starts, or its
+        yields' tasks, before they are sent."""
+        return {}
+
     async def submitting(self, run: Run, client: Any, graph: dict[Any, Any]) -> list[Any]:
         """Before a yield's graph is sent: what the graph must depend on that
         the extension submits itself (it may rewrite ``graph`` in place); the
@@ -316,7 +331,7 @@ class Extension:
 
 #: The hooks on a run, in the order a run calls them.
 HOOKS = (
-    "run_started", "submitting", "annotations", "around_wait", "results_received", "released", "run_left", "run_ended",
+    "run_started", "supplied", "submitting", "annotations", "around_wait", "results_received", "released", "run_left", "run_ended",
 )
 
 _TABLE: dict[str, Extension] = {}
@@ -385,6 +400,7 @@ class Active:
     counts_calls: bool
     parent: bool
     run_started: tuple[Extension, ...]
+    supplied: tuple[Extension, ...]
     annotations: tuple[Extension, ...]
     submitting: tuple[Extension, ...]
     around_wait: tuple[Extension, ...]

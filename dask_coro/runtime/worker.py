@@ -51,6 +51,7 @@ from distributed.worker import get_worker
 from .. import _config
 from .._context import gather_in_task, running_key
 from .._exceptions import BaseExceptionError, CoroutineCancelledError, DaskCoroError, Released
+from .._internals.dask_private import DataNode, Task
 from .._internals.distributed.client import (
     annotated_graph,
     collections_message,
@@ -97,7 +98,7 @@ from ..core.plan import Plan, plan_yield
 from ..core.scope import Scope
 from . import extensions
 from .aio import gathered, watch
-from .call import trampoline
+from .call import _reraise, trampoline
 from .extensions import PARENT, Active, Extension, Run
 from .inplace import localizer
 from .lanes import PATIENCE, Lane, Lanes, weight_of
@@ -673,7 +674,13 @@ class _Run:
             extensions.notify(active.run_started, "run_started", self)
         step: Returned | Raised | None = None
         try:
-            out = await self._step(tramp, tramp.start, self.func, args, kwargs, self.root)
+            given = await self._given([self.key]) if active.supplied else None
+            out: Any
+            if given:
+                # An extension has our outcome already: the body never runs.
+                out = Done(given[self.key])
+            else:
+                out = await self._step(tramp, tramp.start, self.func, args, kwargs, self.root)
             while True:
                 if type(out) is Done:
                     step = out.step
@@ -1011,6 +1018,8 @@ class _Run:
         planned, self.planned = self.planned, None
         if planned is None:
             planned = self._plan(batches, own)
+        if self.active.supplied and planned.graph:
+            await self._supply(planned)
         client = await self._client()
         graph, wanted, annotated = planned.graph, planned.wanted, planned.annotated
         new: dict[Key, Future] = {}
@@ -1058,6 +1067,35 @@ class _Run:
             # Delayed results are held until no live lazy value needs them; the
             # rest (finalized collections) only until the body has them.
             scope.record(positions, plan.outputs, plan.keep, plan.layers, new)
+
+    async def _given(self, keys: list[Key]) -> dict[Key, Returned | Raised]:
+        """The outcomes the extensions have already for some of ``keys``
+        (their ``supplied`` hook); one that raises is logged, and gives none."""
+        out: dict[Key, Returned | Raised] = {}
+        for ext in self.active.supplied:
+            try:
+                given = await ext.supplied(self, keys)
+            except Exception:
+                extensions.logger.exception("dask_coro extension %r failed in supplied", ext.name)
+                continue
+            for key, outcome in given.items():
+                if key in keys and key not in out and type(outcome) in (Returned, Raised):
+                    out[key] = outcome
+        return out
+
+    async def _supply(self, planned: _Planned) -> None:
+        """Send the tasks of ``planned`` whose outcome an extension has already
+        as that value (or a task raising that error), not as their tasks; the
+        scheduler culls the tasks only they needed."""
+        graph = planned.graph
+        given = await self._given(list(graph))
+        for key, outcome in given.items():
+            if type(outcome) is Returned:
+                graph[key] = DataNode(key, outcome.value)
+            else:
+                graph[key] = Task(key, _reraise, DataNode(None, outcome.error))  # type: ignore[union-attr]
+        if given:
+            planned.message = None  # the graph changed since the lane serialized it
 
     async def _join(self, tramp: Trampoline, frame: Frame) -> Outcome:
         """Wait for the remote leaves of ``frame`` (the top one) and resume it

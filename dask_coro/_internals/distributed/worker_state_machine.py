@@ -21,6 +21,25 @@ def worker_task_annotations(worker: Any, key: Key) -> dict[str, Any]:
     return dict(ts.annotations or {}) if ts is not None else {}
 
 
+def worker_task_error(worker: Any, key: Key) -> BaseException | None:
+    """The error ``key``'s task raised on this worker, if it is in state
+    ``error`` there (``WorkerTaskState.exception``: a ``Serialize`` of the
+    bytes this worker pickled it to, ``distributed.core.error_message``),
+    else None."""
+    from distributed.protocol.pickle import loads
+
+    ts = worker.state.tasks.get(key)
+    if ts is None or ts.state != "error" or ts.exception is None:
+        return None
+    error = getattr(ts.exception, "data", None)
+    if isinstance(error, bytes):
+        try:
+            error = loads(error)
+        except Exception:
+            return None
+    return error if isinstance(error, BaseException) else None
+
+
 def worker_task_state(worker: Any, key: Key) -> str | None:
     """The state of ``key`` in the worker's state machine, or None if the
     worker does not know it (``Worker.state.tasks``, a dict of TaskState)."""
