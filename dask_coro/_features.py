@@ -18,6 +18,7 @@ from .promise import extension as promise
 from .lifetimes import extension as lifetimes
 from .diagnostics import extension as diagnostics
 from .durability import extension as durability
+from .durable import extension as durable
 from .runtime import stealing
 from .release import extension as release
 from .stream import extension as stream
@@ -26,4 +27,4 @@ from .groups import extension as groups
 
 # isort: on
 
-__all__ = ["diagnostics", "durability", "groups", "lifetimes", "promise", "release", "resources", "stealing", "stream"]
+__all__ = ["diagnostics", "durability", "durable", "groups", "lifetimes", "promise", "release", "resources", "stealing", "stream"]

@@ -1,0 +1,489 @@
+"""The store of durable runs (no distributed, no event loop: plain files).
+
+A store is a local directory (``os``, ``pathlib``) or any fsspec URL. Its
+layout::
+
+    key                          the HMAC key of a local store (0600), made with it
+    runs/<run>/run.json          the run's root key, state, start and end (JSON)
+    runs/<run>/result            the root's value, once the run finished (an entry)
+    runs/<run>/children/<child>  each child's value or error (an entry)
+
+``<run>`` and ``<child>`` are hashes of the root's key and the child's key.
+A write is atomic: a temporary file, then ``os.replace`` (fsspec: ``mv``,
+or one PUT on an object store), so a process killed mid-write leaves no
+torn entry under an entry's name.
+
+An entry is ``MAGIC``, an HMAC-SHA256 of the rest, then the rest: a JSON
+header (the key, the token of its call, value or error) and a pickle. The
+pickle is loaded only once the HMAC and the header check: an entry written
+by anyone without the store's key, or for another key or another call, is
+never unpickled; it is dropped with a warning naming the key, and the key
+is computed again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import pickle
+import secrets
+import shutil
+import stat
+import struct
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.keys import slot_of
+
+logger = logging.getLogger("dask_coro")
+
+MAGIC = b"DCSTORE1"
+_MAC = 32  # bytes of an HMAC-SHA256
+_OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "memory"})
+#: The states of a run (``run.json``).
+STATES = ("running", "finished", "failed")
+
+
+class StoreError(ValueError):
+    """A store that cannot be used as configured (its key, its key file)."""
+
+
+def token_of(key: Any) -> str | None:
+    """The token of the call a child's key names (its content part,
+    ``core.keys.child_key``), or None for a key that is not a derived
+    child's (a key the user named: not stored)."""
+    if slot_of(key) is None:
+        return None
+    return str(key)[-16:]
+
+
+def _digest(key: Any) -> str:
+    return hashlib.blake2b(repr(key).encode(), digest_size=16).hexdigest()
+
+
+def _dumps(obj: Any) -> bytes:
+    try:
+        return pickle.dumps(obj, protocol=5)
+    except Exception:  # a lambda, a class made in a function: as distributed pickles them
+        import cloudpickle
+
+        return cloudpickle.dumps(obj, protocol=5)
+
+
+def _json_key(key: Any) -> Any:
+    return list(key) if isinstance(key, tuple) else key
+
+
+def key_from_json(key: Any) -> Any:
+    """A key as ``run.json`` keeps it (a tuple key as a list)."""
+    return tuple(key_from_json(k) for k in key) if isinstance(key, list) else key
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One run of a store (``Store.runs``)."""
+
+    key: Any
+    state: str
+    started: float
+    ended: float | None
+    children: int
+    bytes: int
+
+
+class _Local:
+    """A local directory: ``os`` and ``pathlib``."""
+
+    protocol = "file"
+
+    def __init__(self, root: str):
+        self.root = os.path.abspath(os.path.expanduser(root))
+
+    def join(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+
+    def read(self, path: str) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def write(self, path: str, data: bytes) -> None:
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except FileNotFoundError:
+            # The directory went (the run finished, or was forgotten, meanwhile).
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def remove(self, path: str) -> None:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+
+    def remove_tree(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+    def names(self, path: str) -> dict[str, int]:
+        """Files in ``path`` (not temporary ones) and their sizes."""
+        out = {}
+        try:
+            with os.scandir(path) as it:
+                for e in it:
+                    if not e.name.endswith(".tmp"):
+                        try:
+                            out[e.name] = e.stat().st_size
+                        except FileNotFoundError:
+                            pass
+        except FileNotFoundError:
+            pass
+        return out
+
+
+class _Remote:
+    """Any fsspec URL."""
+
+    def __init__(self, url: str):
+        import fsspec
+
+        self.fs, self.root = fsspec.core.url_to_fs(url)
+        protocol = self.fs.protocol
+        self.protocol = protocol if isinstance(protocol, str) else protocol[0]
+        self.root = self.root.rstrip("/")
+
+    def join(self, *parts: str) -> str:
+        return "/".join((self.root, *parts))
+
+    def makedirs(self, path: str) -> None:
+        self.fs.makedirs(path, exist_ok=True)
+
+    def read(self, path: str) -> bytes | None:
+        try:
+            data: bytes = self.fs.cat_file(path)
+            return data
+        except FileNotFoundError:
+            return None
+
+    def write(self, path: str, data: bytes) -> None:
+        if self.protocol in _OBJECT_STORES:
+            self.fs.pipe_file(path, data)  # one PUT: atomic
+            return
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        self.fs.pipe_file(tmp, data)
+        self.fs.mv(tmp, path)
+
+    def exists(self, path: str) -> bool:
+        return bool(self.fs.exists(path))
+
+    def remove(self, path: str) -> None:
+        try:
+            self.fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+
+    def remove_tree(self, path: str) -> None:
+        try:
+            self.fs.rm(path, recursive=True)
+        except FileNotFoundError:
+            pass
+
+    def names(self, path: str) -> dict[str, int]:
+        try:
+            found = self.fs.ls(path, detail=True)
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for e in found:
+            name = e["name"].rstrip("/").rsplit("/", 1)[-1]
+            if e.get("type") != "directory" and not name.endswith(".tmp"):
+                out[name] = int(e.get("size") or 0)
+        return out
+
+
+def is_url(location: str) -> bool:
+    return "://" in location and not location.startswith("file://")
+
+
+@dataclass(frozen=True)
+class Found:
+    """A stored outcome: a value, or an error (``error`` True)."""
+
+    value: Any
+    error: bool
+
+
+class Store:
+    """The store at ``location`` (a directory or an fsspec URL), its entries
+    authenticated with ``secret`` (the setting ``coro.durability.store-key``),
+    else with the local store's key file, made with the store."""
+
+    def __init__(self, location: str, secret: str | bytes | None = None):
+        if not isinstance(location, (str, os.PathLike)) or not str(location):
+            raise StoreError(
+                f"coro.durability.store: {location!r} is not a directory path or an fsspec URL"
+            )
+        location = os.fspath(location)
+        self.location = location
+        if location.startswith("file://"):
+            location = location[len("file://"):]
+        self.fs: _Local | _Remote = _Remote(location) if is_url(location) else _Local(location)
+        self._secret = secret
+        self._mac_key: bytes | None = None
+
+    def __repr__(self) -> str:
+        return f"<Store {self.location!r}>"
+
+    # -- the key -------------------------------------------------------------
+
+    @property
+    def mac_key(self) -> bytes:
+        if self._mac_key is None:
+            secret = self._secret
+            if secret:
+                self._mac_key = secret.encode() if isinstance(secret, str) else bytes(secret)
+            elif isinstance(self.fs, _Local):
+                self._mac_key = self._key_file()
+            else:
+                raise StoreError(
+                    f"coro.durability.store {self.location!r} is a URL: set "
+                    "coro.durability.store-key too (the same secret on every host), "
+                    "since a key file kept in a shared store would be readable and "
+                    "writable by whoever can write the store"
+                )
+        return self._mac_key
+
+    def _key_file(self) -> bytes:
+        """The local store's key: made with the store, readable and writable
+        by its owner only (0600); refused if anyone else could read or
+        replace it."""
+        fs = self.fs
+        assert isinstance(fs, _Local)
+        fs.makedirs(fs.root)
+        path = fs.join("key")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077 or st.st_uid != os.getuid():
+            raise StoreError(
+                f"the key file {path} of store {self.location!r} must be a regular file "
+                "that only its owner can read and write (0600), owned by this user; "
+                "or set coro.durability.store-key"
+            )
+        with open(path, "rb") as f:
+            data = f.read().strip()
+        if len(data) < 32:
+            raise StoreError(f"the key file {path} of store {self.location!r} is too short")
+        return data
+
+    # -- entries -------------------------------------------------------------
+
+    def _pack(self, key: Any, token: str | None, value: Any, error: bool) -> bytes:
+        header = json.dumps({"key": repr(key), "token": token, "error": error}).encode()
+        body = struct.pack("<I", len(header)) + header + _dumps(value)
+        return MAGIC + hmac.new(self.mac_key, body, hashlib.sha256).digest() + body
+
+    def _unpack(self, data: bytes, key: Any, token: str | None) -> Found | None:
+        """The outcome in ``data`` if it checks (its HMAC, then its key and
+        token), else None with a warning naming ``key``; unpickled only
+        once it checks."""
+        why = None
+        if len(data) < len(MAGIC) + _MAC + 4 or not data.startswith(MAGIC):
+            why = "it is not an entry (corrupt)"
+        else:
+            mac, body = data[len(MAGIC) : len(MAGIC) + _MAC], data[len(MAGIC) + _MAC :]
+            if not hmac.compare_digest(mac, hmac.new(self.mac_key, body, hashlib.sha256).digest()):
+                why = "its HMAC does not check with the store's key (written by someone else, or corrupt)"
+            else:
+                (n,) = struct.unpack("<I", body[:4])
+                try:
+                    header = json.loads(body[4 : 4 + n])
+                except ValueError:
+                    header = None
+                if not isinstance(header, dict) or header.get("key") != repr(key):
+                    why = "it is the entry of another key"
+                elif header.get("token") != token:
+                    why = f"it is of another call (token {header.get('token')}, now {token})"
+                else:
+                    try:
+                        return Found(pickle.loads(body[4 + n :]), bool(header.get("error")))
+                    except Exception as e:
+                        why = f"it does not unpickle here: {e!r}"
+        logger.warning(
+            "dask_coro: the stored entry of %r in %s is not used, %s; computing it again",
+            key, self.location, why,
+        )
+        return None
+
+    # -- runs ----------------------------------------------------------------
+
+    def run_dir(self, root: Any) -> str:
+        return self.fs.join("runs", _digest(root))
+
+    def child_path(self, root: Any, key: Any) -> str:
+        return self.fs.join("runs", _digest(root), "children", _digest(key))
+
+    def child_name(self, key: Any) -> str:
+        return _digest(key)
+
+    def stored_children(self, root: Any) -> set[str]:
+        """The names (``child_name``) of the children stored for ``root``."""
+        return set(self.fs.names(self.fs.join("runs", _digest(root), "children")))
+
+    def put_child(self, root: Any, key: Any, value: Any, error: bool = False, *, again: bool = False) -> bool:
+        """Store a child's value (or error) under ``root``'s run, unless it is
+        stored already (``again``: even so); False if ``key`` is no child's
+        key (none is stored: a key the user named)."""
+        token = token_of(key)
+        if token is None:
+            return False
+        path = self.child_path(root, key)
+        if not again and self.fs.exists(path):
+            return True
+        data = self._pack(key, token, value, error)
+        self.fs.write(path, data)
+        return True
+
+    def get_child(self, root: Any, key: Any) -> Found | None:
+        """A child's stored outcome if there is one that checks (else None:
+        an entry that does not check is dropped, with a warning)."""
+        token = token_of(key)
+        if token is None:
+            return None
+        path = self.child_path(root, key)
+        data = self.fs.read(path)
+        if data is None:
+            return None
+        found = self._unpack(data, key, token)
+        if found is None:
+            self.fs.remove(path)
+        return found
+
+    def started(self, root: Any) -> None:
+        """The run of ``root`` starts (again): state running."""
+        info = self._meta(root) or {}
+        meta = {
+            "key": _json_key(root),
+            "state": "running",
+            "started": info.get("started") or time.time(),
+            "ended": None,
+        }
+        self._write_meta(root, meta)
+
+    def finished(self, root: Any, value: Any) -> None:
+        """The run of ``root`` returned ``value``: kept alone, its children dropped."""
+        d = self.run_dir(root)
+        self.fs.write(self.fs.join(d, "result"), self._pack(root, None, value, False))
+        meta = self._meta(root) or {"key": _json_key(root), "started": time.time()}
+        meta.update(state="finished", ended=time.time())
+        self._write_meta(root, meta)
+        self.fs.remove_tree(self.fs.join(d, "children"))
+
+    def failed(self, root: Any) -> None:
+        """The run of ``root`` raised: its children stay, for a run again."""
+        meta = self._meta(root) or {"key": _json_key(root), "started": time.time()}
+        meta.update(state="failed", ended=time.time())
+        self._write_meta(root, meta)
+
+    def result(self, root: Any) -> Found | None:
+        """The stored value of a finished run's root, if it checks."""
+        meta = self._meta(root)
+        if not meta or meta.get("state") != "finished":
+            return None
+        path = self.fs.join(self.run_dir(root), "result")
+        data = self.fs.read(path)
+        if data is None:
+            return None
+        found = self._unpack(data, root, None)
+        if found is None:
+            self.fs.remove(path)
+        return found
+
+    def _meta(self, root: Any) -> dict[str, Any] | None:
+        return self._read_meta(self.run_dir(root))
+
+    def _read_meta(self, d: str) -> dict[str, Any] | None:
+        data = self.fs.read(self.fs.join(d, "run.json"))
+        if data is None:
+            return None
+        try:
+            meta = json.loads(data)
+        except ValueError:
+            return None
+        return meta if isinstance(meta, dict) else None
+
+    def _write_meta(self, root: Any, meta: dict[str, Any]) -> None:
+        d = self.run_dir(root)
+        self.fs.makedirs(self.fs.join(d, "children"))
+        self.fs.write(self.fs.join(d, "run.json"), json.dumps(meta).encode())
+
+    def runs(self) -> list[RunInfo]:
+        """Every run of the store, the oldest first."""
+        out = []
+        for name in self._run_names():
+            d = self.fs.join("runs", name)
+            meta = self._read_meta(d)
+            if meta is None:
+                continue
+            children = self.fs.names(self.fs.join(d, "children"))
+            own = self.fs.names(d)
+            state = meta.get("state")
+            out.append(
+                RunInfo(
+                    key=key_from_json(meta.get("key")),
+                    state=state if state in STATES else "running",
+                    started=float(meta.get("started") or 0.0),
+                    ended=meta.get("ended"),
+                    children=len(children),
+                    bytes=sum(children.values()) + sum(own.values()),
+                )
+            )
+        out.sort(key=lambda r: r.started)
+        return out
+
+    def _run_names(self) -> Iterator[str]:
+        fs = self.fs
+        if isinstance(fs, _Local):
+            try:
+                with os.scandir(fs.join("runs")) as it:
+                    yield from sorted(e.name for e in it if e.is_dir())
+            except FileNotFoundError:
+                return
+        else:
+            try:
+                found = fs.fs.ls(fs.join("runs"), detail=True)
+            except FileNotFoundError:
+                return
+            for e in found:
+                if e.get("type") == "directory":
+                    yield e["name"].rstrip("/").rsplit("/", 1)[-1]
+
+    def forget(self, root: Any) -> bool:
+        """Delete the run of ``root``; whether there was one."""
+        d = self.run_dir(root)
+        there = self.fs.exists(self.fs.join(d, "run.json")) or self.fs.exists(d)
+        self.fs.remove_tree(d)
+        return there
