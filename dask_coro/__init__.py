@@ -24,6 +24,8 @@ from ._exceptions import PromiseError as PromiseError
 from ._exceptions import StreamReplayInconsistentError as StreamReplayInconsistentError
 from ._exceptions import VersionMismatchError as VersionMismatchError
 from .core import accel as _accel
+from .durable.api import forget_run as forget_run
+from .durable.api import runs as runs
 from .groups.api import Child as Child
 from .groups.api import Group as Group
 from .groups.api import group as group
@@ -116,12 +118,14 @@ __all__ = [
     "current_key",
     "emit",
     "engine",
+    "forget_run",
     "gather",
     "group",
     "progress",
     "progress_async",
     "release_abandoned",
     "result",
+    "runs",
     "stream",
     "tie",
     "tree",

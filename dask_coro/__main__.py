@@ -146,11 +146,41 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def _runs(argv: Sequence[str]) -> int:
+    """``python -m dask_coro runs``: the durable runs of a store, or forget one."""
+    parser = argparse.ArgumentParser(
+        prog=f"{_prog()} runs",
+        description="List the durable runs of a store (coro.durability.store), or forget one.",
+        formatter_class=_Help,
+    )
+    parser.add_argument("--store", help="a directory or an fsspec URL (default: coro.durability.store)")
+    parser.add_argument("--forget", metavar="KEY", help="delete the run of this root key instead")
+    args = parser.parse_args(argv)
+    try:
+        if args.forget is not None:
+            there = dask_coro.forget_run(args.forget, store=args.store)
+            print(f"forgot {args.forget!r}" if there else f"no run {args.forget!r} in the store")
+            return 0 if there else 1
+        found = dask_coro.runs(store=args.store)
+    except ValueError as e:
+        _error(str(e))
+        return 2
+    print(f"{'key':<40} {'state':<9} {'started':<19} {'children':>8} {'bytes':>12}")
+    for run in found:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started))
+        print(f"{run.key!s:<40} {run.state:<9} {started:<19} {run.children:>8} {run.bytes:>12}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["runs"]:
+        return _runs(argv[1:])
     parser = argparse.ArgumentParser(
         prog=_prog(),
         description="Run the dask_coro demo (fib, async fib, process_all, a "
-        "promise, shared memory).",
+        "promise, shared memory). 'runs' instead lists (or forgets) durable runs: "
+        "see its --help.",
         formatter_class=_Help,
     )
     parser.add_argument(

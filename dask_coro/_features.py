@@ -18,12 +18,12 @@ from .promise import extension as promise
 from .lifetimes import extension as lifetimes
 from .diagnostics import extension as diagnostics
 from .durability import extension as durability
-from .durable import extension as durable
 from .runtime import stealing
 from .release import extension as release
 from .stream import extension as stream
 from .resources import extension as resources
 from .groups import extension as groups
+from .durable import extension as durable
 
 # isort: on
 

@@ -283,7 +283,10 @@ def test_user_yaml_file_is_picked_up(tmp_path):
 # -- every setting is checked where a computation uses it ----------------------------
 
 #: A bad value of each kind of setting the schema describes.
-BAD = {"time-interval": "soon", "boolean": "no", "integer": "many", "enum": "sometimes", "size-or-fraction": "lots"}
+BAD = {
+    "time-interval": "soon", "boolean": "no", "integer": "many", "enum": "sometimes", "size-or-fraction": "lots",
+    "string|null": 5,
+}
 
 
 def kind_of(entry: dict) -> str:
@@ -291,7 +294,8 @@ def kind_of(entry: dict) -> str:
         return entry["format"]
     if "enum" in entry:
         return "enum"
-    return entry["type"]
+    kind = entry["type"]
+    return "|".join(kind) if isinstance(kind, list) else kind
 
 
 @pytest.mark.parametrize("key", sorted(_config.SETTINGS))

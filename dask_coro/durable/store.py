@@ -119,17 +119,12 @@ class _Local:
             return None
 
     def write(self, path: str, data: bytes) -> None:
+        # FileNotFoundError: the directory went (the run finished, or was
+        # forgotten, meanwhile); the caller drops the entry.
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except FileNotFoundError:
-            # The directory went (the run finished, or was forgotten, meanwhile).
-            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
