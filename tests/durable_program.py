@@ -35,7 +35,11 @@ def run(n: int, folder: str, slow: int):
 
 def main() -> None:
     store, folder, n, slow = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    with dask.config.set({"coro.durability.store": store}):
+    # A worker is sent no more tasks than it has threads (queued on the
+    # scheduler instead): none waits behind a held child on a busy worker
+    # while a thread is free on the other.
+    settings = {"coro.durability.store": store, "distributed.scheduler.worker-saturation": 1.0}
+    with dask.config.set(settings):
         with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0") as cluster:
             with Client(cluster) as client:
                 value = client.compute(run(n, folder, slow, dask_key_name="durable-program")).result()

@@ -40,6 +40,9 @@ def _child(n: int) -> str:
 def test_an_entry_reads_back_and_checks_its_key_and_token(tmp_path):
     s = Store(str(tmp_path / "st"))
     a, b = _child(1), _child(2)
+    with pytest.raises(FileNotFoundError):
+        s.put_child("root", a, 1)  # a run that has not started (or has finished): none stored
+    s.started("root")
     assert s.put_child("root", a, {"x": 1})
     assert s.put_child("root", b, ValueError("no"), error=True)
     assert not s.put_child("root", "my-named-key", 1)  # a key the user named: not stored
@@ -71,6 +74,7 @@ def test_the_key_file_is_made_with_the_store_for_its_owner_only(tmp_path):
 def test_an_entry_of_another_key_or_corrupt_or_torn_is_never_unpickled(tmp_path):
     s = Store(str(tmp_path / "st"))
     k = _child(3)
+    s.started("root")
     s.put_child("root", k, 3)
     path = s.child_path("root", k)
     good = Path(path).read_bytes()
@@ -250,6 +254,30 @@ async def test_a_stored_error_is_raised_again_at_its_yield(c, s, a, b, tmp_path)
             await _compute(c, s, with_an_error(folder, True, dask_key_name="run"))
         assert await _compute(c, s, with_an_error(folder, False, dask_key_name="run")) == ("child 1", 20)
     assert _lines(folder, "executions") == ["f1", "2"]
+
+
+@coroutine
+def grouped(n, folder, fail):
+    out = []
+    with dask_coro.group() as g:
+        for i in range(n):
+            g.spawn(dask.delayed(work)(i, folder))
+        while g:
+            _, value = yield g.next()
+            out.append(value)
+    if fail:
+        raise ValueError("fails")
+    return sorted(out)
+
+
+@cluster()
+async def test_a_groups_stored_children_are_not_computed_again(c, s, a, b, tmp_path):
+    folder, store = str(tmp_path), str(tmp_path / "store")
+    with dask.config.set({"coro.durability.store": store}):
+        with pytest.raises(ValueError):
+            await _compute(c, s, grouped(4, folder, True, dask_key_name="run"))
+        assert await _compute(c, s, grouped(4, folder, False, dask_key_name="run")) == [0, 10, 20, 30]
+    assert sorted(_lines(folder, "executions")) == ["0", "1", "2", "3"]
 
 
 @cluster()

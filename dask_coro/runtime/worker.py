@@ -831,6 +831,8 @@ class _Run:
         compute = plan.compute  # collections, computed together as in a yield
         computed = list(dict.fromkeys(compute.outputs)) if compute is not None else []
         wanted = [k for k in Scope.wanted(plan.outputs, plan.keep, plan.graph) if k not in computed]
+        if self.active.supplied and plan.graph:
+            await self._given_in(plan.graph)
         new: dict[Key, Future] = {}
         ann = {**self._child_annotations(), **(annotations or {})}
         with submitting_as(self.key), dask.annotate(**ann):
@@ -1087,15 +1089,19 @@ class _Run:
         """Send the tasks of ``planned`` whose outcome an extension has already
         as that value (or a task raising that error), not as their tasks; the
         scheduler culls the tasks only they needed."""
-        graph = planned.graph
+        if await self._given_in(planned.graph):
+            planned.message = None  # the graph changed since the lane serialized it
+
+    async def _given_in(self, graph: dict[Key, Any]) -> bool:
+        """Replace the tasks of ``graph`` whose outcome an extension has
+        (``_given``) by it; whether any was."""
         given = await self._given(list(graph))
         for key, outcome in given.items():
             if type(outcome) is Returned:
                 graph[key] = DataNode(key, outcome.value)
             else:
                 graph[key] = Task(key, _reraise, DataNode(None, outcome.error))  # type: ignore[union-attr]
-        if given:
-            planned.message = None  # the graph changed since the lane serialized it
+        return bool(given)
 
     async def _join(self, tramp: Trampoline, frame: Frame) -> Outcome:
         """Wait for the remote leaves of ``frame`` (the top one) and resume it
