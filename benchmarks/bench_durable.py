@@ -32,7 +32,7 @@ def blob(i, nbytes):
     return bytes([i % 256]) * nbytes
 
 
-def stamp(path):
+def stamp(path, run):
     with open(path, "a") as f:
         f.write(f"{time.time()}\n")
     return 0
@@ -47,7 +47,7 @@ def many(n, nbytes):
 @coroutine
 def then_new(n, path, fail):
     yield [dask.delayed(blob)(i, 16) for i in range(n)]
-    yield dask.delayed(stamp)(path)
+    yield dask.delayed(stamp)(path, fail)  # another call in each run: never stored before
     if fail:
         raise RuntimeError("lost")
     return n
