@@ -13,7 +13,7 @@ import pytest
 from dask.delayed import Delayed
 from dask.local import get_sync
 from distributed import Event, get_worker
-from distributed.utils_test import gen_cluster
+from distributed.utils_test import gen_cluster, inc
 
 from dask_coro._internals import dask_private as dp
 from dask_coro._internals.distributed.client import (
@@ -72,6 +72,7 @@ from dask_coro._internals.distributed.worker_state_machine import (
     total_resources,
     worker_knows,
     worker_task_annotations,
+    worker_task_error,
     worker_task_priority,
     worker_task_state,
 )
@@ -245,6 +246,25 @@ async def test_worker_task_state_and_thread_key(c, s, a):
     assert worker_task_state(a, "no-such-key") is None
     assert worker_knows(a, "sync-task")
     assert thread_task_key() is None  # not inside a task here
+
+
+def _fails():
+    raise ZeroDivisionError("no")
+
+
+@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
+async def test_a_workers_erred_task_keeps_its_error_pickled(c, s, a):
+    """``WorkerTaskState.exception`` is a ``Serialize`` of the bytes the
+    worker pickled the error to (``distributed.core.error_message``)."""
+    f = c.submit(_fails, key="fails")
+    with pytest.raises(ZeroDivisionError):
+        await f
+    error = worker_task_error(a, "fails")
+    assert isinstance(error, ZeroDivisionError) and error.args == ("no",)
+    assert worker_task_error(a, "no-such-key") is None
+    g = c.submit(inc, 1, key="fine")
+    await g
+    assert worker_task_error(a, "fine") is None
 
 
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1)])
