@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import asyncio
 
+import dask
 import pytest
 from distributed import Scheduler, Worker
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from distributed.utils_test import async_poll_for, captured_logger, gen_cluster, gen_test
+from filelog import append as _append
+from filelog import lines as _lines
 from helpers import cluster
 
 from dask_coro import coroutine
+from dask_coro.core.engine import Raised, Returned
 from dask_coro.runtime import extensions
 from dask_coro.runtime.extensions import Extension, register, unregister
 
@@ -416,3 +420,63 @@ def test_each_keeper_names_its_extensions_scheduler_plugin():
             plugin = e.scheduler_plugin()
             assert plugin.name == e.keeper and callable(plugin.keeps)
             assert plugin.keeps("no-such-key", False) is False
+
+
+
+def _inner(folder):
+    _append(folder, "ran", "inner")
+    return 1
+
+
+def _outer(folder, x):
+    _append(folder, "ran", "outer")
+    return x
+
+
+def _other(folder):
+    _append(folder, "ran", "other")
+    return 2
+
+
+@coroutine
+def with_inner(folder):
+    x = yield dask.delayed(_outer)(folder, dask.delayed(_inner)(folder))
+    y = yield dask.delayed(_other)(folder)
+    return x + y
+
+
+class Supplier(Extension):
+    """Has a value for every ``_outer`` task, and the outcome ``own`` for a
+    run of key ``own-run``."""
+
+    name = "test-supplier"
+
+    def __init__(self) -> None:
+        self.asked: list[list] = []
+
+    async def supplied(self, run, keys):
+        self.asked.append(list(keys))
+        if keys == [run.key]:
+            return {run.key: Raised(KeyError("given"))} if run.key == "own-run" else {}
+        return {k: Returned(41) for k in keys if str(k).startswith("outer-")}
+
+
+@cluster(nthreads=[("", 1)])
+async def test_a_supplied_outcome_is_sent_as_a_value_and_its_task_never_runs(c, s, a, tmp_path):
+    """A feature gives a yield's task its value before it is sent (the
+    supplied hook): it never runs; the others run (the Delayed below it too:
+    the run keeps its value for later yields, as always). Given the run's
+    own outcome, the body never runs."""
+    folder = str(tmp_path)
+    assert await c.compute(with_inner(folder)) == 3
+    assert _lines(folder, "ran") == ["inner", "outer", "other"]
+    ext = register(Supplier())
+    try:
+        assert await c.compute(with_inner(folder)) == 43
+        assert _lines(folder, "ran")[3:] == ["inner", "other"]
+        assert any(str(k).startswith("inner-") for keys in ext.asked for k in keys)
+        with pytest.raises(KeyError, match="given"):
+            await c.compute(with_inner(folder, dask_key_name="own-run"))
+        assert ["own-run"] in ext.asked and _lines(folder, "ran")[5:] == []
+    finally:
+        unregister(Supplier.name)

@@ -72,8 +72,9 @@ plugins are installed:
     (an outcome given ends the run with it: its body never runs), and with
     the keys of each yield's tasks before they are sent (each one given is
     sent as its value, or as a task raising its error, instead of its
-    task; a task only those needed is not computed). Where no extension
-    overrides it, nothing is asked.
+    task; the scheduler culls a task only those needed, unless the run
+    asks for it too, as it does for a ``Delayed`` a later yield may use).
+    Where no extension overrides it, nothing is asked.
 ``async submitting(run, client, graph)``
     Before a yield's graph is sent: futures of what the extension submitted
     for it to depend on (it may rewrite ``graph``), held until it is sent.

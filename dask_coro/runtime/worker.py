@@ -1088,7 +1088,7 @@ class _Run:
     async def _supply(self, planned: _Planned) -> None:
         """Send the tasks of ``planned`` whose outcome an extension has already
         as that value (or a task raising that error), not as their tasks; the
-        scheduler culls the tasks only they needed."""
+        scheduler culls the tasks only they needed and nobody asks for."""
         if await self._given_in(planned.graph):
             planned.message = None  # the graph changed since the lane serialized it
 
