@@ -61,6 +61,12 @@ def _timed(store, fn):
         return time.perf_counter() - start
 
 
+SCENARIOS = [  # its section of RESULTS.md, run by run_all.py
+    B.Scenario("durable", "Durable runs: children stored as they finish, and a resume, against the same "
+               "run without a store, run by run_all.py", [], 900, json=False),
+]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=1000)

@@ -51,7 +51,7 @@ MODULES = [
     "profile_fib", "bench_fanout", "bench_process_all", "bench_suspended", "bench_yield_loop",
     "bench_result", "bench_promises", "bench_release", "bench_release_loop",
     "bench_scheduler_cost", "bench_shm", "bench_multihost", "bench_hold", "bench_lend_overhead",
-    "bench_collections", "bench_groups", "bench_fairness", "bench_streams", "bench_chaos",
+    "bench_collections", "bench_groups", "bench_fairness", "bench_streams", "bench_durable", "bench_chaos",
 ]
 
 # Scripts in benchmarks/ that MODULES does not list, and why

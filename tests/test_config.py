@@ -27,6 +27,8 @@ EXPECTED = {
     "coro.inline.switch-interval": "1ms",
     "coro.durability.hold-children": True,
     "coro.durability.hold-bytes": "64MiB",
+    "coro.durability.store": None,
+    "coro.durability.store-key": None,
     "coro.worker-release.enabled": False,
     "coro.lifetimes.retry-delay": "500ms",
     "coro.lifetimes.close-timeout": "10s",

@@ -876,7 +876,7 @@ async def test_pushes_lost_nothing_hangs(c, s, a, b, monkeypatch):
     of no idle thread and runs the whole tree inline, to the same result."""
     from dask_coro.runtime import scheduler as inline_scheduler
 
-    monkeypatch.setattr(inline_scheduler.private, "send_to_worker", lambda *args: False)
+    monkeypatch.setattr(inline_scheduler, "send_to_worker", lambda *args: False)
     where = await c.compute(sleepy_where(5), workers=[a.address])
     assert where == [a.address] * 32
     plugin = s.plugins[INLINE]

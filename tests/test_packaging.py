@@ -73,6 +73,8 @@ def _assigned(path: pathlib.Path, name: str):
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
             return ast.literal_eval(node.value)
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == name and node.value is not None:
+            return ast.literal_eval(node.value)
     raise AssertionError(f"{path.name} assigns no {name}")
 
 
