@@ -89,3 +89,33 @@ def test_every_benchmark_script_is_run_by_the_driver():
     assert set(modules) | set(not_run) <= scripts  # nothing listed that is gone
     assert not set(modules) & set(not_run)
     assert len(modules) == len(set(modules))
+
+
+def _setup_py():
+    import runpy
+
+    return runpy.run_path(str(ROOT / "setup.py"), run_name="setup_py")  # not __main__: no setup()
+
+
+def test_the_compiled_engine_is_left_out_where_it_cannot_run(monkeypatch, capsys):
+    left_out = _setup_py()["left_out"]
+    assert left_out((3, 11), "cpython", 0) is None
+    assert left_out((3, 13), "cpython", None) is None
+    assert "free-threaded" in left_out((3, 13), "cpython", 1)
+    assert "CPython 3.14" in left_out((3, 14), "cpython", 0)
+    assert "CPython 3.9" in left_out((3, 9), "cpython", 0)
+    assert "pypy" in left_out((3, 10), "pypy", 0)
+    # where it is left out: the same notice as without a compiler, and an
+    # error where it is required
+    from setuptools import Distribution
+
+    ns = _setup_py()
+    build = ns["OptionalBuildExt"](Distribution())
+    ns["OptionalBuildExt"].run.__globals__["left_out"] = lambda: "a free-threaded Python"
+    monkeypatch.delenv("DASK_CORO_REQUIRE_COMPILED", raising=False)
+    build.run()
+    assert capsys.readouterr().err == (
+        "dask_coro: the compiled engine was not built (a free-threaded Python); installing the pure engine\n")
+    monkeypatch.setenv("DASK_CORO_REQUIRE_COMPILED", "1")
+    with pytest.raises(RuntimeError, match="a free-threaded Python"):
+        build.run()

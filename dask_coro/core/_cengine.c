@@ -23,11 +23,26 @@
  *       object as CoroutineFunction.__call__ (pure: runtime/call.py
  *       _MakesCalls) does, in C.
  *
- * CPython's public C API (PyIter_Send: 3.10), 3.10 to 3.13.
+ * CPython's public C API (PyIter_Send: 3.10), 3.10 to 3.13, with the GIL.
+ * Every entry checks what it is given: no call from Python, whatever its
+ * arguments, crashes the interpreter (tests/test_engines.py calls each with
+ * wrong ones).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+
+/* The versions it was written and tested for (setup.py leaves it out of
+ * others, as where no compiler is found): it reads member descriptors and
+ * pops a list in place. */
+#if PY_VERSION_HEX < 0x030A0000 || PY_VERSION_HEX >= 0x030E0000
+#error "the compiled engine is written for CPython 3.10 to 3.13"
+#endif
+/* A free-threaded build: lists and the free list of calls are shared
+ * between threads without a lock; the pure engine runs there. */
+#ifdef Py_GIL_DISABLED
+#error "the compiled engine needs the GIL (a free-threaded build runs the pure engine)"
+#endif
 
 /* -- what setup() gives ---------------------------------------------------- */
 
@@ -35,7 +50,6 @@ static int READY = 0;
 static PyObject *NOT_DONE, *PENDING, *STEPPED, *EMPTY, *RANGES, *FAILED, *REQUEST;
 static PyObject *ZERO, *NO_KWARGS;
 static PyObject *TRAMP, *FRAME, *IDLE, *CALL, *PARTIAL, *IS_OWN, *OWN_SEEN, *ANN_VAR;
-static Py_ssize_t NRANGES;
 /* slot offsets */
 static Py_ssize_t F_BODY, F_FUNC, F_DONE, F_UP, F_AT, F_INDEX, F_SHAPE, F_LEAVES, F_RESULTS,
     F_TODO, F_NEXT, F_REMOTE, F_SENT, F_SCOPE, F_ANN, F_IS_ASYNC;
@@ -56,26 +70,99 @@ set_slot(PyObject *o, Py_ssize_t off, PyObject *v)
     Py_XSETREF(*p, v);
 }
 
-/* A slot's offset, from its member descriptor on ``type``. */
+/* The message of a class whose layout the compiled engine cannot use. */
+#define LAYOUT_HINT "(the compiled engine reads and writes it: dask_coro/core/_cengine.c)"
+
+/* A slot's offset, from its member descriptor on ``type`` (a type): one
+ * of its own ``__slots__`` or of a base's. */
 static int
 offset_of(PyObject *type, const char *name, Py_ssize_t *out)
 {
     PyObject *d = PyObject_GetAttrString(type, name);
-    if (d == NULL)
+    if (d == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%R has no slot %s " LAYOUT_HINT, type, name);
         return -1;
-    if (Py_TYPE(d) != &PyMemberDescr_Type) {
-        PyErr_Format(PyExc_TypeError, "%R.%s is not a slot", type, name);
+    }
+    if (Py_TYPE(d) != &PyMemberDescr_Type ||
+        !PyType_IsSubtype((PyTypeObject *)type, ((PyMemberDescrObject *)d)->d_common.d_type)) {
+        PyErr_Format(PyExc_TypeError, "%R.%s is not a slot of the class " LAYOUT_HINT, type, name);
         Py_DECREF(d);
         return -1;
     }
     PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
     if (m->type != T_OBJECT_EX || (m->flags & READONLY)) {
-        PyErr_Format(PyExc_TypeError, "%R.%s is not a writable object slot", type, name);
+        PyErr_Format(PyExc_TypeError, "%R.%s is not a writable object slot " LAYOUT_HINT, type,
+                     name);
         Py_DECREF(d);
         return -1;
     }
     *out = m->offset;
     Py_DECREF(d);
+    return 0;
+}
+
+/* The layout of ``type`` is exactly what the loop reads and writes: the
+ * object slots (``__slots__``) of the classes of its MRO from ``type`` up
+ * to ``top`` (NULL: all but object) are ``names``, each once; no
+ * ``__dict__``, and no ``__weakref__`` unless ``weakrefs``. A slot added to
+ * the Python class, or one removed, fails here, loudly. */
+static int
+check_layout(PyTypeObject *type, PyTypeObject *top, const char *const *names, size_t n,
+             int weakrefs)
+{
+    if (type->tp_dictoffset) {
+        PyErr_Format(PyExc_TypeError, "%R has a __dict__: the compiled engine takes only a class "
+                     "with __slots__ " LAYOUT_HINT, type);
+        return -1;
+    }
+    if (!weakrefs && type->tp_weaklistoffset) {
+        PyErr_Format(PyExc_TypeError, "%R has a __weakref__ slot " LAYOUT_HINT, type);
+        return -1;
+    }
+    size_t seen = 0;
+    PyObject *mro = type->tp_mro;
+    for (Py_ssize_t i = 0; mro != NULL && i < PyTuple_GET_SIZE(mro); i++) {
+        PyTypeObject *b = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+        if (b == &PyBaseObject_Type)
+            break;
+        if (!(b->tp_flags & Py_TPFLAGS_HEAPTYPE) || b->tp_dict == NULL) {
+            PyErr_Format(PyExc_TypeError, "%R derives from %R, not a class defined in Python "
+                         LAYOUT_HINT, type, b);
+            return -1;
+        }
+        PyObject *key, *value;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(b->tp_dict, &pos, &key, &value)) {
+            if (Py_TYPE(value) != &PyMemberDescr_Type ||
+                ((PyMemberDescrObject *)value)->d_common.d_type != b)
+                continue;
+            const char *name = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : NULL;
+            if (name == NULL) {
+                PyErr_Clear();
+                name = "";
+            }
+            size_t k = 0;
+            while (k < n && strcmp(names[k], name) != 0)
+                k++;
+            if (k == n) {
+                PyErr_Format(PyExc_TypeError, "%R has a slot %R that the compiled engine does "
+                             "not know " LAYOUT_HINT, b, key);
+                return -1;
+            }
+            seen++;
+        }
+        if (b == top)
+            break;
+    }
+    if (seen != n) {
+        PyErr_Format(PyExc_TypeError, seen > n ? "%R defines a slot of its base again " LAYOUT_HINT
+                                               : "%R has its slots on other classes " LAYOUT_HINT,
+                     type);
+        return -1;
+    }
     return 0;
 }
 
@@ -108,13 +195,20 @@ truthy_attr(PyObject *o, PyObject *name)
     return r;
 }
 
+/* A slot holding an int, or -2 (no error set) where it holds none, or one
+ * a Py_ssize_t does not hold: the pure loop decides. */
 static Py_ssize_t
 int_slot(PyObject *o, Py_ssize_t off)
 {
     PyObject *v = SLOT(o, off);
     if (v == NULL || !PyLong_CheckExact(v))
-        return -2; /* not a plain int: the pure loop decides */
-    return PyLong_AsSsize_t(v);
+        return -2;
+    Py_ssize_t r = PyLong_AsSsize_t(v);
+    if (r == -1 && PyErr_Occurred()) {
+        PyErr_Clear(); /* OverflowError */
+        return -2;
+    }
+    return r;
 }
 
 /* 0 .. NSMALL-1 as int objects, made once: a frame's positions and yield
@@ -194,7 +288,7 @@ set_yield(PyObject *frame, PyObject *y, Py_ssize_t index)
     for (Py_ssize_t i = 0; i < n; i++)
         PyList_SET_ITEM(results, i, Py_NewRef(PENDING));
     PyObject *todo;
-    if (n < NRANGES) {
+    if (n < PyList_GET_SIZE(RANGES)) {
         todo = Py_NewRef(PyList_GET_ITEM(RANGES, n));
     } else {
         todo = PyTuple_New(n);
@@ -241,7 +335,9 @@ deliver(PyObject *frame, PyObject *leaf, Py_ssize_t pos, PyObject *value)
         PyObject *k = PyLong_FromSsize_t(pos);
         if (k == NULL)
             return -1;
+        Py_INCREF(results);
         int rc = PyObject_SetItem(results, k, value);
+        Py_DECREF(results);
         Py_DECREF(k);
         if (rc < 0)
             return -1;
@@ -275,7 +371,12 @@ stop_set(PyObject *tramp)
         return 0;
     if (v == Py_True)
         return 1;
-    return v == NULL ? truthy_attr(tramp, S_STOP) : PyObject_IsTrue(v);
+    if (v == NULL)
+        return truthy_attr(tramp, S_STOP);
+    Py_INCREF(v);
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
 }
 
 /* Frames whose body returned and that nobody else holds, for the next
@@ -423,6 +524,10 @@ run_flush(PyObject *run, Py_ssize_t *add)
 {
     if (run == NULL || !*add)
         return 0;
+    if (PyList_GET_SIZE(run) != 2) {
+        PyErr_SetString(PyExc_RuntimeError, "run changed size under a step");
+        return -1;
+    }
     Py_ssize_t k = PyLong_AsSsize_t(PyList_GET_ITEM(run, 1));
     if (k == -1 && PyErr_Occurred())
         return -1;
@@ -451,32 +556,40 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
      * pure loop runs itself. */
     PyObject *tramp = args[0], *run = args[2], *stack = args[5], *idle = args[6],
              *call_type = args[7], *ann_now = args[8], *own = args[9];
-    Exit e = {SLOW, Py_NewRef(args[1]), 0, 0, NULL, NULL, NULL, 0, -1, NULL, NULL};
-    e.countdown = PyLong_AsSsize_t(args[3]);
-    if (e.countdown == -1 && PyErr_Occurred()) {
-        Py_DECREF(e.top);
+    if (Py_TYPE(args[1]) != (PyTypeObject *)FRAME) {
+        PyErr_Format(PyExc_TypeError, "steps(): top must be a %R, not %R", FRAME, Py_TYPE(args[1]));
         return NULL;
     }
-    e.barren = PyObject_IsTrue(args[4]);
-    Py_ssize_t iters = 0; /* iterations begun */
+    if (!PyLong_CheckExact(args[3])) {
+        PyErr_Format(PyExc_TypeError, "steps(): countdown must be an int, not %R", Py_TYPE(args[3]));
+        return NULL;
+    }
     if (run == Py_None)
         run = NULL;
     else if (!PyList_CheckExact(run) || PyList_GET_SIZE(run) != 2) {
-        Py_DECREF(e.top);
-        PyErr_SetString(PyExc_TypeError, "run must be None or [func, n]");
+        PyErr_SetString(PyExc_TypeError, "steps(): run must be None or [func, n]");
         return NULL;
     }
-    PyObject *y = NULL, *out = NULL, *leaf = NULL, *func = NULL;
-    Spare spare = {{NULL}, 0};
-    Py_ssize_t run_add = 0; /* calls of run[0] started, not yet added to run[1] */
     if (!PyList_CheckExact(stack)) {
-        PyErr_SetString(PyExc_TypeError, "Trampoline.stack must be a list");
-        goto error;
+        PyErr_SetString(PyExc_TypeError, "steps(): stack must be a list");
+        return NULL;
     }
     if (call_type != CALL) {
         PyErr_Format(PyExc_TypeError, "steps() runs calls of %R only, not %R", CALL, call_type);
-        goto error;
+        return NULL;
     }
+    Exit e = {SLOW, NULL, 0, 0, NULL, NULL, NULL, 0, -1, NULL, NULL};
+    e.countdown = PyLong_AsSsize_t(args[3]);
+    if (e.countdown == -1 && PyErr_Occurred())
+        return NULL;
+    e.barren = PyObject_IsTrue(args[4]);
+    if (e.barren < 0)
+        return NULL;
+    e.top = Py_NewRef(args[1]);
+    Py_ssize_t iters = 0; /* iterations begun */
+    PyObject *y = NULL, *out = NULL, *leaf = NULL, *func = NULL, *cargs = NULL;
+    Spare spare = {{NULL}, 0};
+    Py_ssize_t run_add = 0; /* calls of run[0] started, not yet added to run[1] */
     PyTypeObject *ctype = (PyTypeObject *)call_type;
     Ann ann = {NULL, ann_now, own};
     if (PyCFunction_Check(ann_now)) {
@@ -498,17 +611,23 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t end = PySequence_Fast_GET_SIZE(todo);
         if (i >= end) {
             /* -- top's yield is done: resume it -------------------------- */
-            PyObject *remote = SLOT(top, F_REMOTE), *shape = SLOT(top, F_SHAPE),
-                     *scope = SLOT(top, F_SCOPE), *body = SLOT(top, F_BODY);
-            if (remote == NULL || shape == NULL || scope == NULL || body == NULL)
+            PyObject *remote = SLOT(top, F_REMOTE);
+            if (remote == NULL)
                 goto slow;
+            /* held while its __bool__ runs; this and stop_set may run Python
+             * code: the other slots are read after them */
+            Py_INCREF(remote);
             int r = PyObject_IsTrue(remote);
+            Py_DECREF(remote);
             if (r != 0)
                 goto slow_or_error;
             r = stop_set(tramp);
             if (r != 0)
                 goto slow_or_error;
-            if ((shape != (PyObject *)&PyList_Type && shape != (PyObject *)&PyTuple_Type) ||
+            PyObject *shape = SLOT(top, F_SHAPE), *scope = SLOT(top, F_SCOPE),
+                     *body = SLOT(top, F_BODY);
+            if (shape == NULL || scope == NULL || body == NULL ||
+                (shape != (PyObject *)&PyList_Type && shape != (PyObject *)&PyTuple_Type) ||
                 scope != Py_None || !PyGen_CheckExact(body))
                 goto slow;
             PyObject *results = SLOT(top, F_RESULTS);
@@ -518,10 +637,10 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                                                                 : PyList_AsTuple(results);
             if (value == NULL)
                 goto error;
+            Py_INCREF(body); /* before the stores: what they free may run Python code */
             set_slot(top, F_LEAVES, EMPTY);
             set_slot(top, F_RESULTS, EMPTY);
             set_slot(top, F_ANN, Py_None);
-            Py_INCREF(body);
             PySendResult rc = PyIter_Send(body, value, &y);
             Py_DECREF(value);
             Py_DECREF(body);
@@ -549,15 +668,27 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         PyErr_SetString(PyExc_TypeError, "Frame.at is not an int");
                     goto error;
                 }
+                PyObject *below = PyList_GET_ITEM(stack, n - 2);
+                if (Py_TYPE(below) != (PyTypeObject *)FRAME) {
+                    PyErr_Format(PyExc_TypeError, "the stack holds %R, not a Frame", below);
+                    goto error;
+                }
                 PyObject *done_frame = e.top;
-                e.top = Py_NewRef(PyList_GET_ITEM(stack, n - 2));
+                e.top = Py_NewRef(below);
                 spare_put(&spare, done_frame);
                 PyObject *up_leaves = SLOT(e.top, F_LEAVES);
                 if (up_leaves == NULL) {
                     PyErr_SetString(PyExc_AttributeError, "leaves");
                     goto error;
                 }
-                leaf = PySequence_GetItem(up_leaves, at);
+                if ((PyList_CheckExact(up_leaves) || PyTuple_CheckExact(up_leaves)) &&
+                    at < PySequence_Fast_GET_SIZE(up_leaves)) {
+                    leaf = Py_NewRef(PySequence_Fast_GET_ITEM(up_leaves, at));
+                } else {
+                    Py_INCREF(up_leaves); /* held while its __getitem__ runs */
+                    leaf = PySequence_GetItem(up_leaves, at);
+                    Py_DECREF(up_leaves);
+                }
                 if (leaf == NULL || deliver(e.top, leaf, at, y) < 0)
                     goto error;
                 Py_CLEAR(leaf);
@@ -575,10 +706,10 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 r = ann_plain(&ann);
                 if (r < 0)
                     goto error;
-                if (r && all_calls(y, ctype)) {
-                    Py_ssize_t index = int_slot(top, F_INDEX);
-                    if (index < -1)
-                        goto error_index;
+                Py_ssize_t index = int_slot(top, F_INDEX);
+                /* else (not an int, or one a Py_ssize_t does not hold) the
+                 * pure loop sets the yield up */
+                if (r && index >= -1 && index < PY_SSIZE_T_MAX && all_calls(y, ctype)) {
                     if (set_yield(top, y, index + 1) < 0)
                         goto error;
                     Py_CLEAR(y);
@@ -606,14 +737,25 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 if (gt < 0)
                     goto error;
                 n = gt;
+                /* Python code ran (idle.n): top's yield, read again */
+                todo = SLOT(top, F_TODO);
+                leaves = SLOT(top, F_LEAVES);
+                if (todo == NULL || leaves == NULL ||
+                    !(PyTuple_CheckExact(todo) || PyList_CheckExact(todo)) ||
+                    i >= PySequence_Fast_GET_SIZE(todo))
+                    goto slow;
             }
             if (n > 0)
                 goto slow; /* hand calls out: Stealing._steal */
         }
         PyObject *posobj = PySequence_Fast_GET_ITEM(todo, i);
+        if (!PyLong_CheckExact(posobj))
+            goto slow;
         Py_ssize_t pos = PyLong_AsSsize_t(posobj);
-        if (pos == -1 && PyErr_Occurred())
-            goto error;
+        if (pos == -1 && PyErr_Occurred()) {
+            PyErr_Clear(); /* OverflowError: the pure loop raises what it raises */
+            goto slow;
+        }
         if (!(PyList_CheckExact(leaves) || PyTuple_CheckExact(leaves)) ||
             pos >= PySequence_Fast_GET_SIZE(leaves) || pos < 0)
             goto slow;
@@ -637,6 +779,10 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyList_SetItem(results, pos, done);
             continue;
         }
+        /* From here on Python code may run (a stop's __bool__, _started, the
+         * call): what the call needs is held, not borrowed. */
+        leaf = Py_NewRef(lf);
+        func = Py_NewRef(fn);
         {
             int r = stop_set(tramp);
             if (r != 0)
@@ -644,33 +790,47 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         if (e.countdown <= 1)
             goto slow; /* the pure loop counts and asks ``cancelled`` */
-        PyObject *cargs = SLOT(lf, C_ARGS);
-        if (cargs == NULL || !PyTuple_CheckExact(cargs))
+        cargs = SLOT(leaf, C_ARGS);
+        if (cargs == NULL || !PyTuple_CheckExact(cargs)) {
+            cargs = NULL;
             goto slow;
+        }
+        Py_INCREF(cargs);
         e.countdown--;
         if (set_int_slot(top, F_NEXT, i + 1) < 0)
             goto error;
-        leaf = Py_NewRef(lf);
-        func = Py_NewRef(fn);
         if (run != NULL) {
+            if (PyList_GET_SIZE(run) != 2) {
+                PyErr_SetString(PyExc_RuntimeError, "run changed size under a step");
+                goto error;
+            }
             if (PyList_GET_ITEM(run, 0) == func) {
                 run_add++;
             } else {
                 if (run_flush(run, &run_add) < 0)
                     goto error;
-                PyObject *rf = PyList_GET_ITEM(run, 0), *rn = PyList_GET_ITEM(run, 1);
-                if (PyObject_IsTrue(rn)) {
-                    PyObject *r = PyObject_CallMethodObjArgs(tramp, S_STARTED, rf, rn, NULL);
-                    if (r == NULL)
-                        goto error;
-                    Py_DECREF(r);
+                PyObject *rf = Py_NewRef(PyList_GET_ITEM(run, 0)),
+                         *rn = Py_NewRef(PyList_GET_ITEM(run, 1)), *r = NULL;
+                int started = PyObject_IsTrue(rn);
+                if (started > 0)
+                    r = PyObject_CallMethodObjArgs(tramp, S_STARTED, rf, rn, NULL);
+                Py_DECREF(rf);
+                Py_DECREF(rn);
+                if (started < 0 || (started && r == NULL))
+                    goto error;
+                Py_XDECREF(r);
+                if (PyList_GET_SIZE(run) != 2) {
+                    PyErr_SetString(PyExc_RuntimeError, "run changed size under a step");
+                    goto error;
                 }
-                PyList_SetItem(run, 0, Py_NewRef(func));
-                PyList_SetItem(run, 1, PyLong_FromLong(1));
+                if (PyList_SetItem(run, 0, Py_NewRef(func)) < 0 ||
+                    PyList_SetItem(run, 1, Py_NewRef(SMALL[1])) < 0)
+                    goto error;
             }
         }
         out = PyObject_Vectorcall(func, &PyTuple_GET_ITEM(cargs, 0), PyTuple_GET_SIZE(cargs),
                                   NULL);
+        Py_CLEAR(cargs);
         if (out == NULL) {
             /* it raised: the error goes to its parent's yield */
             PyObject *err = caught(tramp);
@@ -721,10 +881,16 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             }
             Py_DECREF(r3);
             PyObject *tb = SLOT(top, F_BODY);
-            if (tb == NULL || bound(&e, tb, S_THROW) < 0) {
+            if (tb == NULL) {
                 Py_DECREF(err);
-                if (tb == NULL)
-                    PyErr_SetString(PyExc_AttributeError, "body");
+                PyErr_SetString(PyExc_AttributeError, "body");
+                goto error;
+            }
+            Py_INCREF(tb);
+            int b = bound(&e, tb, S_THROW);
+            Py_DECREF(tb);
+            if (b < 0) {
+                Py_DECREF(err);
                 goto error;
             }
             e.code = BREAK;
@@ -736,6 +902,11 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             if (now != top) {
                 /* It waited (dask_coro.result), then returned a body: run
                  * that in the frame it got. */
+                if (now == NULL || Py_TYPE(now) != (PyTypeObject *)FRAME) {
+                    PyErr_Format(PyExc_TypeError, "the stack holds %R, not a Frame",
+                                 now ? now : Py_None);
+                    goto error;
+                }
                 Py_SETREF(e.top, Py_NewRef(now));
                 set_slot(now, F_BODY, out);
                 if (bound(&e, out, S_SEND) < 0)
@@ -831,15 +1002,14 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         continue;
     }
 
-error_index:
-    if (!PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "Frame.index is not an int");
-    goto error;
 slow_or_error:
     if (PyErr_Occurred())
         goto error;
 slow:
     e.code = SLOW;
+    Py_CLEAR(cargs);
+    Py_CLEAR(leaf);
+    Py_CLEAR(func);
     if (iters == 1) {
         /* stopped in its first iteration, before it did anything of it: the
          * pure loop goes on as it was */
@@ -873,6 +1043,7 @@ error:
     Py_XDECREF(out);
     Py_XDECREF(leaf);
     Py_XDECREF(func);
+    Py_XDECREF(cargs);
     exit_clear(&e);
     return NULL;
 }
@@ -933,7 +1104,8 @@ new_call(PyTypeObject *ct)
 /* call_dealloc stands for subtype_dealloc only where that does nothing
  * else: no finalizer, no __del__, no instance dict, and every class of the
  * MRO but object one defined in Python (same dealloc) whose slots are
- * collected here. 0: taken, 1: left as it is, -1: error. */
+ * collected here. Called once (setup_calls): the table is that type's.
+ * 0: taken, 1: left as it is. */
 static int
 fast_dealloc(PyTypeObject *t)
 {
@@ -942,7 +1114,8 @@ fast_dealloc(PyTypeObject *t)
         t->tp_free != PyObject_GC_Del)
         return 1;
     PyObject *mro = t->tp_mro;
-    NCALL_SLOTS = 0;
+    Py_ssize_t slots[MAX_CALL_SLOTS];
+    int nslots = 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
         PyTypeObject *b = (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
         if (b == &PyBaseObject_Type)
@@ -959,11 +1132,13 @@ fast_dealloc(PyTypeObject *t)
             PyMemberDef *m = ((PyMemberDescrObject *)value)->d_member;
             if (m->type != T_OBJECT_EX)
                 continue;
-            if (NCALL_SLOTS == MAX_CALL_SLOTS)
+            if (nslots == MAX_CALL_SLOTS)
                 return 1;
-            CALL_SLOTS[NCALL_SLOTS++] = m->offset;
+            slots[nslots++] = m->offset;
         }
     }
+    memcpy(CALL_SLOTS, slots, sizeof(slots));
+    NCALL_SLOTS = nslots;
     t->tp_dealloc = call_dealloc;
     return 0;
 }
@@ -1047,6 +1222,10 @@ make_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnam
             goto error;
         if (t) {
             set_slot(call, C_ANN, ann);
+            if (PyList_GET_SIZE(OWN_SEEN) != 1) {
+                PyErr_SetString(PyExc_RuntimeError, "setup_calls(own_seen=) changed size");
+                goto error;
+            }
             if (ann != PyList_GET_ITEM(OWN_SEEN, 0)) {
                 PyObject *r = PyObject_CallOneArg(IS_OWN, ann);
                 if (r == NULL)
@@ -1055,13 +1234,16 @@ make_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwnam
                 Py_DECREF(r);
                 if (own < 0)
                     goto error;
-                if (own)
-                    PyList_SetItem(OWN_SEEN, 0, Py_NewRef(ann));
-                else
+                if (!own)
                     func = NULL;
+                else if (PyList_SetItem(OWN_SEEN, 0, Py_NewRef(ann)) < 0)
+                    goto error;
             }
         }
         Py_CLEAR(ann);
+        /* Python code may have run (is_own): what to run inline, read again */
+        if (func != NULL)
+            func = self->inline_ == Py_None ? NULL : self->inline_;
     }
     if (func != NULL) {
         for (i = 0; i < n; i++)
@@ -1176,107 +1358,164 @@ fast_calls(PyObject *module, PyObject *cls)
 
 /* -- setup ----------------------------------------------------------------- */
 
-static PyObject *
-getkw(PyObject *kw, const char *name)
+/* The keyword arguments ``names`` of ``fn`` (all of them, and no other), in
+ * ``out``, borrowed. */
+static int
+take_kwargs(const char *fn, PyObject *args, PyObject *kw, const char *const *names, size_t n,
+            PyObject **out)
 {
-    PyObject *v = kw ? PyDict_GetItemString(kw, name) : NULL;
-    if (v == NULL)
-        PyErr_Format(PyExc_TypeError, "setup: missing %s", name);
-    return v;
+    if (PyTuple_GET_SIZE(args) || kw == NULL || !PyDict_CheckExact(kw)) {
+        PyErr_Format(PyExc_TypeError, "%s() takes keyword arguments only", fn);
+        return -1;
+    }
+    for (size_t k = 0; k < n; k++) {
+        out[k] = PyDict_GetItemString(kw, names[k]);
+        if (out[k] == NULL) {
+            PyErr_Format(PyExc_TypeError, "%s(): missing %s", fn, names[k]);
+            return -1;
+        }
+    }
+    if ((size_t)PyDict_GET_SIZE(kw) != n) {
+        PyErr_Format(PyExc_TypeError, "%s(): unexpected keyword arguments", fn);
+        return -1;
+    }
+    return 0;
 }
 
-#define TAKE(var, name)                     \
-    do {                                    \
-        PyObject *_v = getkw(kw, name);     \
-        if (_v == NULL)                     \
-            return NULL;                    \
-        Py_XSETREF(var, Py_NewRef(_v));     \
-    } while (0)
+/* A second set-up: one with the very objects of the first does nothing,
+ * one with others is an error (a step or a call may be running on the first
+ * ones: the loop never changes them). 1: it was set up, 0: not yet. */
+static int
+set_up_already(const char *fn, PyObject **now, PyObject *const *given, const char *const *names,
+               size_t n)
+{
+    if (now[0] == NULL)
+        return 0;
+    for (size_t k = 0; k < n; k++)
+        if (now[k] != given[k]) {
+            PyErr_Format(PyExc_RuntimeError, "_cengine.%s() was called already, with another "
+                         "%s: the compiled engine is set up once", fn, names[k]);
+            return -1;
+        }
+    return 1;
+}
 
-/* setup(**engine's objects): what the loop shares with engine.py */
+static const char *const SETUP_NAMES[] = {"Trampoline", "Frame", "NOT_DONE", "PENDING", "STEPPED",
+                                          "EMPTY",      "RANGES", "Failed",  "Request",  "Idle"};
+#define NSETUP (sizeof(SETUP_NAMES) / sizeof(SETUP_NAMES[0]))
+/* Frame's slots: all of them, each with what its offset goes to. */
+static const char *const FRAME_SLOTS[] = {"body",   "func",    "done", "up",     "at",    "index",
+                                          "shape",  "leaves",  "results", "todo", "next",
+                                          "remote", "sent",    "scope", "ann",   "is_async"};
+static Py_ssize_t *const FRAME_OFFSETS[] = {&F_BODY,   &F_FUNC,   &F_DONE,    &F_UP,
+                                            &F_AT,     &F_INDEX,  &F_SHAPE,   &F_LEAVES,
+                                            &F_RESULTS, &F_TODO,  &F_NEXT,    &F_REMOTE,
+                                            &F_SENT,   &F_SCOPE,  &F_ANN,     &F_IS_ASYNC};
+#define NFRAME (sizeof(FRAME_SLOTS) / sizeof(FRAME_SLOTS[0]))
+
+/* setup(**engine's objects): what the loop shares with engine.py. Every
+ * object is checked before any is kept. */
 static PyObject *
 setup(PyObject *module, PyObject *args, PyObject *kw)
 {
-    TAKE(TRAMP, "Trampoline");
-    TAKE(FRAME, "Frame");
-    TAKE(IDLE, "Idle");
-    TAKE(NOT_DONE, "NOT_DONE");
-    TAKE(PENDING, "PENDING");
-    TAKE(STEPPED, "STEPPED");
-    TAKE(EMPTY, "EMPTY");
-    TAKE(RANGES, "RANGES");
-    TAKE(FAILED, "Failed");
-    TAKE(REQUEST, "Request");
-    if (!PyType_Check(FRAME) || !PyType_Check(IDLE) || !PyType_Check(FAILED) ||
-        !PyType_Check(REQUEST) || !PyList_CheckExact(RANGES)) {
-        PyErr_SetString(PyExc_TypeError, "setup: Frame, Idle, Failed and Request are types, "
-                                         "RANGES a list");
+    PyObject *v[NSETUP];
+    if (take_kwargs("setup", args, kw, SETUP_NAMES, NSETUP, v) < 0)
+        return NULL;
+    PyObject *tramp = v[0], *frame = v[1], *ranges = v[6], *failed = v[7], *request = v[8],
+             *idle = v[9];
+    if (!PyType_Check(tramp) || !PyType_Check(frame) || !PyType_Check(idle) ||
+        !PyType_Check(failed) || !PyType_Check(request) || !PyList_CheckExact(ranges)) {
+        PyErr_SetString(PyExc_TypeError, "setup(): Trampoline, Frame, Idle, Failed and Request "
+                                         "are classes, RANGES a list");
         return NULL;
     }
-    NRANGES = PyList_GET_SIZE(RANGES);
-    struct {
-        const char *name;
-        Py_ssize_t *off;
-    } fields[] = {
-        {"body", &F_BODY},       {"func", &F_FUNC},       {"done", &F_DONE},
-        {"up", &F_UP},           {"at", &F_AT},           {"index", &F_INDEX},
-        {"shape", &F_SHAPE},     {"leaves", &F_LEAVES},   {"results", &F_RESULTS},
-        {"todo", &F_TODO},       {"next", &F_NEXT},       {"remote", &F_REMOTE},
-        {"sent", &F_SENT},       {"scope", &F_SCOPE},     {"ann", &F_ANN},
-        {"is_async", &F_IS_ASYNC},
-    };
-    for (size_t k = 0; k < sizeof(fields) / sizeof(fields[0]); k++)
-        if (offset_of(FRAME, fields[k].name, fields[k].off) < 0)
+    Py_ssize_t offs[NFRAME], i_n, t_stop;
+    for (size_t k = 0; k < NFRAME; k++)
+        if (offset_of(frame, FRAME_SLOTS[k], &offs[k]) < 0)
             return NULL;
-    if (offset_of(IDLE, "n", &I_N) < 0 || offset_of(TRAMP, "stop", &T_STOP) < 0)
+    if (check_layout((PyTypeObject *)frame, NULL, FRAME_SLOTS, NFRAME, 0) < 0)
         return NULL;
-    if (((PyTypeObject *)FRAME)->tp_alloc != PyType_GenericAlloc) {
-        PyErr_SetString(PyExc_TypeError, "setup: Frame must be a plain class with __slots__");
+    if (((PyTypeObject *)frame)->tp_alloc != PyType_GenericAlloc) {
+        PyErr_Format(PyExc_TypeError, "setup(): %R must be a plain class with __slots__", frame);
         return NULL;
     }
+    if (offset_of(idle, "n", &i_n) < 0 || offset_of(tramp, "stop", &t_stop) < 0)
+        return NULL;
+    PyObject **now[NSETUP] = {&TRAMP, &FRAME,  &NOT_DONE, &PENDING, &STEPPED,
+                              &EMPTY, &RANGES, &FAILED,   &REQUEST, &IDLE};
+    PyObject *cur[NSETUP];
+    for (size_t k = 0; k < NSETUP; k++)
+        cur[k] = *now[k];
+    int again = set_up_already("setup", cur, v, SETUP_NAMES, NSETUP);
+    if (again)
+        return again < 0 ? NULL : Py_NewRef(Py_None);
+    for (size_t k = 0; k < NSETUP; k++)
+        *now[k] = Py_NewRef(v[k]);
+    for (size_t k = 0; k < NFRAME; k++)
+        *FRAME_OFFSETS[k] = offs[k];
+    I_N = i_n;
+    T_STOP = t_stop;
     READY = CALL != NULL;
     Py_RETURN_NONE;
 }
 
+static const char *const CALLS_NAMES[] = {"call_type", "partial", "is_own", "own_seen",
+                                          "annotations"};
+#define NCALLS (sizeof(CALLS_NAMES) / sizeof(CALLS_NAMES[0]))
+/* the call type's own slots */
+static const char *const CALL_NAMES[] = {"_fn",  "__dask_coro_args__",   "_kwargs",
+                                         "_name", "__dask_coro_inline__", "__dask_coro_value__",
+                                         "_ann"};
+static Py_ssize_t *const CALL_OFFSETS[] = {&C_FN, &C_ARGS, &C_KWARGS, &C_NAME,
+                                           &C_INLINE, &C_VALUE, &C_ANN};
+#define NCALL (sizeof(CALL_NAMES) / sizeof(CALL_NAMES[0]))
+
 /* setup_calls(call_type, partial, is_own, own_seen, annotations): what making
- * a call shares with runtime/call.py */
+ * a call shares with runtime/call.py. Once: the free list of calls and the
+ * table of their slots are the call type's. */
 static PyObject *
 setup_calls(PyObject *module, PyObject *args, PyObject *kw)
 {
-    PyObject *call = getkw(kw, "call_type");
-    if (call == NULL)
+    PyObject *v[NCALLS];
+    if (take_kwargs("setup_calls", args, kw, CALLS_NAMES, NCALLS, v) < 0)
         return NULL;
+    PyObject *call = v[0], *own_seen = v[3], *ann_var = v[4];
     if (!PyType_Check(call) || ((PyTypeObject *)call)->tp_alloc != PyType_GenericAlloc ||
         ((PyTypeObject *)call)->tp_new != PyBaseObject_Type.tp_new) {
-        PyErr_Format(PyExc_TypeError, "setup_calls: %R must be a class with __slots__ and "
+        PyErr_Format(PyExc_TypeError, "setup_calls(): %R must be a class with __slots__ and "
                                       "object's __new__", call);
         return NULL;
     }
-    struct {
-        const char *name;
-        Py_ssize_t *off;
-    } fields[] = {
-        {"_fn", &C_FN},        {"__dask_coro_args__", &C_ARGS},
-        {"_kwargs", &C_KWARGS}, {"_name", &C_NAME},
-        {"__dask_coro_inline__", &C_INLINE}, {"__dask_coro_value__", &C_VALUE},
-        {"_ann", &C_ANN},
-    };
-    for (size_t k = 0; k < sizeof(fields) / sizeof(fields[0]); k++)
-        if (offset_of(call, fields[k].name, fields[k].off) < 0)
+    Py_ssize_t offs[NCALL];
+    for (size_t k = 0; k < NCALL; k++)
+        if (offset_of(call, CALL_NAMES[k], &offs[k]) < 0)
             return NULL;
-    TAKE(PARTIAL, "partial");
-    TAKE(IS_OWN, "is_own");
-    TAKE(OWN_SEEN, "own_seen");
-    TAKE(ANN_VAR, "annotations");
-    if (!PyList_CheckExact(OWN_SEEN) || PyList_GET_SIZE(OWN_SEEN) != 1 ||
-        !PyContextVar_CheckExact(ANN_VAR)) {
-        PyErr_SetString(PyExc_TypeError, "setup_calls: own_seen is a list of one, annotations "
+    /* the class that defines them defines no other, nor does a subclass of it */
+    PyObject *d = PyObject_GetAttrString(call, CALL_NAMES[0]);
+    if (d == NULL)
+        return NULL;
+    PyTypeObject *owner = ((PyMemberDescrObject *)d)->d_common.d_type;
+    Py_DECREF(d);
+    if (check_layout((PyTypeObject *)call, owner, CALL_NAMES, NCALL, 1) < 0)
+        return NULL;
+    if (!PyList_CheckExact(own_seen) || PyList_GET_SIZE(own_seen) != 1 ||
+        !PyContextVar_CheckExact(ann_var)) {
+        PyErr_SetString(PyExc_TypeError, "setup_calls(): own_seen is a list of one, annotations "
                                          "a ContextVar");
         return NULL;
     }
-    if (((PyTypeObject *)call)->tp_dealloc != call_dealloc && fast_dealloc((PyTypeObject *)call) < 0)
-        return NULL;
-    Py_XSETREF(CALL, Py_NewRef(call));
+    PyObject *cur[NCALLS] = {CALL, PARTIAL, IS_OWN, OWN_SEEN, ANN_VAR};
+    int again = set_up_already("setup_calls", cur, v, CALLS_NAMES, NCALLS);
+    if (again)
+        return again < 0 ? NULL : Py_NewRef(Py_None);
+    fast_dealloc((PyTypeObject *)call);
+    CALL = Py_NewRef(call);
+    PARTIAL = Py_NewRef(v[1]);
+    IS_OWN = Py_NewRef(v[2]);
+    OWN_SEEN = Py_NewRef(own_seen);
+    ANN_VAR = Py_NewRef(ann_var);
+    for (size_t k = 0; k < NCALL; k++)
+        *CALL_OFFSETS[k] = offs[k];
     READY = FRAME != NULL;
     Py_RETURN_NONE;
 }
@@ -1299,9 +1538,38 @@ static struct PyModuleDef module = {
     "The compiled engine (optional): see dask_coro.core.accel.", -1, module_methods,
 };
 
+/* The interpreter is the one it was built for: the same CPython 3.x (the
+ * layout of objects and types changes between them), with the GIL. Checked
+ * before anything else touches an object: only functions are called. */
+static int
+same_python(void)
+{
+    const char *have = Py_GetVersion();
+    char want[16], shown[24];
+    PyOS_snprintf(want, sizeof(want), "%d.%d.", PY_MAJOR_VERSION, PY_MINOR_VERSION);
+    size_t k = 0;
+    while (k < sizeof(shown) - 1 && have[k] && have[k] != ' ')
+        shown[k] = have[k], k++;
+    shown[k] = '\0';
+    if (strncmp(have, want, strlen(want)) != 0) {
+        PyErr_Format(PyExc_ImportError, "dask_coro.core._cengine was built for CPython %d.%d, "
+                     "not %s: build it again (pip install, or python setup.py build_ext "
+                     "--inplace)", PY_MAJOR_VERSION, PY_MINOR_VERSION, shown);
+        return -1;
+    }
+    if (strstr(have, "free-threading") != NULL) {
+        PyErr_SetString(PyExc_ImportError, "dask_coro.core._cengine needs the GIL: a "
+                        "free-threaded Python runs the pure engine");
+        return -1;
+    }
+    return 0;
+}
+
 PyMODINIT_FUNC
 PyInit__cengine(void)
 {
+    if (same_python() < 0)
+        return NULL;
     if (PyType_Ready(&FunctionBase_Type) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
