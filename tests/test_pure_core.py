@@ -267,6 +267,7 @@ def test_no_module_level_distributed_import_anywhere():
         "lifetimes/registry.py",
         "diagnostics/scheduler.py",
         "durability/scheduler.py",
+        "durable/worker.py",
         "release/scheduler.py",
         "release/worker.py",
         "resources/scheduler.py",
