@@ -56,6 +56,19 @@ def test_one_key_ties_many_ids():
     assert led.assign(WORKERS) == {A.worker: ["r1"], B.worker: ["r2"]}
 
 
+def test_untie_hands_an_id_over_or_lets_it_go():
+    led = Ledger()
+    led.tie("r", "producer", A)
+    led.tie("r", "item", A)
+    led.untie("r", "producer")  # handed over: the item holds it
+    assert led.holders("r") == {"item"} and not led.ties("producer") and not led.owed
+    led.untie("r", "other")  # a key that does not tie it: a no-op
+    assert led.holders("r") == {"item"} and not led.owed
+    led.untie("r", "item")  # let go of by its last key
+    assert led.owed == {"r"} and not led.ties("item")
+    assert led.assign(WORKERS) == {A.worker: ["r"]}
+
+
 def test_tie_to_dead_key_is_owed_at_once():
     led = Ledger()
     led.tie("r", "gone", A, key_alive=False)

@@ -81,6 +81,21 @@ class Ledger:
                 del self._holders[rid]
                 self._owed.add(rid)
 
+    def untie(self, rid: str, key: Key) -> None:
+        """``key`` no longer ties ``rid`` (handed over to another key, or let
+        go of): its release is owed if no other key holds it."""
+        ids = self._ids.get(key)
+        if ids is None or rid not in ids:
+            return
+        ids.discard(rid)
+        if not ids:
+            del self._ids[key]
+        holders = self._holders[rid]
+        holders.discard(key)
+        if not holders:
+            del self._holders[rid]
+            self._owed.add(rid)
+
     def data_gone(self, key: Key) -> None:
         """``key``'s result is held by no worker any more (released, or
         erred): the host-bound ids it ties (shared memory, whose content is

@@ -155,6 +155,19 @@ class LifetimesPlugin(SchedulerPlugin):
                 list(rids),
             )
 
+    def hand_over(self, rids: list[str], old: Key, new: Key | None, worker: str) -> None:
+        """Called on the scheduler by a feature: ``rids``, tied to ``old``,
+        are tied to ``new`` instead (None: to no key, released unless another
+        key holds them). A stream's producer ties the segments of its items
+        to its own key before they exist, and hands each over to the item's
+        key once published."""
+        if new is not None:
+            self._tie(list(rids), new, worker, host_bound=True)
+        for rid in rids:
+            self.ledger.untie(rid, old)
+        if self.ledger.owed:
+            self._dispatch_soon()
+
     def _tie(self, rids: list[str], key: Key, worker: str, host_bound: bool = False) -> bool:
         ws = self.scheduler.workers.get(worker)
         # A worker that has just left still tied these on its host.

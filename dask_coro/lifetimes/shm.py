@@ -54,6 +54,9 @@ _lock = threading.Lock()
 _mapped: weakref.WeakValueDictionary[str, _Segment] = weakref.WeakValueDictionary()
 #: Mapped segments whose lifetime the cluster manages (they may be in results).
 _managed: weakref.WeakSet[_Segment] = weakref.WeakSet()
+#: Names reserved in this process (``reserve``), their releases recorded and
+#: tied, not made yet: a release run meanwhile takes the name out.
+_reserved: set[str] = set()
 
 
 def _posix() -> Any:
@@ -66,7 +69,10 @@ def _posix() -> Any:
 
 def _unlink(name: str) -> None:
     """Release of a segment: unlink its name (and a sending marker a worker
-    that died mid-send left for it: ``sending_to``). Idempotent."""
+    that died mid-send left for it: ``sending_to``). Idempotent. A name
+    reserved in this process and not made yet never will be (``copy_into``)."""
+    with _lock:
+        _reserved.discard(name)
     try:
         _posix().shm_unlink("/" + name)
     except FileNotFoundError:
@@ -109,10 +115,9 @@ class _Segment:
 
 
 def _create(nbytes: int) -> _Segment:
-    posix = _posix()
     key: Any = None
     managed = False
-    name = PREFIX + uuid.uuid4().hex[:16]  # short: macOS allows 31 characters
+    name = new_name()
     try:
         from distributed import get_worker
 
@@ -127,15 +132,7 @@ def _create(nbytes: int) -> _Segment:
         # Tied before it exists: a worker dying between the two leaves a
         # release with nothing to unlink, never a segment nobody releases.
         managed = tie_quietly(name, _unlink, key)
-    fd = posix.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
-    try:
-        os.ftruncate(fd, max(nbytes, 1))  # zero-filled; mmap refuses length 0
-        mm = mmap.mmap(fd, max(nbytes, 1))
-    except BaseException:
-        _unlink(name)
-        raise
-    finally:
-        os.close(fd)
+    mm = _open_new(name, nbytes)
     segment = _Segment(name, mm, managed=managed)
     with _lock:
         _mapped[name] = segment
@@ -146,6 +143,58 @@ def _create(nbytes: int) -> _Segment:
         # this process drops its last array over it, or exits.
         weakref.finalize(segment, _unlink, name)
     return segment
+
+
+def new_name() -> str:
+    """A new segment name (short: macOS allows 31 characters)."""
+    return PREFIX + uuid.uuid4().hex[:16]
+
+
+def reserve(worker: Any, n: int) -> list[str]:
+    """Names for ``n`` segments to make later (``copy_into``), their releases
+    recorded on this host (in a task's thread: the first call installs the
+    plugins). Tie them (``tie.tie_names``) before making them: a worker dying
+    at any point then leaves a release the cluster runs, never a segment
+    nobody releases."""
+    from .tie import ensure_installed
+
+    plugin = ensure_installed(worker)
+    names = [new_name() for _ in range(n)]
+    with _lock:
+        _reserved.update(names)
+    for name in names:
+        plugin.record(name, _unlink)
+    return names
+
+
+def _open_new(name: str, nbytes: int) -> mmap.mmap:
+    fd = _posix().shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    try:
+        os.ftruncate(fd, max(nbytes, 1))  # zero-filled; mmap refuses length 0
+        return mmap.mmap(fd, max(nbytes, 1))
+    except BaseException:
+        _unlink(name)
+        raise
+    finally:
+        os.close(fd)
+
+
+def copy_into(name: str, a: np.ndarray) -> ShmArray | None:
+    """A copy of ``a`` (its shape, dtype and C or Fortran order) in a new
+    segment under the reserved ``name``, whose release the caller recorded
+    and tied before (``reserve``): the segment is managed by the
+    cluster. None if that release ran meanwhile (its key was forgotten)."""
+    order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
+    with _lock:  # not released while it is made: a release takes the lock
+        if name not in _reserved:
+            return None
+        _reserved.discard(name)
+        mm = _open_new(name, a.nbytes)
+        segment = _mapped[name] = _Segment(name, mm, managed=True)
+        _managed.add(segment)
+    out = segment.array(a.shape, a.dtype, _strides(a.shape, a.dtype.itemsize, order), 0)
+    out[...] = a
+    return out
 
 
 class _Handle:

@@ -130,14 +130,28 @@ async def hold_segments(worker: Any, key: Key, value: Any) -> None:
     shm = sys.modules.get("dask_coro.lifetimes.shm")
     if shm is None or not shm.any_attached():
         return
+    await hold_names(worker, key, shm.segments_in(value))
+
+
+async def hold_names(worker: Any, key: Key, names: set[str]) -> None:
+    """``hold_segments`` of the segments named ``names``."""
     plugin = worker_plugin(worker, NAME)
     sent = plugin.sent_ties.setdefault(key, set()) if plugin is not None else set()
-    rids = shm.segments_in(value) - sent
+    rids = names - sent
     if rids:
         await worker.scheduler.dask_coro_tie(
             rids=sorted(rids), key=key, worker=worker.address, host_bound=True
         )
         sent.update(rids)
+
+
+async def tie_names(worker: Any, key: Key, names: list[str]) -> bool:
+    """On the worker's loop: tie the segments ``names`` (``shm.reserve``)
+    to ``key``; False if the key is forgotten (their releases then run)."""
+    answer = await worker.scheduler.dask_coro_tie(
+        rids=names, key=key, worker=worker.address, host_bound=True
+    )
+    return bool(answer["alive"])
 
 
 def _worker(what: str) -> Any:
