@@ -771,3 +771,159 @@ def test_no_process_keeps_a_released_segment_mapped(client, tmp_path):
         timeout=5,
     )
     assert all(name not in m for m in client.run(_mapped_names).values())
+
+
+# --------------------------------------------------------------------------
+# a stream's items holding plain NumPy arrays go through shared memory
+
+#: float64s in an array a stream hands through shared memory (1 MiB:
+#: ``stream.remote.SHARED``).
+M = 2**17
+
+
+def _item(i: int) -> np.ndarray:
+    return np.arange(M, dtype=np.float64) + i
+
+
+@coroutine
+def emits_plain_arrays(n: int, fail: bool = False):
+    """A stream's producer: ``(i, array)`` for ``i < n``, plain arrays, then
+    its value, or an error."""
+    for i in range(n):
+        yield dask_coro.emit((i, _item(i)))
+    if fail:
+        raise ValueError("the producer failed after its items")
+    return n
+
+
+@coroutine
+def endless_plain_arrays():
+    i = 0
+    while True:
+        yield dask_coro.emit(_item(i))
+        i += 1
+
+
+def _gone_within(name: str, timeout: float = DEADLINE) -> bool:
+    deadline = time.monotonic() + timeout
+    while name in shm.segments():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@coroutine
+def reads_plain_arrays(folder: str, n: int, where: str):
+    """Reads the stream, keeping a view of every third item: an item not kept
+    is released once the body asked for a later one (the one before the
+    last asked for is kept one request longer: item ``i - 2`` is gone once
+    the body has item ``i``, asked for alone with ``buffer=1``)."""
+    import mmap
+
+    with dask.annotate(workers=[where], allow_other_workers=False):
+        s = dask_coro.stream(emits_plain_arrays(n), buffer=1)
+    seen, kept, let_go = [], [], {}
+    for i, a in s:
+        _append(folder, "segments", a.segment_name)
+        seen.append((i, a.segment_name, isinstance(a.base.base, mmap.mmap), bool(np.array_equal(a, _item(i)))))
+        if i % 3 == 0:
+            kept.append(a[:4])
+        if i >= 2 and (i - 2) % 3:
+            let_go[i - 2] = _gone_within(seen[i - 2][1])
+    return seen, kept, let_go, s.result
+
+
+def test_a_stream_hands_plain_arrays_through_shared_memory_and_lets_them_go(client, tmp_path):
+    folder = str(tmp_path)
+    a, b = sorted(workers_now(client))
+    n = 8
+    fut = client.compute(reads_plain_arrays(folder, n, b), workers=[a], allow_other_workers=False)
+    seen, kept, let_go, result = fut.result(timeout=120)
+    assert result == n
+    # Each item is a view of a segment this host maps (no copy through a
+    # socket), intact, one segment per item.
+    assert [i for i, *_ in seen] == list(range(n))
+    assert all(name and mapped and equal for _, name, mapped, equal in seen), seen
+    names = [name for _, name, *_ in seen]
+    assert len(set(names)) == n and _lines(folder, "segments") == names
+    # Items the body did not keep were released while it read on...
+    assert let_go == {i: True for i in range(n - 2) if i % 3}, let_go
+    # ... those it kept (views of items 0, 3, 6) and the last one (its loop
+    # variable) are held by its key, and still read the same.
+    held = [names[i] for i in range(n) if i % 3 == 0 or i == n - 1]
+    assert existing(held) == set(held)
+    for i, view in zip(range(0, n, 3), kept):
+        np.testing.assert_array_equal(view, _item(i)[:4])
+    # The same stream read in client code gives the same items.
+    s = dask_coro.stream(emits_plain_arrays(3))
+    assert [(i, float(x.sum())) for i, x in s] == [(i, float(_item(i).sum())) for i in range(3)]
+    del fut, kept, view, s
+    assert_released(client, names)
+
+
+def _tied(dask_scheduler=None) -> list[str]:
+    """The resource ids the lifetimes ledger knows now."""
+    plugin = dask_scheduler.plugins.get("dask-coro-lifetimes")
+    return sorted(plugin.ledger._origin) if plugin is not None else []
+
+
+@coroutine
+def takes_two_then_leaves(folder: str, go: str, where: str):
+    """Takes two items of an endless producer on ``where``, waits for the
+    test, then leaves: the producer is cancelled."""
+    with dask.annotate(workers=[where], allow_other_workers=True):
+        s = dask_coro.stream(endless_plain_arrays(), buffer=2)
+    sums = []
+    with s:
+        for a in s:
+            _append(folder, "segments", a.segment_name)
+            sums.append(float(a[1]))
+            if len(sums) == 2:
+                yield dask.delayed(wait_for, pure=False)(go)
+                break
+    return sums
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["cancelled", "producer-sigkilled"])
+def test_nothing_is_left_of_a_stream_s_shared_items(cluster, client, tmp_path, kill):
+    """A producer cancelled while its buffer is full, with or without its
+    worker SIGKILLed first (its segments, made there, released by the other
+    worker of the host): every segment it made is gone."""
+    folder = str(tmp_path)
+    a, b = sorted(workers_now(client))
+    go = f"go-{uuid.uuid4().hex}"
+    fut = client.compute(takes_two_then_leaves(folder, go, b), workers=[a], allow_other_workers=False)
+    wait_lines(folder, "segments", 2)
+    # The producer's buffer fills: items, and names tied ahead of them.
+    poll(lambda: len(client.run_on_scheduler(_tied)) >= 4, lambda: f"tied: {client.run_on_scheduler(_tied)}")
+    tied = set(client.run_on_scheduler(_tied))
+    made = existing(tied)
+    assert made >= set(_lines(folder, "segments")), (made, _lines(folder, "segments"))
+    if kill:
+        _kill(cluster, client, b, "sigkill")
+    Event(go, client=client).set()
+    assert fut.result(timeout=120) == [1.0, 2.0]
+    del fut
+    tied |= set(client.run_on_scheduler(_tied))
+    assert_released(client, tied)
+
+
+@coroutine
+def reads_a_failing_producer(folder: str):
+    got = []
+    try:
+        for i, a in dask_coro.stream(emits_plain_arrays(3, fail=True), buffer=2):
+            _append(folder, "segments", a.segment_name)
+            got.append(i)
+    except ValueError as e:
+        return got, str(e)
+    return got, None
+
+
+def test_nothing_is_left_of_a_failed_producer_s_shared_items(client, tmp_path):
+    folder = str(tmp_path)
+    assert client.compute(reads_a_failing_producer(folder)).result(timeout=120) == (
+        [0, 1, 2], "the producer failed after its items"
+    )
+    assert_released(client, _lines(folder, "segments"))

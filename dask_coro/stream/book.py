@@ -9,6 +9,9 @@ from typing import Any
 #: The op of a published item on the producer's worker's stream.
 PUBLISH = "dask-coro-stream-publish"
 
+#: Where a run keeps what it is as a producer (``Run.notes``).
+NOTE = "stream"
+
 #: How a producer's task ended, as the consumer hears it.
 ENDED = ("memory", "erred", "forgotten")
 
@@ -40,6 +43,9 @@ class StreamBook:
         self.values: dict[int, bytes] = {}
         #: The index the producer waits to publish (its buffer is full).
         self.blocked: int | None = None
+        #: The host of the worker that published each item holding shared
+        #: memory (its copy rides along only to a consumer of that host).
+        self.hosts: dict[int, str] = {}
 
     @property
     def published(self) -> int:
@@ -62,14 +68,30 @@ class StreamBook:
         self.held[index] = item_key(self.producer, index)
         return True
 
-    def take(self, index: int) -> list[Any]:
+    def take(self, index: int, keep: Any = ()) -> list[Any]:
         """The consumer asks for item ``index``: it took every item before
-        (a re-run consumer asks for 0 again). The keys the book lets go of."""
+        (a re-run consumer asks for 0 again). The keys the book lets go of:
+        those before ``index`` but the ones the consumer asks to ``keep``
+        a while (it may still hold their shared memory)."""
         self.taken = max(self.taken, index)
-        gone = [i for i in self.held if i < index]
+        gone = [i for i in self.held if i < index and i not in keep]
         for i in gone:
             self.values.pop(i, None)
+            self.hosts.pop(i, None)
         return [self.held.pop(i) for i in gone]
+
+    def small(self, index: int, n: int, host: str | None) -> list[bytes] | None:
+        """The copies of items ``index .. index + n - 1`` that ride along to a
+        consumer on ``host``, if every one has one (an item holding shared
+        memory rides along only to its own host: elsewhere it is fetched, and
+        its bytes cross once)."""
+        out = []
+        for i in range(index, index + n):
+            v = self.values.get(i)
+            if v is None or self.hosts.get(i, host) != host:
+                return None
+            out.append(v)
+        return out or None
 
     def ready(self, index: int) -> list[Any]:
         """The keys of the items from ``index`` that are published."""
@@ -84,4 +106,5 @@ class StreamBook:
         out = list(self.held.values())
         self.held.clear()
         self.values.clear()
+        self.hosts.clear()
         return out

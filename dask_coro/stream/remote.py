@@ -15,7 +15,11 @@ its error.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import sys
+import uuid
+import weakref
 from typing import Any
 
 from dask.base import tokenize
@@ -25,7 +29,7 @@ from .._exceptions import DaskCoroError
 from .._internals.distributed.client import future_in_memory
 from .._internals.distributed.worker import send_on_worker_stream, store_own_data
 from ..runtime.extensions import Run
-from .book import PUBLISH
+from .book import NOTE, PUBLISH
 
 logger = logging.getLogger("dask_coro")
 
@@ -33,10 +37,17 @@ logger = logging.getLogger("dask_coro")
 #: publication, a copy held by the scheduler until the consumer took them.
 SMALL = 16 * 1024
 
+#: NumPy arrays of a numeric dtype of at least this many bytes in an item
+#: (the item itself, or in lists, tuples and dicts) go through shared memory:
+#: copied into a segment owned by the item's key on emit, the consumer maps
+#: it (``lifetimes.shm``). Smaller ones are not worth a segment's costs.
+SHARED = 1 << 20
+#: Segment names a producer ties ahead of the items that will need them (one
+#: round trip to the scheduler for several, while the body makes the next).
+AHEAD = 4
+
 #: The annotation that makes a coroutine task a stream's producer.
 ANNOTATION = "dask_coro_stream"
-#: Where a run keeps its ``Producer`` (``Run.notes``).
-NOTE = "stream"
 
 _installed: dict[str, asyncio.Future[None]] = {}  # by client id
 
@@ -68,6 +79,15 @@ class Producer:
         self.buffer = buffer
         self.index = 0
         self.taken = 0
+        #: Segment names tied to the producer's key, for items to come.
+        self.spare: list[str] = []
+        #: Names on their way to the scheduler: their tie's answer (None if
+        #: the producer's key is forgotten).
+        self.pending: concurrent.futures.Future[list[str] | None] | None = None
+        #: Publishes the items in order once one held shared memory, and
+        #: the last item given to it.
+        self.publisher: concurrent.futures.ThreadPoolExecutor | None = None
+        self.last: concurrent.futures.Future[None] | None = None
 
 
 async def _producer(run: Run) -> Producer:
@@ -88,20 +108,137 @@ async def _room(run: Run, p: Producer, index: int) -> bool:
     return not r["gone"]
 
 
-def _publication(run: Run, index: int, x: Any) -> dict[str, Any]:
+def _shareable(a: Any) -> bool:
+    np = sys.modules.get("numpy")
+    return (
+        np is not None and type(a) is np.ndarray and a.nbytes >= SHARED and not a.dtype.hasobject
+    )
+
+
+def _count_shareable(x: Any) -> int:
+    """The arrays of item ``x`` that go through shared memory (``SHARED``)."""
+    if _shareable(x):
+        return 1
+    t = type(x)
+    if t is list or t is tuple:
+        return sum(_count_shareable(v) for v in x)
+    if t is dict:
+        return sum(_count_shareable(v) for v in x.values())
+    return 0
+
+
+class _Released(Exception):
+    """A segment's release ran before it was made: the producer's key is
+    forgotten (it is being cancelled)."""
+
+
+def _share(x: Any, names: list[str]) -> Any:
+    """``x`` with its shareable arrays copied into new segments of those
+    ``names`` (taken from the list, in order)."""
+    if _shareable(x):
+        from ..lifetimes.shm import copy_into
+
+        out = copy_into(names.pop(0), x)
+        if out is None:
+            raise _Released
+        return out
+    t = type(x)
+    if t is list or t is tuple:
+        return t(_share(v, names) for v in x)
+    if t is dict:
+        return {k: _share(v, names) for k, v in x.items()}
+    return x
+
+
+def _reserve(run: Run, p: Producer, n: int) -> None:
+    """On the run's lane: ``n`` segment names recorded on this host, tied to
+    the producer's key on the loop (``p.pending``)."""
+    from ..lifetimes.shm import reserve
+    from ..lifetimes.tie import tie_names
+
+    names = reserve(run.worker, n)
+
+    async def tie() -> list[str] | None:
+        return names if await tie_names(run.worker, run.key, names) else None
+
+    p.pending = asyncio.run_coroutine_threadsafe(tie(), run.loop)
+
+
+async def _names(run: Run, p: Producer, n: int) -> list[str] | None:
+    """On the run's lane: ``n`` segment names tied to the producer's key
+    (a segment is tied before it exists: a worker dying at any moment leaves
+    nothing nobody releases); None if that key is forgotten (the producer is
+    being cancelled). The next ones are asked for ahead."""
+    while True:
+        if p.pending is not None and (p.pending.done() or len(p.spare) < n):
+            names = await asyncio.wrap_future(p.pending)
+            p.pending = None
+            if names is None:
+                return None
+            p.spare.extend(names)
+        if len(p.spare) >= n:
+            break
+        _reserve(run, p, n - len(p.spare) + AHEAD)
+    out, p.spare = p.spare[:n], p.spare[n:]
+    if p.pending is None and len(p.spare) < AHEAD:
+        _reserve(run, p, AHEAD)
+    return out
+
+
+def _publication(run: Run, index: int, x: Any, token: bool = True) -> dict[str, Any]:
     """On the run's lane: what publishes item ``index``. Its token (for a
     re-run to compare) is computed here, on the producer's thread, not on
     the worker's loop, which serves the items' transfers meanwhile (hashing
-    10 MB takes milliseconds)."""
+    10 MB takes milliseconds); or later (``token=False``: ``_publisher``)."""
     from distributed.protocol.pickle import dumps
 
     nbytes = sizeof(x)
-    msg = {"op": PUBLISH, "key": run.key, "index": index, "token": tokenize(x), "nbytes": nbytes}
+    msg = {"op": PUBLISH, "key": run.key, "index": index, "token": tokenize(x) if token else None, "nbytes": nbytes}
     if nbytes <= SMALL:
         # A copy rides along: the consumer gets it from the scheduler with
         # the item's key, without a gather from this worker.
         msg["value"] = dumps(x)
     return msg
+
+
+def _publisher(p: Producer) -> concurrent.futures.ThreadPoolExecutor:
+    """The producer's thread that publishes its items in order once one held
+    shared memory: such an item's token is computed there, on a copy no one
+    changes, while the body goes on making the next one (hashing 10 MB takes
+    longer than copying it)."""
+    if p.publisher is None:
+        p.publisher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="dask-coro-stream-publish")
+    return p.publisher
+
+
+def _publish_later(run: Run, x: Any, msg: dict[str, Any]) -> None:
+    """On the publisher's thread: ``x``'s token, then ``_send``."""
+    if msg["token"] is None:
+        try:
+            msg["token"] = tokenize(x)
+        except Exception:  # pragma: no cover - tokenize falls back to a random token itself
+            logger.exception("stream %r: item %d could not be tokenized", run.key, msg["index"])
+            msg["token"] = uuid.uuid4().hex
+    run.loop.call_soon_threadsafe(_send, run, x, msg)
+
+
+async def published(run: Run) -> None:
+    """On the worker's loop, as the run ends: every item the producer emitted
+    is published (on the worker's stream, ahead of its task's end)."""
+    p: Producer | None = run.notes.get(NOTE)
+    if p is None or p.publisher is None:
+        return
+    if p.last is not None:
+        await asyncio.wrap_future(p.last)
+    p.publisher.shutdown(wait=False)
+
+
+def let_go_of_publisher(run: Run) -> None:
+    """The run was cancelled: its items not published yet are dropped (the
+    scheduler lets go of them as it hears of them)."""
+    p: Producer | None = run.notes.get(NOTE)
+    if p is not None and p.publisher is not None:
+        p.publisher.shutdown(wait=False)
 
 
 def _send(run: Run, x: Any, msg: dict[str, Any]) -> None:
@@ -132,8 +269,26 @@ async def emit_on_worker(run: Run, x: Any) -> None:
     if p.buffer is not None and i - p.taken >= p.buffer:
         if not await _on_loop(run, _room(run, p, i)):
             return
+    shared: list[str] = []
+    n = _count_shareable(x)
+    if n:
+        names = await _names(run, p, n)
+        if names is None:
+            return  # our consumer let go of us
+        shared = list(names)
+        try:
+            x = _share(x, names)
+        except _Released:
+            return  # our consumer let go of us
     p.index = i + 1
-    run.loop.call_soon_threadsafe(_send, run, x, _publication(run, i, x))
+    msg = _publication(run, i, x, token=not shared)
+    if shared:
+        # The scheduler hands them over from the producer's key to the item's.
+        msg["shared"] = shared
+    if shared or p.publisher is not None:
+        p.last = _publisher(p).submit(_publish_later, run, x, msg)
+    else:
+        run.loop.call_soon_threadsafe(_send, run, x, msg)
 
 
 # -- the consumer's side -------------------------------------------------------
@@ -150,6 +305,9 @@ class RemoteConsumer:
         self.future: Any = None
         self.client: Any = None
         self.released = False  # let go of: a producer submitted after it is let go of at once
+        #: This consumer's host (a worker's): items holding shared memory
+        #: published on it ride along with their publication.
+        self.host: str | None = None
 
     async def submit(self, client: Any, call: Any, ann: dict[str, Any]) -> Any:
         raise NotImplementedError
@@ -165,7 +323,9 @@ class RemoteConsumer:
     async def gather(self, client: Any, futures: list[Any]) -> list[Any]:
         return await client.gather(futures, asynchronous=True)
 
-    async def fetch(self, client: Any, index: int, futures: bool = False) -> tuple[list[Any], tuple[bool, Any] | None]:
+    async def fetch(
+        self, client: Any, index: int, futures: bool = False, keep: list[int] | None = None
+    ) -> tuple[list[Any], tuple[bool, Any] | None]:
         if self.future is None:
             await install(client)
             call, self.call = self.call, None
@@ -174,7 +334,9 @@ class RemoteConsumer:
                 self.release()
                 return [], None
         key = self.future.key
-        r = await client.scheduler.dask_coro_stream_next(key=key, index=index, client=client.id if futures else None)
+        r = await client.scheduler.dask_coro_stream_next(
+            key=key, index=index, client=client.id if futures else None, keep=keep, host=self.host
+        )
         if "restart" in r:
             if await self.restart(client, r["restart"]):
                 return await self.fetch(client, index, futures)
@@ -212,10 +374,16 @@ class WorkerConsumer(RemoteConsumer):
     where = "worker"
 
     def __init__(self, call: Any, buffer: int | None, run: Run):
+        from distributed.comm.addressing import get_address_host
+
         from .._internals.dask_private import annotations_in_effect
 
         super().__init__(call, buffer)
         self.run = run
+        self.host = get_address_host(run.worker.address)
+        #: Items given to the body that hold shared-memory segments, by
+        #: index: weak references to this process's mappings of them.
+        self.given: list[tuple[int, list[Any]]] = []
         self.ident = run.ident("stream")
         self.again: Any = None  # the call, to run it again (``restart``)
         self.generation = 0
@@ -245,15 +413,56 @@ class WorkerConsumer(RemoteConsumer):
         return True
 
     async def _fetch(self, index: int, futures: bool) -> tuple[list[Any], tuple[bool, Any] | None]:
-        items, end = await self.fetch(await self.run.submitting_client(), index, futures)
-        # The body holds them now (shared arrays in them tied to its key), as
-        # a yield's results, before the producer goes.
-        values = [] if futures else list(items)
+        keep, hold = self._still_held(index)
+        if hold:
+            await self._hold(hold)
+        items, end = await self.fetch(await self.run.submitting_client(), index, futures, keep)
+        if not futures:
+            self._given(index, items)
         if end is not None and end[0]:
-            values.append(end[1])
-        if values:
-            await self.run.received(values)
+            # The producer's value: the body holds it now (shared arrays in it
+            # tied to its key), as a yield's results, before the producer goes.
+            await self.run.received([end[1]])
         return items, end
+
+    # Shared memory in the items. An item is let go of once the body asks for
+    # a later one: its segments are released with its key, unless the body
+    # still holds an array over one (then it is tied to the body's key, as a
+    # yield's results are). The body's loop variable holds the last item it
+    # took while it asks for the next: that item is kept one request longer,
+    # and looked at again then.
+
+    def _given(self, index: int, items: list[Any]) -> None:
+        shm = sys.modules.get("dask_coro.lifetimes.shm")
+        if shm is None or not shm.any_attached():
+            return
+        for i, item in enumerate(items, index):
+            segments = shm.segments_held(item)
+            if segments:
+                self.given.append((i, [weakref.ref(s) for s in segments]))
+
+    def _still_held(self, index: int | None) -> tuple[list[int], set[str]]:
+        """Before asking for item ``index`` (None: letting go of every item):
+        the items to keep one request longer, and the segments the body
+        still holds, to tie to its key first."""
+        keep: list[int] = []
+        hold: set[str] = set()
+        given, self.given = self.given, []
+        for i, refs in given:
+            names = {s.name for r in refs if (s := r()) is not None}
+            if not names:
+                continue
+            if index is not None and i >= index - 1:
+                keep.append(i)
+                self.given.append((i, refs))
+            else:
+                hold |= names
+        return keep, hold
+
+    async def _hold(self, names: set[str]) -> None:
+        from ..lifetimes.tie import hold_names
+
+        await hold_names(self.run.worker, self.run.key, names)
 
     async def gather(self, client: Any, futures: list[Any]) -> list[Any]:
         return await self.run.gather(futures)  # straight from the producer's worker
@@ -270,10 +479,24 @@ class WorkerConsumer(RemoteConsumer):
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._fetch(index, futures), self.run.loop))
 
     def release(self) -> None:
+        """Let go of the producer (any thread): of the items' shared memory,
+        what the body still holds is tied to its key first."""
         self.released = True
         future, self.future = self.future, None
-        if future is not None:
+        if future is None:
+            return
+        _, hold = self._still_held(None)
+        if not hold:
             self.run.release([future])
+            return
+
+        async def hold_then_release() -> None:
+            try:
+                await self._hold(hold)
+            finally:
+                self.run.release([future])
+
+        asyncio.run_coroutine_threadsafe(hold_then_release(), self.run.loop)
 
 
 class ClientConsumer(RemoteConsumer):

@@ -17,14 +17,23 @@ consumer let go of it: it is being cancelled).
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
+from distributed.comm.addressing import get_address_host
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .._exceptions import DaskCoroError, StreamReplayInconsistentError
 from .._internals.distributed.core import add_handlers
-from .._internals.distributed.scheduler import drop_client_state, fail_task, send_to_worker
+from .._internals.distributed.scheduler import (
+    drop_client_state,
+    fail_task,
+    scheduler_plugin,
+    send_to_worker,
+)
 from .book import ENDED, PUBLISH, Replay, StreamBook, item_key
+
+logger = logging.getLogger("dask_coro")
 
 
 def _holder(producer: Any) -> str:
@@ -80,12 +89,27 @@ class StreamPlugin(SchedulerPlugin):
             ev = self.changed[key] = asyncio.Event()
         await ev.wait()
 
-    def _drop(self, worker: str, key: Any, index: int) -> None:
+    def _drop(self, worker: str, key: Any, index: int, shared: list[str] | None) -> None:
         """Let go of a re-run's copy of an item that is not published."""
         send_to_worker(
             self.scheduler, worker,
             {"op": "remove-replicas", "keys": [item_key(key, index)], "stimulus_id": "dask-coro-stream-replayed"},
         )
+        self._hand_over(shared, key, None, worker)
+
+    def _hand_over(self, shared: list[str] | None, key: Any, to: Any, worker: str) -> None:
+        """The segments an item holds, tied to its producer's key ``key`` when
+        it made them, are tied to the item's key ``to`` instead (None: let go
+        of, the item is not published)."""
+        if not shared:
+            return
+        from ..lifetimes.scheduler import NAME
+
+        lifetimes = scheduler_plugin(self.scheduler, NAME)
+        if lifetimes is None:  # pragma: no cover - the producer tied them through it
+            logger.warning("stream %r: no lifetimes plugin to hand segments %s to", key, shared)
+            return
+        lifetimes.hand_over(shared, key, to, worker)
 
     def _let_go(self, producer: Any, keys: list[Any]) -> None:
         if keys:
@@ -94,14 +118,19 @@ class StreamPlugin(SchedulerPlugin):
 
     # -- handlers ----------------------------------------------------------------
 
-    def publish(self, key: Any, index: int, token: str, nbytes: int, worker: str, value: bytes | None = None) -> None:
+    def publish(
+        self, key: Any, index: int, token: str, nbytes: int, worker: str, value: bytes | None = None,
+        shared: list[str] | None = None,
+    ) -> None:
         """Item ``index`` of ``key`` is in ``worker``'s memory (on the
-        worker's stream, before the producer's task-finished). An item an
-        earlier run of the producer published is let go of on that worker;
-        one that differs fails the producer."""
+        worker's stream, before the producer's task-finished), holding the
+        shared-memory segments ``shared``, tied to ``key``: they go with the
+        item's key from now on. An item an earlier run of the producer
+        published is let go of on that worker; one that differs fails the
+        producer."""
         book = self._running_book(key)
         if book is None:  # its consumer let go of it: nobody takes the item
-            self._drop(worker, key, index)
+            self._drop(worker, key, index, shared)
             return
         try:
             new = book.publish(index, token)
@@ -110,7 +139,7 @@ class StreamPlugin(SchedulerPlugin):
             ts = self.scheduler.tasks.get(key)
             if ts is not None and ts.state == "processing":
                 fail_task(self.scheduler, key, error, "dask-coro-stream-replay")
-            self._drop(worker, key, index)
+            self._drop(worker, key, index, shared)
             return
         if not new and index in book.held:
             ts = self.scheduler.tasks.get(book.held[index])
@@ -118,18 +147,28 @@ class StreamPlugin(SchedulerPlugin):
             # it: this run's copy replaces the lost one.
             new = ts is None or not ts.who_has
         if not new:
-            self._drop(worker, key, index)
+            self._drop(worker, key, index, shared)
             return
         ik = book.held[index]
         if value is not None:
             book.values[index] = value
         self.scheduler.update_data(who_has={ik: [worker]}, nbytes={ik: nbytes}, client=_holder(key))
+        if shared:
+            book.hosts[index] = get_address_host(worker)
+            self._hand_over(shared, key, ik, worker)
         self._wake(key)
 
-    async def next(self, key: Any, index: int, client: str | None = None) -> dict[str, Any]:
+    async def next(
+        self, key: Any, index: int, client: str | None = None, keep: list[int] | None = None,
+        host: str | None = None,
+    ) -> dict[str, Any]:
         """The keys of the items of ``key`` from ``index`` on, once there is
         one; else how the producer ended. With ``client``, that client
-        wants the keys given (it holds them as futures)."""
+        wants the keys given (it holds them as futures). The items before
+        ``index`` are let go of but those in ``keep`` (the consumer's body
+        may still hold their shared memory: it says so at its next request).
+        ``host``: the consumer's, to which items holding shared memory
+        published there ride along."""
         book = self._book(key)
         if index < book.taken:
             # A consumer run again (its worker died) asks for items an
@@ -137,15 +176,14 @@ class StreamPlugin(SchedulerPlugin):
             # would make a stream's memory unbounded): its producer runs
             # again from its first item, under a key of its own.
             return {"keys": [], "ended": None, "values": None, "restart": book.taken}
-        self._let_go(key, book.take(index))
+        self._let_go(key, book.take(index, keep or ()))
         self._wake(key)  # a producer waiting for room
         while True:
             ready = book.ready(index)
             if ready or book.ended is not None:
                 if ready and client is not None:
                     self.scheduler.client_desires_keys(keys=ready, client=client)
-                values = [book.values.get(i) for i in range(index, index + len(ready))]
-                small = None if not ready or any(v is None for v in values) else values
+                small = book.small(index, len(ready), host)
                 return {"keys": ready, "ended": None if ready else book.ended, "values": small}
             await self._changed(key)
 
