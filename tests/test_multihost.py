@@ -422,3 +422,43 @@ def test_shared_arrays_a_body_passes_on_in_containers_and_to_coroutines(hosts):
     assert back[:2] == (1000.0, True) and not back[2].endswith("-c")  # B's own segment
     assert listed == [2000.0, 1980.0] and called == [15.0] and keyed == 1000.0
     assert wait_until(lambda: hosts.shm_of(0) == [] and hosts.shm_of(1) == []), (hosts.shm_of(0), hosts.shm_of(1))
+
+
+def emits_arrays(n):
+    """A stream's producer of plain arrays (each through shared memory)."""
+    import numpy as np
+
+    import dask_coro
+
+    for i in range(n):
+        yield dask_coro.emit(np.full(2**17, float(i)))
+
+
+def reads_a_stream(n, where):
+    import dask
+
+    import dask_coro
+
+    with dask.annotate(workers=where, allow_other_workers=False):
+        s = dask_coro.stream(dask_coro.coroutine(emits_arrays)(n), buffer=2)
+    return [(float(a.sum()), getattr(a, "segment_name", None)) for a in s]
+
+
+def test_a_stream_s_arrays_reach_another_host_as_one_copy(hosts):
+    """A stream's items hold arrays in segments of the producer's host; a
+    consumer on another host maps that host's copy of each (the bytes cross
+    once), and nothing is left on either host after."""
+    from dask_coro import coroutine
+
+    c = hosts.client
+    A, B = hosts.workers_of(0), hosts.workers_of(1)
+    before = c.run(copies_and_bytes)
+    fut = c.compute(coroutine(reads_a_stream)(3, A[:1]), workers=B[:1], allow_other_workers=False)
+    got = fut.result(timeout=120)
+    assert [g[0] for g in got] == [float(i) * 2**17 for i in range(3)]
+    assert all(name is not None and name.endswith("-c") for _, name in got), got
+    after = c.run(copies_and_bytes)
+    assert sum(after[w][0] - before[w][0] for w in B) == 3
+    assert sum(after[w][1] - before[w][1] for w in A) == 3 * 2**20
+    del fut
+    assert wait_until(lambda: hosts.shm_of(0) == [] and hosts.shm_of(1) == [])

@@ -308,6 +308,7 @@ class RemoteConsumer:
         #: This consumer's host (a worker's): items holding shared memory
         #: published on it ride along with their publication.
         self.host: str | None = None
+        self.key: Any = None  # the producer's, once submitted
 
     async def submit(self, client: Any, call: Any, ann: dict[str, Any]) -> Any:
         raise NotImplementedError
@@ -333,7 +334,7 @@ class RemoteConsumer:
             if self.released:  # the stream was closed (from another thread) while we submitted
                 self.release()
                 return [], None
-        key = self.future.key
+        key = self.key = self.future.key
         r = await client.scheduler.dask_coro_stream_next(
             key=key, index=index, client=client.id if futures else None, keep=keep, host=self.host
         )
@@ -418,7 +419,7 @@ class WorkerConsumer(RemoteConsumer):
             await self._hold(hold)
         items, end = await self.fetch(await self.run.submitting_client(), index, futures, keep)
         if not futures:
-            self._given(index, items)
+            await self._given(index, items)
         if end is not None and end[0]:
             # The producer's value: the body holds it now (shared arrays in it
             # tied to its key), as a yield's results, before the producer goes.
@@ -432,7 +433,7 @@ class WorkerConsumer(RemoteConsumer):
     # took while it asks for the next: that item is kept one request longer,
     # and looked at again then.
 
-    def _given(self, index: int, items: list[Any]) -> None:
+    async def _given(self, index: int, items: list[Any]) -> None:
         shm = sys.modules.get("dask_coro.lifetimes.shm")
         if shm is None or not shm.any_attached():
             return
@@ -440,6 +441,15 @@ class WorkerConsumer(RemoteConsumer):
             segments = shm.segments_held(item)
             if segments:
                 self.given.append((i, [weakref.ref(s) for s in segments]))
+            copies = {s.name for s in segments if s.name != s.origin}
+            if copies:
+                # This host's copy of another host's segment, made as the
+                # item arrived: it goes with the item's key, as a copy that
+                # arrives as a task's dependency does.
+                from ..lifetimes.tie import hold_names
+                from .book import item_key
+
+                await hold_names(self.run.worker, item_key(self.key, i), copies)
 
     def _still_held(self, index: int | None) -> tuple[list[int], set[str]]:
         """Before asking for item ``index`` (None: letting go of every item):
