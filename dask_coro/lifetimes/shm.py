@@ -57,6 +57,8 @@ _managed: weakref.WeakSet[_Segment] = weakref.WeakSet()
 #: Names reserved in this process (``reserve``), their releases recorded and
 #: tied, not made yet: a release run meanwhile takes the name out.
 _reserved: set[str] = set()
+#: Segments made ahead under reserved names (``prepare``), not used yet.
+_prepared: dict[str, _Segment] = {}
 
 
 def _posix() -> Any:
@@ -71,12 +73,13 @@ def _unlink(name: str) -> None:
     """Release of a segment: unlink its name (and a sending marker a worker
     that died mid-send left for it: ``sending_to``). Idempotent. A name
     reserved in this process and not made yet never will be (``copy_into``)."""
-    with _lock:
+    with _lock:  # as one with ``prepare`` and ``copy_into``
         _reserved.discard(name)
-    try:
-        _posix().shm_unlink("/" + name)
-    except FileNotFoundError:
-        pass
+        _prepared.pop(name, None)
+        try:
+            _posix().shm_unlink("/" + name)
+        except FileNotFoundError:
+            pass
     if os.path.isdir(_SHM_DIR):
         import glob
 
@@ -179,6 +182,29 @@ def _open_new(name: str, nbytes: int) -> mmap.mmap:
         os.close(fd)
 
 
+def prepare(name: str, nbytes: int) -> None:
+    """Make the segment of the reserved ``name`` now, its pages allocated
+    (a new page costs more to fault in than to copy into): ``copy_into``
+    then only copies. Nothing if its release ran meanwhile."""
+    size = max(nbytes, 1)
+    with _lock:  # not released while it is made: a release takes the lock
+        if name not in _reserved:
+            return
+        _reserved.discard(name)
+        fd = _posix().shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    try:
+        os.ftruncate(fd, size)
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        mm = mmap.mmap(fd, size, flags=flags)
+    finally:
+        os.close(fd)
+    with _lock:
+        if not os.path.exists(os.path.join(_SHM_DIR, name)) and os.path.isdir(_SHM_DIR):
+            return  # released meanwhile
+        segment = _prepared[name] = _mapped[name] = _Segment(name, mm, managed=True)
+        _managed.add(segment)
+
+
 def copy_into(name: str, a: np.ndarray) -> ShmArray | None:
     """A copy of ``a`` (its shape, dtype and C or Fortran order) in a new
     segment under the reserved ``name``, whose release the caller recorded
@@ -186,12 +212,24 @@ def copy_into(name: str, a: np.ndarray) -> ShmArray | None:
     cluster. None if that release ran meanwhile (its key was forgotten)."""
     order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
     with _lock:  # not released while it is made: a release takes the lock
-        if name not in _reserved:
-            return None
-        _reserved.discard(name)
-        mm = _open_new(name, a.nbytes)
-        segment = _mapped[name] = _Segment(name, mm, managed=True)
-        _managed.add(segment)
+        segment = _prepared.pop(name, None)
+        if segment is not None and segment.size != max(a.nbytes, 1):
+            # Made ahead for another size: made again (a copy taken of the
+            # item's size, not the prediction's).
+            _mapped.pop(name, None)
+            segment = None
+            try:
+                _posix().shm_unlink("/" + name)
+            except FileNotFoundError:
+                return None
+            _reserved.add(name)
+        if segment is None:
+            if name not in _reserved:
+                return None
+            _reserved.discard(name)
+            mm = _open_new(name, a.nbytes)
+            segment = _mapped[name] = _Segment(name, mm, managed=True)
+            _managed.add(segment)
     out = segment.array(a.shape, a.dtype, _strides(a.shape, a.dtype.itemsize, order), 0)
     out[...] = a
     return out

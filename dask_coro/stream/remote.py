@@ -81,6 +81,9 @@ class Producer:
         self.taken = 0
         #: Segment names tied to the producer's key, for items to come.
         self.spare: list[str] = []
+        #: The size of the last array the producer shared (what it makes
+        #: the segments ahead for).
+        self.size = 0
         #: Names on their way to the scheduler: their tie's answer (None if
         #: the producer's key is forgotten).
         self.pending: concurrent.futures.Future[list[str] | None] | None = None
@@ -132,21 +135,22 @@ class _Released(Exception):
     forgotten (it is being cancelled)."""
 
 
-def _share(x: Any, names: list[str]) -> Any:
+def _share(x: Any, names: list[str], p: Producer) -> Any:
     """``x`` with its shareable arrays copied into new segments of those
     ``names`` (taken from the list, in order)."""
     if _shareable(x):
         from ..lifetimes.shm import copy_into
 
+        p.size = x.nbytes
         out = copy_into(names.pop(0), x)
         if out is None:
             raise _Released
         return out
     t = type(x)
     if t is list or t is tuple:
-        return t(_share(v, names) for v in x)
+        return t(_share(v, names, p) for v in x)
     if t is dict:
-        return {k: _share(v, names) for k, v in x.items()}
+        return {k: _share(v, names, p) for k, v in x.items()}
     return x
 
 
@@ -157,9 +161,19 @@ def _reserve(run: Run, p: Producer, n: int) -> None:
     from ..lifetimes.tie import tie_names
 
     names = reserve(run.worker, n)
+    size = p.size
 
     async def tie() -> list[str] | None:
-        return names if await tie_names(run.worker, run.key, names) else None
+        if not await tie_names(run.worker, run.key, names):
+            return None
+        if size:
+            # Made ahead of the items, of the last one's size, in a thread
+            # while the body makes them: the emit only copies.
+            from ..lifetimes.shm import prepare
+
+            for name in names:
+                await asyncio.to_thread(prepare, name, size)
+        return names
 
     p.pending = asyncio.run_coroutine_threadsafe(tie(), run.loop)
 
@@ -277,7 +291,7 @@ async def emit_on_worker(run: Run, x: Any) -> None:
             return  # our consumer let go of us
         shared = list(names)
         try:
-            x = _share(x, names)
+            x = _share(x, names, p)
         except _Released:
             return  # our consumer let go of us
     p.index = i + 1
