@@ -1,10 +1,13 @@
 """Groups (dask_coro.group) against plain Dask (worker_client + as_completed /
 wait) and Ray (ray.wait + ray.cancel, where Ray is installed) on four dynamic
 programs: a crawl of unknown shape with 8 fetches in flight, a race of two
-strategies under a deadline, branch-and-bound knapsack, successive halving.
-Time to answer, tasks run, peak threads of the worker processes.
+strategies under a deadline, branch-and-bound knapsack (every call a task),
+successive halving, and the knapsack as docs/groups.md writes it (``tiny``:
+30 items, each expansion microseconds of work, a plain ``def`` and an
+``async def`` variant). Time to answer, tasks run, peak threads of the
+worker processes.
 
-Run: python benchmarks/bench_groups.py [--only crawl,race,knapsack,halving] [--no-ray]
+Run: python benchmarks/bench_groups.py [--only crawl,race,knapsack,halving,tiny] [--no-ray]
                                        [--race-runs 20] [--repeat 3]
 
 A LocalCluster of 2 worker processes x 2 threads for the dask_coro programs,
@@ -273,6 +276,81 @@ def knapsack_exact() -> int:
     return table[CAPACITY]
 
 
+# -- the knapsack as docs/groups.md writes it: tiny children ---------------------------
+
+TINY_RNG = random.Random(1)
+TINY_ITEMS = sorted(((TINY_RNG.randint(10, 60), TINY_RNG.randint(5, 30)) for _ in range(30)), key=lambda vw: -vw[0] / vw[1])
+TINY_CAPACITY = 158  # about 1,350 expansions
+
+
+def tiny_bound(level: int, value: int, room: int) -> float:
+    for v, w in TINY_ITEMS[level:]:
+        if w > room:
+            return value + v * room / w
+        value, room = value + v, room - w
+    return value
+
+
+def tiny_expand_plain(level: int, value: int, room: int) -> list:
+    v, w = TINY_ITEMS[level]
+    take = [(level + 1, value + v, room - w)] if w <= room else []
+    return [*take, (level + 1, value, room)]
+
+
+tiny_expand = coroutine(tiny_expand_plain)  # a plain def made a coroutine, as the docs write it
+
+
+@coroutine
+async def tiny_expand_async(level: int, value: int, room: int) -> list:
+    return tiny_expand_plain(level, value, room)
+
+
+@coroutine
+def knapsack_tiny(kind: str):
+    """docs/groups.md's branch-and-bound: every promising child spawned,
+    8 in flight, the best value updated on every completion."""
+    expand = tiny_expand if kind == "plain" else tiny_expand_async
+    best, expanded = 0, 0
+    with dask_coro.group(limit=8) as g:
+        g.spawn(expand(0, 0, TINY_CAPACITY))
+        while g:
+            _, nodes = yield g.next()
+            expanded += 1
+            for level, value, room in nodes:
+                best = max(best, value)
+                if level < len(TINY_ITEMS) and tiny_bound(level, value, room) > best:
+                    g.spawn(expand(level, value, room))
+    return best, expanded
+
+
+def knapsack_tiny_plain():
+    """The same with worker_client + as_completed, 8 in flight, the rest queued."""
+    best, expanded = 0, 0
+    with worker_client() as client:
+        queue: list = []
+        ac = as_completed([client.submit(tiny_expand_plain, 0, 0, TINY_CAPACITY, pure=False)])
+        inflight = 1
+        for fut in ac:
+            inflight -= 1
+            expanded += 1
+            for level, value, room in fut.result():
+                best = max(best, value)
+                if level < len(TINY_ITEMS) and tiny_bound(level, value, room) > best:
+                    queue.append((level, value, room))
+            while queue and inflight < 8:
+                ac.add(client.submit(tiny_expand_plain, *queue.pop(0), pure=False))
+                inflight += 1
+    return best, expanded
+
+
+def tiny_exact() -> int:
+    table = [0] * (TINY_CAPACITY + 1)
+    for v, w in TINY_ITEMS:
+        for room in range(TINY_CAPACITY, w - 1, -1):
+            table[room] = max(table[room], table[room - w] + v)
+    return table[TINY_CAPACITY]
+
+
 # -- successive halving ------------------------------------------------------------------
 
 
@@ -387,6 +465,10 @@ def coro_side(only: set, args, pages: list) -> dict:
                 out["waves"] = [measure(client, lambda: client.compute(knapsack_waves()).result()) for _ in range(args.repeat)]
         if "halving" in only:
             out["halving"] = measure(client, lambda: client.compute(halving_group(list(range(64)), 4)).result())
+        if "tiny" in only:
+            for kind in ("plain", "async"):
+                client.compute(knapsack_tiny(kind)).result()
+                out[f"tiny-{kind}"] = [measure(client, lambda k=kind: client.compute(knapsack_tiny(k)).result()) for _ in range(args.repeat)]
     return out
 
 
@@ -410,6 +492,9 @@ def plain_side(only: set, args, pages: list) -> dict:
             out["knapsack"] = [measure(client, lambda: client.submit(knapsack_plain, pure=False).result()) for _ in range(args.repeat)]
         if "halving" in only:
             out["halving"] = measure(client, lambda: client.submit(halving_plain, list(range(64)), 4, pure=False).result())
+        if "tiny" in only:
+            client.submit(knapsack_tiny_plain, pure=False).result()
+            out["tiny"] = [measure(client, lambda: client.submit(knapsack_tiny_plain, pure=False).result()) for _ in range(args.repeat)]
     return out
 
 
@@ -422,7 +507,7 @@ SCENARIOS = [  # its section of RESULTS.md, run by run_all.py
 
 def main(argv: list[str] | None = None) -> None:
     p = B.parser(__doc__, repeat=None, json=False)
-    p.add_argument("--only", default="crawl,race,knapsack,halving")
+    p.add_argument("--only", default="crawl,race,knapsack,halving,tiny")
     p.add_argument("--no-ray", action="store_true")
     p.add_argument("--race-runs", type=int, default=20)
     p.add_argument("--repeat", type=int, default=3, help="runs of the crawl and the knapsack (the median is shown)")
@@ -465,6 +550,19 @@ def main(argv: list[str] | None = None) -> None:
         assert best == bestp == 21, (best, bestp)
         rows.append(f"| successive halving (64 configs) | group | {t:.2f} s | {tasks} | {threads} |")
         rows.append(f"| | plain Dask (worker_client + gather) | {tp:.2f} s | {tasksp} | {threadsp} |")
+    if "tiny" in only:
+        exact = tiny_exact()
+        (tp, (bestp, expandedp), tasksp, threadsp), spreadp = _median(pl["tiny"])
+        ta = _median(co["tiny-async"])[0][0]
+        for kind, label in (("plain", "group, `def expand`"), ("async", "group, `async def expand`")):
+            (t, (best, expanded), tasks, threads), spread = _median(co[f"tiny-{kind}"])
+            assert best == exact, (kind, best, exact)
+            rows.append(
+                f"| knapsack as docs/groups.md writes it (30 items, limit=8) | {label} | {t:.2f} s (group/plain {t / tp:.2f}; "
+                f"/ async def {t / ta:.2f}; {n} runs {spread}), {expanded} nodes | {tasks} | {threads} |"
+            )
+        assert bestp == exact, (bestp, exact)
+        rows.append(f"| | plain Dask (worker_client + as_completed.add) | {tp:.2f} s ({n} runs {spreadp}), {expandedp} nodes | {tasksp} | {threadsp} |")
     print("| program | system | time to answer | tasks run | peak threads (busiest worker) |")
     print("|---|---|---|---|---|")
     print("\n".join(rows), flush=True)
