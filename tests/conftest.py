@@ -197,6 +197,18 @@ def _inline_setting(request, monkeypatch):
         yield
 
 
+@pytest.fixture(autouse=True)
+def _fresh_timings():
+    """Each test starts with no function measured in this process (its
+    in-process workers' durations, ``runtime/timings.py``): whether a plain
+    child runs beside its parent never depends on the tests run before."""
+    from dask_coro.runtime.timings import TIMINGS, Timings
+
+    TIMINGS.__dict__.update(Timings().__dict__)
+    yield
+    TIMINGS.__dict__.update(Timings().__dict__)
+
+
 @pytest.fixture(params=["compiled", "pure"])
 def engine(request, monkeypatch):
     """Runs a test once on each engine (docs/development.md): the compiled

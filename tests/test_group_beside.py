@@ -318,6 +318,141 @@ async def test_a_beside_child_opens_a_group_of_its_own(c, s, a, b):
     await async_poll_for(lambda: not s.tasks, timeout=10)
 
 
+# -- short plain children ------------------------------------------------------
+
+
+@coroutine
+def tiny(x):
+    return x * 2
+
+
+@coroutine
+def one_at_a_time(n):
+    """``tiny`` children spawned one after the other, each once the last came back."""
+    out = []
+    with dask_coro.group() as g:
+        for i in range(n):
+            g.spawn(tiny(i))
+            _, value = yield g.next()
+            out.append(value)
+    return out
+
+
+def plain_one_at_a_time(n):
+    with worker_client() as client:
+        return [client.submit(tiny.__wrapped__, i, pure=False).result() for i in range(n)]
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_a_short_plain_child_runs_beside_once_measured(c, s, a, b):
+    # The first call of a plain function goes out as a task (nothing is
+    # known of it) and is timed where it runs; once its runs are known to be
+    # far shorter than a round trip, the next ones run beside the parent.
+    seen = Seen("tiny")
+    s.add_plugin(seen)
+    got = await c.compute(one_at_a_time(40))
+    # A run timed above a round trip (a thread switch in it) sends a few
+    # more out until the mean is short again: far fewer than 40.
+    assert 1 <= len(seen.keys) <= 10
+    assert got == await c.submit(plain_one_at_a_time, 40, pure=False)
+    await async_poll_for(lambda: not s.tasks, timeout=10)
+
+
+@coroutine
+def sleeper_where(seconds):
+    from distributed import get_worker
+
+    time.sleep(seconds)
+    return get_worker().address
+
+
+@coroutine
+def fan_out(n, seconds):
+    with dask_coro.group(limit=8) as g:
+        for _ in range(n):
+            g.spawn(sleeper_where(seconds))
+        return (yield g.all())
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_a_slow_plain_child_still_fans_out(c, s, a, b):
+    # Children of 30 ms are measured (the first group), and stay tasks the
+    # scheduler places on both workers: never run beside the parent.
+    seen = Seen("sleeper_where")
+    s.add_plugin(seen)
+    await c.compute(fan_out(8, 0.03))
+    where = await c.compute(fan_out(16, 0.03))
+    assert set(where) == {a.address, b.address}
+    assert len(seen.keys) == 24
+    await async_poll_for(lambda: not s.tasks, timeout=10)
+
+
+RUNNING = {"now": 0, "most": 0}
+RUNNING_LOCK = threading.Lock()
+
+
+@coroutine
+def counted(x, seconds):
+    with RUNNING_LOCK:
+        RUNNING["now"] += 1
+        RUNNING["most"] = max(RUNNING["most"], RUNNING["now"])
+    try:
+        time.sleep(seconds)
+        if x < 0:
+            raise ValueError(f"negative {x}")
+        return x
+    finally:
+        with RUNNING_LOCK:
+            RUNNING["now"] -= 1
+
+
+@coroutine
+def plain_contract():
+    """Errors, the limit and a deadline, with plain children beside."""
+    got, errors = [], []
+    with dask_coro.group(limit=2) as g:
+        for x in (1, -2, 3, 4, -5, 6):
+            g.spawn(counted(x, 0.01))
+        while g:
+            try:
+                _, value = yield g.next()
+                got.append(value)
+            except ValueError as e:
+                errors.append((e.dask_coro_child.index, str(e)))
+    t = time.monotonic()
+    with dask_coro.group(timeout=0.2) as g:
+        g.spawn(counted(7, 3))  # runs on: a plain function cannot be interrupted
+        try:
+            yield g.next()
+        except TimeoutError:
+            late = time.monotonic() - t
+    return sorted(got), sorted(errors), late < 2.5
+
+
+@pytest.fixture
+def beside_always():
+    from dask_coro.runtime.timings import TIMINGS
+
+    TIMINGS.force = True
+    yield
+    TIMINGS.force = None
+
+
+@cluster(nthreads=[("", 2), ("", 2)])
+async def test_plain_children_beside_keep_the_contract(c, s, a, b, beside_always):
+    seen = Seen("counted")
+    s.add_plugin(seen)
+    RUNNING.update(now=0, most=0)
+    got, errors, heard = await c.compute(plain_contract())
+    assert got == [1, 3, 4, 6]
+    assert errors == [(1, "negative -2"), (4, "negative -5")]
+    assert heard  # the deadline was heard while the child ran on
+    assert RUNNING["most"] <= 2  # the limit
+    assert not seen.keys  # all beside the parent
+    await async_poll_for(lambda: RUNNING["now"] == 0, timeout=10)
+    await async_poll_for(lambda: not s.tasks, timeout=10)
+
+
 @pytest.fixture(autouse=True)
 def _clear():
     CLOSED.clear()

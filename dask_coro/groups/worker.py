@@ -29,6 +29,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from .. import _config
@@ -38,9 +39,10 @@ from ..core.engine import NOT_DONE
 from ..core.structure import Structure
 from ..durability.scheduler import GROUP_LOG
 from ..runtime.beside import Beside, run_beside
-from ..runtime.call import ASYNC, CoroutineCall
+from ..runtime.call import ASYNC, PLAIN, CoroutineCall
 from ..runtime.errors import task_error
 from ..runtime.extensions import Run
+from ..runtime.timings import TIMINGS, name_of
 from ..runtime.worker import closing_here
 from .book import CANCELLED, Child, leaves, paths
 from .request import Request
@@ -80,6 +82,9 @@ class WorkerBackend:
         self.near: dict[int, tuple[asyncio.Task[None], Beside]] = {}
         self.settled: list[tuple[Child, list[Future]]] = []  # ended, to gather
         self.watchers: dict[int, asyncio.Task[None]] = {}  # by index, until settled
+        # Child tasks of a plain function, by index: when each was submitted,
+        # and its function's name (``timings``), to measure the round trip.
+        self.sent: dict[int, tuple[float, str]] = {}
         # Stream children, by index: the task taking their items, the stream,
         # and an event set once the body took every item given so far.
         self.streams: dict[int, tuple[asyncio.Task[None], Any, asyncio.Event]] = {}
@@ -195,7 +200,7 @@ class WorkerBackend:
                     c.obj.backend.annotations["dask_coro_deadline"] = self.group.deadline
                 drained = asyncio.Event()
                 self.streams[c.index] = (asyncio.ensure_future(self._pump(c, c.obj, drained)), c.obj, drained)
-            elif _near(c.obj):
+            elif _near(c.obj) or _short(c.obj):
                 host = Beside(self.run, {"dask_coro_deadline": self.group.deadline} if self.group.deadline is not None else None)
                 self.near[c.index] = (asyncio.ensure_future(self._beside(c, host)), host)
             else:
@@ -211,8 +216,11 @@ class WorkerBackend:
         value, with none, is delivered as it is)."""
         g = self.group
         objs = [c.obj for c in batch]
-        for c in batch:
+        now = perf_counter()
+        for c, obj in zip(batch, objs, strict=True):
             c.obj = None  # the task holds it now
+            if type(obj) is CoroutineCall and obj._fn is not None and obj._fn.kind == PLAIN:
+                self.sent[c.index] = (now, name_of(obj._fn.run))
         todo: list[Any] = []
         where: list[Any] = []
         counts: list[int] = []  # leaves per child
@@ -262,11 +270,14 @@ class WorkerBackend:
         return values[0] if shape is None else shape.rebuild(values)
 
     async def _beside(self, child: Child, host: Beside) -> None:
-        """Run ``child`` (a small ``async def`` call) beside the run: no task,
-        no round trip through the scheduler (``runtime.beside``)."""
+        """Run ``child`` (a small ``async def`` call, or a short plain one)
+        beside the run: no task, no round trip through the scheduler
+        (``runtime.beside``). A plain function's run is timed there."""
         call, child.obj = child.obj, None
+        fn = call._fn
+        timed = name_of(fn.run) if fn.kind == PLAIN else None
         try:
-            value = await run_beside(host, call.__dask_coro_inline__, call.__dask_coro_args__, call._fn.prefix)
+            value = await run_beside(host, call.__dask_coro_inline__, call.__dask_coro_args__, fn.prefix, timed)
         except BaseException as e:  # the child's error, whatever it is
             me = asyncio.current_task()
             if child.state == CANCELLED or (me is not None and me.cancelling()):
@@ -378,6 +389,11 @@ class WorkerBackend:
         self._finished(child, True, self._rebuild(child, values))
 
     def _finished(self, child: Child, ok: bool, value: Any) -> None:
+        sent = self.sent.pop(child.index, None)
+        if sent is not None and ok:
+            mean = TIMINGS.mean(sent[1])  # measured by then if it ran here
+            if mean is not None:
+                TIMINGS.tripped(perf_counter() - sent[0] - mean)
         g = self.group
         with g.lock:
             more = g.book.finished(child, ok, value)
@@ -396,6 +412,7 @@ class WorkerBackend:
         out = [f for c in children for f in self.futures.pop(c.index, ())]
         for c in children:
             self.shapes.pop(c.index, None)
+            self.sent.pop(c.index, None)
             near = self.near.get(c.index)
             if near is not None:
                 near[0].cancel()  # closes its body at its await; gone from ``near`` once closed
@@ -509,6 +526,26 @@ def _near(obj: Any) -> bool:
         and obj.__dask_coro_value__ is NOT_DONE
         and obj._fn is not None
         and obj._fn.kind == ASYNC
+        and bool(_config.get("coro.inline.enabled"))
+    )
+
+
+def _short(obj: Any) -> bool:
+    """Whether child ``obj`` is a call of a plain function that may run
+    inline (as ``_near`` asks) and whose calls are short here
+    (``runtime.timings``: measured, well under a task's round trip): it runs
+    beside the run, as a small ``async def`` call does, rather than pay a
+    round trip through the scheduler for microseconds of work. A function
+    not measured yet, or slow, goes out as a task: its children fan out."""
+    if type(obj) is not CoroutineCall:
+        return False
+    fn = obj._fn
+    return (
+        fn is not None
+        and fn.kind == PLAIN
+        and obj.__dask_coro_inline__ is not None
+        and obj.__dask_coro_value__ is NOT_DONE
+        and TIMINGS.short(name_of(fn.run))
         and bool(_config.get("coro.inline.enabled"))
     )
 

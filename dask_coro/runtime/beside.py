@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from .. import _config
@@ -41,6 +42,7 @@ from ..core.engine import Await, Done, Frame, Raised, Returned, Submit
 from .aio import watch
 from .call import trampoline
 from .extensions import Run
+from .timings import TIMINGS
 
 if TYPE_CHECKING:
     from dask.typing import Key
@@ -143,11 +145,13 @@ class Beside:
         return await self.run.until(waiting)
 
 
-async def run_beside(host: Beside, func: Any, args: tuple[Any, ...], name: str) -> Any:
+async def run_beside(host: Beside, func: Any, args: tuple[Any, ...], name: str, timed: str | None = None) -> Any:
     """Run the body ``func(*args)`` beside ``host.run`` (a ``_Run``; on its
     worker's loop) to its end: its value, or its error raised (see the
     module). ``host`` is what the body sees as its trampoline's host, and
-    says whether it steps or closes now."""
+    says whether it steps or closes now. ``timed``: the name of a plain
+    function in ``timings.TIMINGS``, whose run is timed there if its first
+    step ends it (as a task's run of it is)."""
     run = host.run
     lanes = run.watcher.lanes_of(run.worker)
     lane = lanes.pick()
@@ -157,12 +161,20 @@ async def run_beside(host: Beside, func: Any, args: tuple[Any, ...], name: str) 
     host.tramp = tramp
     ctx = run.ctx.copy()
     awaited: list[asyncio.Future[Any]] = []  # what the body awaits now, on its lane's loop
+    untimed = [timed]  # the name, until the first step
 
     def on_lane(fn: Any, args: tuple[Any, ...]) -> Any:
         if awaited and fn == tramp.close:
             awaited.pop().cancel()  # as asyncio cancels what a cancelled task awaits
         awaited.clear()
-        out = ctx.run(fn, *args)
+        name = untimed.pop() if untimed else None
+        if name is None:
+            out = ctx.run(fn, *args)
+        else:
+            began = perf_counter()
+            out = ctx.run(fn, *args)
+            if type(out) is Done:
+                TIMINGS.ran(name, perf_counter() - began)
         if type(out) is Await:
             out.obj, obj = watch(out)
             if obj is not None:

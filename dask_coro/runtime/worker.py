@@ -37,7 +37,7 @@ import asyncio
 import contextvars
 import logging
 import sys
-from time import time
+from time import perf_counter, time
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -98,12 +98,13 @@ from ..core.plan import Plan, plan_yield
 from ..core.scope import Scope
 from . import extensions
 from .aio import gathered, watch
-from .call import _reraise, trampoline
+from .call import PLAIN, _reraise, trampoline
 from .extensions import PARENT, Active, Extension, Run
 from .inplace import localizer
 from .lanes import PATIENCE, Lane, Lanes, weight_of
 from .scheduler import IDLE, MODES, SUBSCRIBE, UNSUBSCRIBE
 from .stealing import STEALING
+from .timings import TIMINGS, name_of
 
 if TYPE_CHECKING:
     from distributed import Client, Worker
@@ -470,6 +471,9 @@ class _Run:
         self.closing = False  # cancelled: closing the body
 
         self.planned: _Planned | None = None  # the last step's batches, planned on the lane
+        # A plain function's name in ``TIMINGS``, until its first step: a
+        # step that ends it is the time one of its calls takes here.
+        self.timed: str | None = name_of(self.func) if getattr(self.func, "kind", None) == PLAIN else None
 
     @property
     def trampoline(self) -> Trampoline | None:
@@ -523,7 +527,15 @@ class _Run:
             # task awaits, before the body is closed.
             awaited.cancel()
         self.awaited = None
-        out = self.ctx.run(fn, *args)
+        timed = self.timed
+        if timed is None:
+            out = self.ctx.run(fn, *args)
+        else:
+            self.timed = None
+            began = perf_counter()
+            out = self.ctx.run(fn, *args)
+            if type(out) is Done:
+                TIMINGS.ran(timed, perf_counter() - began)
         if (type(out) is Submit or type(out) is Await) and out.batches:
             # Planned here, in the body's thread, as a worker_client task
             # builds its graph in its own: a big one never blocks the loop.
