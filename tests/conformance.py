@@ -1000,6 +1000,38 @@ EXAMPLES["group"] = (
         ("wait", ("leaf", 8, False), False),
     ),
 )
+# Plain children of groups (beside the parent on the inline path, where
+# every plain child that may run inline does: ``_force_beside``): one
+# returning, one waiting from plain code, errors of each kind a task changes,
+# and one opening a group of its own.
+EXAMPLES["plain children of a group"] = (
+    "node",
+    0,
+    "gen",
+    True,
+    (
+        (
+            "group",
+            (
+                ("call", ("node", 1, "plain", True, ())),
+                ("call", ("node", 2, "plain", True, (("wait", ("leaf", 3, False), False),))),
+                ("call", ("node", 4, "plain", True, (("raise",),))),
+                ("call", ("node", 5, "plain", True, (("raise", "Unpicklable"),))),
+            ),
+            2,
+            True,
+        ),
+        (
+            "group",
+            (
+                ("call", ("node", 6, "plain", True, (("raise", "StopIteration"),))),
+                ("call", ("node", 7, "plain", True, (("group", (("call", ("node", 8, "plain", True, ())),), None, True),))),
+            ),
+            None,
+            True,
+        ),
+    ),
+)
 # A child's error not caught leaves the group: the rest are cancelled, the
 # node raises it.
 EXAMPLES["group error leaves"] = (
@@ -1064,6 +1096,15 @@ def _set_idle(dask_worker: Any, always: bool) -> None:
     watcher.idle = _AlwaysIdle() if always else Idle()
 
 
+def _force_beside(dask_worker: Any, on: bool) -> None:
+    """The inline path: every plain child of a group that may run inline
+    runs beside its parent, as a short one does once measured
+    (``runtime/timings.py``); off, the measurements decide again."""
+    from dask_coro.runtime.timings import TIMINGS
+
+    TIMINGS.force = True if on else None
+
+
 class _Pauser:
     """The paused path: every run of every worker of an in-process cluster
     asked to pause (``_Run._pause``, as a waiting step of a fairer tree
@@ -1125,6 +1166,13 @@ class Harness:
             elif path == "paused":
                 with _Pauser(self.client):
                     outcome, counts = self._on_cluster(node, stolen=False)
+                self.leftovers()
+            elif path == "inline":
+                self.client.run(_force_beside, on=True)
+                try:
+                    outcome, counts = self._on_cluster(node, stolen=False)
+                finally:
+                    self.client.run(_force_beside, on=False)
                 self.leftovers()
             else:
                 outcome, counts = self._on_cluster(node, stolen=path == "stolen")
@@ -1198,6 +1246,8 @@ class Harness:
         with dask.config.set({"coro.inline.enabled": path != "task"}):
             if stolen:
                 self.client.run(_set_idle, always=True)
+            if path == "inline":
+                self.client.run(_force_beside, on=True)
             pauser = _Pauser(self.client) if path == "paused" else contextlib.nullcontext()
             try:
                 with pauser:
@@ -1213,6 +1263,8 @@ class Harness:
             finally:
                 if stolen:
                     self.client.run(_set_idle, always=False)
+                if path == "inline":
+                    self.client.run(_force_beside, on=False)
         deadline = time.monotonic() + 10
         while True:
             ran = runs_of(epoch)
