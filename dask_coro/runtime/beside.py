@@ -1,8 +1,10 @@
 """A body run beside a run, on its worker, without a task of its own.
 
 A feature that starts small ``async def`` children of a run (a group's,
-``groups/worker.py``) may run them here instead of submitting them: no
-scheduler, no key, no round trip. Such a body gets what a run's body gets on
+``groups/worker.py``), or calls of a plain function measured short
+(``timings.py``), may run them here instead of submitting them: no
+scheduler, no key, no round trip. A plain function's body is one step,
+timed (``timed``), which nothing interrupts. Such a body gets what a run's body gets on
 a worker, but the task:
 
 - a trampoline of its own, stepped on a lane of its own (``Lanes.pick``),
