@@ -645,6 +645,38 @@ async def test_call_and_a_lazy_value_on_it_in_one_yield_run_it_once(
     assert _lines(tmp_path, "runs") == ["g"]
 
 
+@coroutine
+def tiny_double(x):
+    return 2 * x
+
+
+@coroutine(inline=False)
+def doubles_as_task(n):
+    return sum((yield [tiny_double(i) for i in range(n)]))
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1), ("", 1)])
+async def test_idle_threads_are_not_handed_short_plain_calls(c, s, a, b):
+    """With idle threads elsewhere every call that could run inline is handed
+    out as a task; a plain function measured far shorter than a task's round
+    trip (``runtime/timings.py``) is not: it runs inline, as it would with
+    nothing idle. The first yield hands them out (nothing is measured yet),
+    and their runs as tasks measure them."""
+    for w in (a, b):
+        _watcher(w).idle = _AlwaysIdle()
+    r = recorder(s)
+    assert await c.compute(doubles_as_task(30)) == 870
+    first = len(r.ran("tiny_double"))
+    assert first > 0  # handed out: not measured yet
+    r.memory.clear()
+    assert await c.compute(doubles_as_task(30)) == 870
+    # Measured short by then (a run timed long, a thread switch in it, may
+    # hand a few out until the mean is short again).
+    assert len(r.ran("tiny_double")) < first
+    await async_poll_for(lambda: not s.tasks, timeout=20)
+
+
 # --------------------------------------------------------------------------
 # processes: stealing, a worker dying
 

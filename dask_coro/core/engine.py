@@ -310,6 +310,13 @@ class Trampoline(Counting, Stealing):
         keep as the call's outcome) when a call it ran inline raised ``e``;
         by default ``e``. Asked only when a call raised (the runtime gives
         the error a task would deliver, ``runtime.errors``).
+    short
+        ``short(call)``: an unstarted inline call not worth a task (the
+        runtime's: a plain function whose runs are far shorter than a
+        task's round trip), never handed out to idle threads elsewhere: it
+        runs inline when its frame comes to it. Before a wait it is
+        promoted as any other (the wait may be for what it does). Asked
+        only off the hot path, when calls are handed out.
     """
 
     # ``stop`` is a slot: the compiled loop reads it before every call at a
@@ -331,8 +338,10 @@ class Trampoline(Counting, Stealing):
         annotations: Callable[[], Any] | None = None,
         awaits: bool = False,
         child_error: Callable[[BaseException], BaseException] | None = None,
+        short: Callable[[Any], bool] | None = None,
     ):
         self.name = name
+        self.short = short
         self.child_error = child_error
         self.awaits = awaits
         self.call_type: Any = call_type

@@ -42,6 +42,7 @@ class Stealing:
 
     stack: list[_Frame]
     call_type: Any
+    short: Any  # Callable[[call], bool] | None: a call never handed out
 
     def _running(self) -> set[int]:
         """The calls being run by frames on the stack, by id: the same call
@@ -102,9 +103,14 @@ class Stealing:
         """Promote up to ``n`` unstarted leaves, the oldest frames' first (the
         biggest work, as Cilk's thieves take), from the end of each frame's
         list; never the top frame's next leaf, which this stack is about to
-        run (handing it out would only make the stack wait for it)."""
+        run (handing it out would only make the stack wait for it), nor a
+        call not worth a task (``Trampoline.short``: an idle thread would
+        spend a round trip on microseconds of work this stack does at once).
+        Before a wait every unstarted call is still promoted, short or not
+        (``_promote_all``): the wait may be for what one of them does."""
         batches = []
         running = self._running()
+        short = self.short
         top = self.stack[-1]
         for frame in self.stack:
             start = frame.next + 1 if frame is top else frame.next
@@ -112,7 +118,11 @@ class Stealing:
                 continue
             todo = list(frame.todo)
             rest = todo[start:]
-            taken = [p for p in rest if not self._kept(frame.leaves[p], running)][-n:]
+            taken = [
+                p for p in rest
+                if not self._kept(frame.leaves[p], running)
+                and not (short is not None and type(frame.leaves[p]) is self.call_type and short(frame.leaves[p]))
+            ][-n:]
             if not taken:
                 continue
             frame.todo = todo[:start] + [p for p in rest if p not in taken]

@@ -47,7 +47,7 @@ from ..runtime.beside import Beside, run_beside
 from ..runtime.call import ASYNC, PLAIN, CoroutineCall
 from ..runtime.errors import task_error
 from ..runtime.extensions import Run
-from ..runtime.timings import TIMINGS, name_of
+from ..runtime.timings import TIMINGS, function_name
 from ..runtime.worker import closing_here
 from .book import CANCELLED, Child, leaves, paths
 from .request import Request
@@ -225,7 +225,7 @@ class WorkerBackend:
         for c, obj in zip(batch, objs, strict=True):
             c.obj = None  # the task holds it now
             if type(obj) is CoroutineCall and obj._fn is not None and obj._fn.kind == PLAIN:
-                self.sent[c.index] = (now, name_of(obj._fn.run))
+                self.sent[c.index] = (now, function_name(obj._fn))
         todo: list[Any] = []
         where: list[Any] = []
         counts: list[int] = []  # leaves per child
@@ -280,7 +280,7 @@ class WorkerBackend:
         (``runtime.beside``). A plain function's run is timed there."""
         call, child.obj = child.obj, None
         fn = call._fn
-        timed = name_of(fn.run) if fn.kind == PLAIN else None
+        timed = function_name(fn) if fn.kind == PLAIN else None
         try:
             value = await run_beside(host, call.__dask_coro_inline__, call.__dask_coro_args__, fn.prefix, timed)
         except BaseException as e:  # the child's error, whatever it is
@@ -550,7 +550,7 @@ def _short(obj: Any) -> bool:
         and fn.kind == PLAIN
         and obj.__dask_coro_inline__ is not None
         and obj.__dask_coro_value__ is NOT_DONE
-        and TIMINGS.short(name_of(fn.run))
+        and TIMINGS.short(function_name(fn))
         and bool(_config.get("coro.inline.enabled"))
     )
 

@@ -44,7 +44,7 @@ from ..core.engine import Await, Done, Frame, Raised, Returned, Submit
 from .aio import watch
 from .call import trampoline
 from .extensions import Run
-from .timings import TIMINGS
+from .timings import TIMINGS, short_call
 
 if TYPE_CHECKING:
     from dask.typing import Key
@@ -157,7 +157,7 @@ async def run_beside(host: Beside, func: Any, args: tuple[Any, ...], name: str, 
     run = host.run
     lanes = run.watcher.lanes_of(run.worker)
     lane = lanes.pick()
-    tramp = trampoline(name, inline=bool(_config.get("coro.inline.enabled")))
+    tramp = trampoline(name, inline=bool(_config.get("coro.inline.enabled")), short=short_call)
     seen: Run = host  # what the body's features use of it
     tramp.host = seen
     host.tramp = tramp

@@ -727,6 +727,7 @@ def trampoline(
     localize: Callable[[Frame, Any], Any] | None = None,
     count: bool = False,
     awaits: bool = True,
+    short: Callable[[Any], bool] | None = None,
 ) -> Trampoline:
     """The engine wired for coroutine calls, as both runners use it: with
     ``inline``, ``CoroutineCall`` objects run inline (see ``Trampoline``),
@@ -734,7 +735,8 @@ def trampoline(
     (``runtime.inplace.localizer``). With ``awaits``, the runner runs an
     event loop for ``async def`` bodies (``core.engine.Await``). A call run
     inline that raises gives its parent the error it would give as a task
-    (``runtime.errors.task_error``)."""
+    (``runtime.errors.task_error``). ``short(call)``: an inline call never
+    handed out to idle threads (``Trampoline``)."""
     if not inline:
         localize = None
     return Trampoline(
@@ -750,6 +752,7 @@ def trampoline(
         annotations=_annotations_now,
         awaits=awaits,
         child_error=task_error,
+        short=short if inline else None,
     )
 
 

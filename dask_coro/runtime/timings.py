@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .call import PLAIN
+
 #: A task's round trip until a group measured one (seconds).
 DEFAULT_ROUND_TRIP = 0.005
 #: A function is short when its mean is under this part of the round trip...
@@ -87,3 +89,19 @@ class Timings:
 
 
 TIMINGS = Timings()
+
+
+def short_call(call: Any) -> bool:
+    """Whether ``call`` (a ``CoroutineCall`` run inline) is of a plain
+    function short here: a yield keeps it to run inline rather than hand it
+    out to an idle thread as a task (``core.engine.Trampoline.short``)."""
+    fn = call._fn
+    return fn is not None and fn.kind == PLAIN and TIMINGS.short(function_name(fn))
+
+
+def function_name(fn: Any) -> str:
+    """``name_of`` a coroutine function's ``run``, kept on the function."""
+    name: str | None = fn.__dict__.get("_dask_coro_timed")
+    if name is None:
+        name = fn.__dict__["_dask_coro_timed"] = name_of(fn.run)
+    return name

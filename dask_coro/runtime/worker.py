@@ -104,7 +104,7 @@ from .inplace import localizer
 from .lanes import PATIENCE, Lane, Lanes, weight_of
 from .scheduler import IDLE, MODES, SUBSCRIBE, UNSUBSCRIBE
 from .stealing import STEALING
-from .timings import TIMINGS, name_of
+from .timings import TIMINGS, name_of, short_call
 
 if TYPE_CHECKING:
     from distributed import Client, Worker
@@ -678,6 +678,7 @@ class _Run:
             on_ended=self._ended,
             localize=localizer(self._scope_of, self._fetch),
             count=count,
+            short=short_call,
         )
         self.tramp = tramp
         host: Run = self  # for features that start children of their own
