@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import pytest
 from distributed.utils_test import async_poll_for, captured_logger
 from filelog import append as _append
 from filelog import lines as _lines
-from helpers import cluster, recorder
+from helpers import cluster, dask_cli, recorder
 
 import dask_coro
 from dask_coro import coroutine
@@ -359,3 +360,80 @@ def test_a_run_killed_with_its_cluster_finishes_from_the_store(tmp_path):
     assert {str(i): ran[str(i)] for i in range(n - slow, n)} == {str(i): 2 for i in range(n - slow, n)}
     [info] = dask_coro.runs(store=store)
     assert (info.state, info.children) == ("finished", 0)
+
+
+# --------------------------------------------------------------------------
+# the scheduler lost under a live client: SIGKILL, then a new scheduler at
+# the same address
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _cli_cluster(tmp_path, port, n_workers, run):
+    """``dask scheduler`` on 127.0.0.1:``port`` and ``n_workers`` ``dask
+    worker`` processes without a nanny (SIGKILL ends them), of 2 threads."""
+    procs = [dask_cli("scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", ":0",
+                      log=tmp_path / f"s{run}.log")]
+    for i in range(n_workers):
+        procs.append(dask_cli(
+            "worker", f"tcp://127.0.0.1:{port}", "--nthreads", "2", "--host", "127.0.0.1", "--no-nanny",
+            "--dashboard-address", ":0", "--local-directory", str(tmp_path / f"w{run}-{i}"),
+            log=tmp_path / f"w{run}-{i}.log",
+        ))
+    return procs
+
+
+def _kill(procs):
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+    for p in procs:
+        p.wait(timeout=30)
+
+
+@pytest.mark.timeout(240)
+def test_a_live_clients_durable_root_resumes_on_a_new_scheduler(tmp_path, monkeypatch):
+    """The scheduler and its workers SIGKILLed once the fast children are
+    stored, while the slow ones run; a new scheduler at the same address,
+    new workers: the client, still alive, sends its durable root again when
+    it reconnects and the user's Future gets the root's value. Children
+    stored before the loss do not run again; those running at the loss do."""
+    from distributed import Client
+    from durable_program import run
+
+    store, folder = str(tmp_path / "store"), str(tmp_path)
+    n, slow = 12, 3
+    monkeypatch.setenv("DASK_CORO__DURABILITY__STORE", store)
+    monkeypatch.setenv("DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION", "1.0")
+    (tmp_path / "hold").touch()
+    port = _free_port()
+    procs = _cli_cluster(tmp_path, port, 2, 0)
+    try:
+        with dask.config.set({"coro.durability.store": store}), Client(f"tcp://127.0.0.1:{port}", timeout=60) as c:
+            c.wait_for_workers(2, timeout=60)
+            future = c.compute(run(n, folder, slow, dask_key_name="durable-live-client"))
+            other = c.submit(sum, [1, 2])  # not a durable root: cancelled by the loss, as in distributed
+            assert other.result(timeout=60) == 3
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                stored = list((tmp_path / "store").glob("runs/*/children/*"))
+                ran = _executions(folder)
+                if len(stored) == n - slow and all(str(i) in ran for i in range(n - slow, n)):
+                    break
+                time.sleep(0.1)
+            assert len(stored) == n - slow, sorted(ran)
+            _kill(procs)
+            (tmp_path / "hold").unlink()
+            procs = _cli_cluster(tmp_path, port, 2, 1)
+            assert future.result(timeout=120) == sum(i * i for i in range(n))
+            assert other.status == "cancelled"
+    finally:
+        _kill(procs)
+    ran = _executions(folder)
+    assert {str(i): ran[str(i)] for i in range(n - slow)} == {str(i): 1 for i in range(n - slow)}
+    assert {str(i): ran[str(i)] for i in range(n - slow, n)} == {str(i): 2 for i in range(n - slow, n)}
+    [info] = dask_coro.runs(store=store)
+    assert (info.key, info.state, info.children) == ("durable-live-client", "finished", 0)

@@ -13,20 +13,25 @@ import pytest
 from dask.delayed import Delayed
 from dask.local import get_sync
 from distributed import Event, get_worker
-from distributed.utils_test import gen_cluster, inc
+from distributed.utils_test import gen_cluster, gen_test, inc
 
 from dask_coro._internals import dask_private as dp
+from dask_coro._internals.distributed import client as client_seam
 from dask_coro._internals.distributed.client import (
     annotated_graph,
     collections_message,
     flush_client_stream,
     future_in_memory,
     get_in_order,
+    keeping_on_reconnect,
     send_on_client_stream,
     send_serialized,
     serialized_graph,
     set_batch_interval,
+    submission_expr,
+    submission_keys,
     submitting_as,
+    watch_submissions,
 )
 from dask_coro._internals.distributed.collections import drop_stale_queue_entries, queue_entries
 from dask_coro._internals.distributed.core import add_handlers, wrap_stream_handler
@@ -167,6 +172,18 @@ def test_holds_any_finds_a_delayeds_task_in_a_collection_without_building_it():
     mapped = frame.map_partitions(lambda df, v: df + v, L[0], meta=frame._meta)
     assert dp.holds_any(mapped, {L.key})
     assert not dp.holds_any(dd.from_pandas(pd.DataFrame({"a": [1]}), npartitions=1), {L.key})
+
+
+def test_expression_holds_any_finds_a_delayeds_task_in_what_client_compute_sends():
+    from dask._expr import FinalizeCompute
+    from dask.base import collections_to_expr
+
+    d = dask.delayed(inc)(1, dask_key_name="mine")
+    for colls in ([d], [dask.delayed(sum)([d, 2])]):
+        expr = FinalizeCompute(collections_to_expr(colls)).optimize()  # as Client.compute makes it
+        assert dp.expression_holds_any(expr, {"mine"})
+        assert not dp.expression_holds_any(expr, {"other"})
+    assert not dp.expression_holds_any(b"serialized", {"mine"})
 
 
 def test_task_is_coro_honours_the_tornado_flag():
@@ -1018,3 +1035,42 @@ def test_task_error_of_stop_iteration_is_what_a_client_raises():
     ours = task_error(StopIteration(1))
     assert (type(ours), ours.args) == (type(info.value), info.value.args)
     assert type(ours.__cause__) is type(info.value.__cause__) is StopIteration
+
+
+@pytest.mark.timeout(120)
+@gen_test(timeout=90)
+async def test_a_reconnecting_client_keeps_and_sends_again_the_submissions_held(monkeypatch):
+    """``Client._reconnect`` (a scheduler lost, the client running) cancels
+    every future in ``client.futures``; ``_graph_to_futures`` is what every
+    submission goes through, with ``expr`` and ``keys``; a Future's state is
+    its client's ``FutureState`` (``reset``), which the key's answers from a
+    new scheduler at the same address finish."""
+    from distributed import Client, Scheduler, Worker
+
+    monkeypatch.setattr(client_seam, "_ORIGINAL", {})  # installed afresh, undone after
+    monkeypatch.setattr(Client, "_graph_to_futures", Client._graph_to_futures)
+    monkeypatch.setattr(Client, "_reconnect", Client._reconnect)
+    seen = []
+    watch_submissions(lambda client, task, args, kwargs: seen.append((client, task, args, kwargs)))
+    keeping_on_reconnect(lambda client: [(a, k) for c, _, a, k in seen if c is client and "kept" in submission_keys(a, k)])
+
+    s = await Scheduler(host="127.0.0.1", port=0, dashboard_address=":0")
+    port = s.port
+    w = await Worker(s.address, nthreads=1)
+    async with Client(s.address, asynchronous=True, timeout=60) as c:
+        kept = c.submit(inc, 1, key="kept")
+        other = c.submit(inc, 2, key="other")
+        assert await kept == 2 and await other == 3
+        [(client, task, args, kwargs)] = [x for x in seen if "kept" in submission_keys(x[2], x[3])]
+        assert client is c and task is None and submission_expr(args, kwargs) is not None
+        await w.close()
+        await s.close()
+        s = await Scheduler(host="127.0.0.1", port=port, dashboard_address=":0")
+        w = await Worker(s.address, nthreads=1)
+        try:
+            assert await kept == 2  # computed again by the new scheduler
+            assert "kept" in s.tasks and "other" not in s.tasks
+            assert other.status == "cancelled"
+        finally:
+            await w.close()
+            await s.close()

@@ -99,35 +99,49 @@ def holds_any(coll: Any, keys: Any) -> bool:
     ``Blockwise`` layer only refers to them."""
     if not keys:
         return False
-    from dask._expr import Expr
-    from dask.base import collections_to_expr, is_dask_collection
-    from dask.highlevelgraph import HighLevelGraph
-
-    seen: set[int] = set()
-
-    def in_graph(graph: Any) -> bool:
-        if id(graph) in seen:
-            return False
-        seen.add(id(graph))
-        if isinstance(graph, HighLevelGraph):
-            return any(
-                layer.is_materialized() and not keys.isdisjoint(layer.keys())
-                for layer in graph.layers.values()
-            )
-        if isinstance(graph, dict):
-            return not keys.isdisjoint(graph.keys())
-        return False
-
-    def in_operand(op: Any) -> bool:
-        if isinstance(op, (HighLevelGraph, dict)):
-            return in_graph(op)
-        if isinstance(op, (list, tuple)):
-            return any(in_operand(o) for o in op)
-        if not isinstance(op, Expr) and is_dask_collection(op):
-            if hasattr(op, "expr") and isinstance(op.expr, Expr):
-                return holds_any(op, keys)
-            return in_graph(op.__dask_graph__())
-        return False
+    from dask.base import collections_to_expr
 
     expr = collections_to_expr([coll], optimize_graph=False)
-    return any(in_operand(op) for e in expr.walk() for op in e.operands)
+    return expression_holds_any(expr, keys)
+
+
+def expression_holds_any(expr: Any, keys: Any) -> bool:
+    """``holds_any`` of an expression: whether ``expr`` (what
+    ``Client.compute`` and ``Client.persist`` send, ``_graph_to_futures``'s
+    ``expr``) holds a task of one of ``keys``, looked for in its operands
+    (``Expr.walk``) as ``holds_any`` does; False for anything that is no
+    expression (a graph already serialized)."""
+    from dask._expr import Expr
+
+    if not keys or not isinstance(expr, Expr):
+        return False
+    return any(_operand_holds(op, keys) for e in expr.walk() for op in e.operands)
+
+
+def _graph_holds(graph: Any, keys: Any) -> bool:
+    from dask.highlevelgraph import HighLevelGraph
+
+    if isinstance(graph, HighLevelGraph):
+        return any(
+            layer.is_materialized() and not keys.isdisjoint(layer.keys())
+            for layer in graph.layers.values()
+        )
+    if isinstance(graph, dict):
+        return not keys.isdisjoint(graph.keys())
+    return False
+
+
+def _operand_holds(op: Any, keys: Any) -> bool:
+    from dask._expr import Expr
+    from dask.base import is_dask_collection
+    from dask.highlevelgraph import HighLevelGraph
+
+    if isinstance(op, (HighLevelGraph, dict)):
+        return _graph_holds(op, keys)
+    if isinstance(op, (list, tuple)):
+        return any(_operand_holds(o, keys) for o in op)
+    if not isinstance(op, Expr) and is_dask_collection(op):
+        if hasattr(op, "expr") and isinstance(op.expr, Expr):
+            return holds_any(op, keys)
+        return _graph_holds(op.__dask_graph__(), keys)
+    return False

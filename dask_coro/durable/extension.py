@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from typing import Any
 
 from ..core.engine import Raised, Returned
@@ -114,6 +115,13 @@ class DurableRunsExtension(Extension):
             return {}
         found = await run.loop.run_in_executor(READS, _read, store, note.root, hits)
         return {k: Raised(f.value) if f.error else Returned(f.value) for k, f in found.items()}
+
+    def computing(self, key: Any) -> None:
+        if "distributed" not in sys.modules:
+            return  # no Client to reconnect
+        from .client import computing
+
+        computing(key)
 
     async def run_ended(self, run: Run, outcome: Any) -> None:
         note: _Note | None = run.notes.get(self.name)

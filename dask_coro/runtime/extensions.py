@@ -113,6 +113,15 @@ plugins are installed:
     or None if it was cancelled (then do not wait: the worker may be
     closing). Before its futures are released, ahead of the task's end.
 
+and one hook on the client side, outside any run:
+
+``computing(key)``
+    A coroutine call (or an operation on one) of key ``key`` is made into
+    an expression to compute or persist on a client
+    (``__dask_postcompute__``, which ``Client.compute``, ``Client.persist``
+    and ``dask.compute`` ask for where they run), before its graph is sent.
+    Called in the caller's thread, for the extensions enabled there.
+
 An exception raised by a hook other than ``submitting``, ``around_wait``
 and ``results_received`` is logged, naming the extension, and the run goes
 on (as distributed does with its plugins' hooks): a feature's failure never
@@ -326,6 +335,11 @@ class Extension:
     async def run_ended(self, run: Run, outcome: Any) -> None:
         pass
 
+    # -- on the client side --------------------------------------------------
+
+    def computing(self, key: Key) -> None:
+        """A coroutine call of key ``key`` is computed or persisted on a client."""
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
 
@@ -394,7 +408,7 @@ class Active:
     """The extensions enabled for one run, and per hook the ones that
     override it (a tuple each, empty when none does)."""
 
-    __slots__ = ("all", "at_first_use", "counts_calls", "parent", *HOOKS)
+    __slots__ = ("all", "at_first_use", "counts_calls", "parent", "computing", *HOOKS)
 
     all: tuple[Extension, ...]
     at_first_use: tuple[Extension, ...]
@@ -409,13 +423,14 @@ class Active:
     released: tuple[Extension, ...]
     run_left: tuple[Extension, ...]
     run_ended: tuple[Extension, ...]
+    computing: tuple[Extension, ...]
 
     def __init__(self, extensions: Iterable[Extension]):
         self.all = tuple(extensions)
         self.at_first_use = tuple(e for e in self.all if e.at_first_use)
         self.counts_calls = any(e.counts_calls for e in self.all)
         self.parent = any(e.parent for e in self.all)
-        for hook in HOOKS:
+        for hook in (*HOOKS, "computing"):
             base = getattr(Extension, hook)
             setattr(self, hook, tuple(e for e in self.all if getattr(type(e), hook) is not base))
 
@@ -437,6 +452,14 @@ def notify(listeners: tuple[Extension, ...], hook: str, *args: Any) -> None:
             getattr(ext, hook)(*args)
         except Exception:
             logger.exception("dask_coro extension %r failed in %s", ext.name, hook)
+
+
+def computing(key: Key) -> None:
+    """The ``computing`` hook of the extensions enabled now (a call is
+    computed on a client: ``ops.BuiltLazily.__dask_postcompute__``)."""
+    listeners = active().computing
+    if listeners:
+        notify(listeners, "computing", key)
 
 
 async def notify_async(listeners: tuple[Extension, ...], hook: str, *args: Any) -> None:

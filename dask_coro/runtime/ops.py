@@ -25,6 +25,7 @@ from dask.utils import funcname
 from .._internals.dask_private import DataNode, Task, TaskRef, annotations_in_effect, delayed_slot
 from ..core.engine import NOT_DONE, Request
 from ..core.localize import BINARY, COMPARE, UNARY
+from . import extensions
 
 # Delayed's own slots, filled when dask first asks for a key or graph (here
 # and in runtime.call).
@@ -61,6 +62,12 @@ class BuiltLazily(Delayed):
     @property
     def _layer(self) -> Any:
         return self._key
+
+    def __dask_postcompute__(self) -> Any:
+        # Asked where a client computes or persists it (dask's
+        # ``HLGExpr.from_collection``): the features' ``computing`` hook.
+        extensions.computing(self._key)
+        return Delayed.__dask_postcompute__(self)
 
     def built(self) -> bool:
         """Whether its key and graph exist yet."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from time import monotonic
 from typing import Any
@@ -22,6 +23,8 @@ from distributed.worker import thread_state
 from .batched import flush_stream
 from .core import keeping_contract
 from .threadpoolexecutor import in_coroutine_step, seceded
+
+logger = logging.getLogger("dask_coro")
 
 
 def annotated_graph(graph: dict[Key, Any], annotated: dict[Key, dict[str, Any]]) -> Any:
@@ -321,3 +324,101 @@ def own_scheduler_rpc(client: Any, worker: Any) -> bool:
         return False
     client.scheduler = client.rpc(current.addr)
     return True
+
+
+# -- a client's submissions, kept across a reconnect ----------------------------
+
+#: What ``watch_submissions`` and ``keeping_on_reconnect`` wrapped (the class's own methods).
+_ORIGINAL: dict[str, Any] = {}
+
+
+def watch_submissions(seen: Callable[[Any, Key | None, tuple[Any, ...], dict[str, Any]], None]) -> None:
+    """Once per process: ``seen(client, task, args, kwargs)`` after each
+    graph a ``Client`` sends (``Client._graph_to_futures``, which
+    ``compute``, ``persist``, ``get`` and ``submit`` call), ``task`` the key
+    of the task submitting it (``thread_state.key``, as the message's
+    ``submitting_task``; None outside a task). ``submit_again(client, args,
+    kwargs)`` sends the same graph, with the same keys. What ``seen``
+    raises is logged: the submission is sent already."""
+    from distributed import Client
+
+    if "_graph_to_futures" in _ORIGINAL:
+        return
+    original = _ORIGINAL["_graph_to_futures"] = Client._graph_to_futures
+
+    def _graph_to_futures(self: Any, *args: Any, **kwargs: Any) -> Any:
+        futures = original(self, *args, **kwargs)
+        try:
+            seen(self, getattr(thread_state, "key", None), args, kwargs)
+        except Exception:
+            logger.exception("dask_coro: a submission not recorded")
+        return futures
+
+    Client._graph_to_futures = keeping_contract(original, _graph_to_futures)  # type: ignore[method-assign]
+
+
+def submission_keys(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Key]:
+    """The keys of a submission ``watch_submissions`` saw (its ``keys``)."""
+    keys = args[1] if len(args) > 1 else kwargs["keys"]
+    return list(keys)
+
+
+def submission_expr(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The expression of a submission ``watch_submissions`` saw (its ``expr``)."""
+    return args[0] if args else kwargs["expr"]
+
+
+def submit_again(client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Send a submission ``watch_submissions`` saw again, with its keys (the
+    futures it makes are let go of: the caller's own hold them)."""
+    original = _ORIGINAL.get("_graph_to_futures") or type(client)._graph_to_futures
+    original(client, *args, **kwargs)
+
+
+def keeping_on_reconnect(held: Callable[[Any], list[tuple[tuple[Any, ...], dict[str, Any]]]]) -> None:
+    """Once per process: a ``Client`` that lost its scheduler's connection
+    while running (``Client._reconnect``, from ``_handle_report``: it
+    cancels every future, then connects again to the same address,
+    dask/distributed #436) keeps the futures of the submissions
+    ``held(client)`` gives (``watch_submissions``'s ``args, kwargs``):
+    pending while it reconnects (their ``FutureState``, which the user's
+    ``Future`` objects hold, taken out of ``client.futures`` before the
+    cancel, reset, and put back), then sent again with their keys to the
+    scheduler it connected to, whose answers finish them as they would have
+    the first time. If it never connects (it closes), they are cancelled as
+    the others were."""
+    from distributed import Client
+
+    if "_reconnect" in _ORIGINAL:
+        return
+    original = _ORIGINAL["_reconnect"] = Client._reconnect
+
+    async def _reconnect(self: Any) -> None:
+        try:
+            again = held(self)
+        except Exception:
+            logger.exception("dask_coro: the submissions to send again not found")
+            again = []
+        kept: dict[Key, Any] = {}
+        for args, kwargs in again:
+            for key in submission_keys(args, kwargs):
+                state = self.futures.pop(key, None)
+                if state is not None:
+                    state.reset()
+                    kept[key] = state
+        await original(self)
+        if not kept:
+            return
+        if self.status != "running":
+            for state in kept.values():
+                state.cancel(
+                    reason="scheduler-connection-lost",
+                    msg="Client lost the connection to the scheduler and could not connect again.",
+                )
+            return
+        for key, state in kept.items():
+            self.futures.setdefault(key, state)
+        for args, kwargs in again:
+            submit_again(self, args, kwargs)
+
+    Client._reconnect = keeping_contract(original, _reconnect)  # type: ignore[method-assign]
