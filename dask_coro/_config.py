@@ -108,6 +108,25 @@ def get_size_or_fraction(key: str) -> int | float | None:
     return None if value is None else _size_or_fraction(key, value)
 
 
+def get_size(key: str) -> int | None:
+    """The setting ``key`` (``"coro.durability.store-bytes"``): a size in
+    bytes (an integer, or a string with a unit, ``"1GiB"``), or None for
+    null (no bound). Anything else raises a ValueError naming the key."""
+    value = get(key)
+    return None if value is None else _size(key, value)
+
+
+def _size(key: str, value: Any) -> int:
+    if isinstance(value, (int, str)) and not isinstance(value, bool):
+        try:
+            size = _size_or_fraction(key, value)
+        except ValueError:
+            pass
+        else:
+            return int(size)
+    raise ValueError(f"{key}: {value!r} is not a size in bytes (an integer, or a string such as '1GiB') or null (no bound)")
+
+
 def _size_or_fraction(key: str, value: Any) -> int | float:
     error = ValueError(
         f"{key}: {value!r} is not a size in bytes (an integer, or a string such as '64MiB'), "
@@ -159,8 +178,8 @@ def check_value(key: str, value: Any) -> None:
     """Raise a ValueError naming ``key`` and ``value`` unless the value is
     one ``coro-schema.yaml`` allows for the setting ``key``: its ``type``,
     ``enum`` and ``minimum``, ``format: time-interval`` (what
-    ``get_timedelta`` reads) and ``format: size-or-fraction`` (what
-    ``get_size_or_fraction`` reads)."""
+    ``get_timedelta`` reads), ``format: size-or-fraction`` (what
+    ``get_size_or_fraction`` reads) and ``format: size`` (``get_size``)."""
     entry = SETTINGS[key]
     types = entry["type"] if isinstance(entry["type"], list) else [entry["type"]]
     if value is None and "null" in types:
@@ -169,6 +188,8 @@ def check_value(key: str, value: Any) -> None:
         _seconds(key, value)
     elif entry.get("format") == "size-or-fraction":
         _size_or_fraction(key, value)
+    elif entry.get("format") == "size":
+        _size(key, value)
     elif "enum" in entry:
         if value not in entry["enum"]:
             raise ValueError(f"{key}: {value!r} is not one of {', '.join(map(str, entry['enum']))}")

@@ -29,6 +29,8 @@ EXPECTED = {
     "coro.durability.hold-bytes": "64MiB",
     "coro.durability.store": None,
     "coro.durability.store-key": None,
+    "coro.durability.store-options": None,
+    "coro.durability.store-bytes": None,
     "coro.worker-release.enabled": False,
     "coro.lifetimes.retry-delay": "500ms",
     "coro.lifetimes.close-timeout": "10s",
@@ -287,12 +289,12 @@ def test_user_yaml_file_is_picked_up(tmp_path):
 #: A bad value of each kind of setting the schema describes.
 BAD = {
     "time-interval": "soon", "boolean": "no", "integer": "many", "enum": "sometimes", "size-or-fraction": "lots",
-    "string|null": 5,
+    "string|null": 5, "object|null": "endpoint_url=x", "size": 0.5,
 }
 
 
 def kind_of(entry: dict) -> str:
-    if entry.get("format") in ("time-interval", "size-or-fraction"):
+    if entry.get("format") in ("time-interval", "size-or-fraction", "size"):
         return entry["format"]
     if "enum" in entry:
         return "enum"

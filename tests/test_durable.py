@@ -24,6 +24,7 @@ from filelog import lines as _lines
 from helpers import cluster, dask_cli, recorder
 
 import dask_coro
+import dask_coro.durable.local
 from dask_coro import coroutine
 from dask_coro.core.keys import child_key, derive_key
 from dask_coro.durable.store import MAGIC, Store, StoreError
@@ -312,6 +313,47 @@ async def test_a_forged_entry_is_computed_again_with_a_warning_and_never_loaded(
         assert repr(key) in warned  # each warning names the child's key
 
 
+def _writes_done():
+    w = dask_coro.durable.local.WRITES
+    return not w.queue and w.idle == w.threads
+
+
+def sized(i, folder, nbytes):
+    _append(folder, "executions", str(i))
+    return bytes(nbytes)
+
+
+@coroutine
+def long_loop(n, folder, fail):
+    total = 0
+    for i in range(n):  # one child at a time: each consumed before the next
+        total += len((yield dask.delayed(sized)(i, folder, 1000)))
+    if fail:
+        raise ValueError("fails")
+    return total
+
+
+@cluster()
+async def test_store_bytes_bounds_what_a_running_run_keeps_stored(c, s, a, b, tmp_path):
+    folder, store = str(tmp_path), str(tmp_path / "store")
+    n, bound = 20, 4096
+    with dask.config.set({"coro.durability.store": store, "coro.durability.store-bytes": bound}):
+        with pytest.raises(ValueError):
+            await _compute(c, s, long_loop(n, folder, True, dask_key_name="run"))
+        await async_poll_for(_writes_done, timeout=10)
+        [info] = dask_coro.runs()
+        assert 0 < info.children < n
+        entry = max(p.stat().st_size for p in Path(store).glob("runs/*/children/*"))
+        # Each worker (here, the process) stores until it wrote the bound: one entry past it at most.
+        assert sum(p.stat().st_size for p in Path(store).glob("runs/*/children/*")) < bound + entry
+        kept = info.children
+        # A resume computes the others again, and only those.
+        assert await _compute(c, s, long_loop(n, folder, False, dask_key_name="run")) == n * 1000
+    assert sum(_executions(folder).values()) == n + (n - kept)
+    with dask.config.set({"coro.durability.store-bytes": "lots"}), pytest.raises(ValueError, match="store-bytes"):
+        dask_coro._config.check()
+
+
 # --------------------------------------------------------------------------
 # the whole cluster and the client lost: SIGKILL, then the program again
 
@@ -437,3 +479,75 @@ def test_a_live_clients_durable_root_resumes_on_a_new_scheduler(tmp_path, monkey
     assert {str(i): ran[str(i)] for i in range(n - slow, n)} == {str(i): 2 for i in range(n - slow, n)}
     [info] = dask_coro.runs(store=store)
     assert (info.key, info.state, info.children) == ("durable-live-client", "finished", 0)
+
+
+# --------------------------------------------------------------------------
+# an S3-API store (a local moto server, as s3fs's own tests use)
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """The endpoint of a moto S3 server on 127.0.0.1, with a bucket ``runs``."""
+    pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        # Made here, the filesystem's IO threads (fsspec's loop, its
+        # executor) are there before a test starts: not leaked by it.
+        import boto3
+        import fsspec
+
+        boto3.client(
+            "s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+            region_name="us-east-1",
+        ).create_bucket(Bucket="runs")
+        fsspec.filesystem("s3", **_s3_settings(endpoint, "")["coro.durability.store-options"]).ls("runs")
+        yield endpoint
+    finally:
+        server.stop()
+
+
+def _s3_settings(endpoint, name):
+    return {
+        "coro.durability.store": f"s3://runs/{name}",
+        "coro.durability.store-key": "a-secret-shared-by-every-host",
+        "coro.durability.store-options": {
+            "endpoint_url": endpoint, "key": "testing", "secret": "testing",
+            "client_kwargs": {"region_name": "us-east-1"},
+        },
+    }
+
+
+@cluster()
+async def test_an_s3_store_resumes_a_run_and_refuses_forged_entries(c, s, a, b, tmp_path, s3_server):
+    folder, marker = str(tmp_path), tmp_path / "pwned"
+    settings = _s3_settings(s3_server, "resume")
+    with dask.config.set(settings):
+        with pytest.raises(ValueError):
+            await _compute(c, s, shifted(3, folder, 0, True, dask_key_name="run"))
+        [info] = dask_coro.runs()
+        assert (info.key, info.state, info.children) == ("run", "failed", 3)
+        # A resume from the store: nothing computed again.
+        with pytest.raises(ValueError):
+            await _compute(c, s, shifted(3, folder, 0, True, dask_key_name="run"))
+        assert sorted(_lines(folder, "executions")) == ["0", "1", "2"]
+        # Someone who can write the bucket but has not the store's key.
+        store = dask_coro.durable.local.store_of_settings()
+        entries = sorted(store.fs.fs.find(store.fs.join("runs")))
+        entries = [e for e in entries if "/children/" in e]
+        assert len(entries) == 3
+        other = Store(str(tmp_path / "other"))
+        evil = pickle.dumps(_Opens(str(marker)))
+        store.fs.fs.pipe_file(entries[0], evil)
+        store.fs.fs.pipe_file(entries[1], other._pack("x", None, _Opens(str(marker)), False))
+        with captured_logger("dask_coro") as log:
+            assert await _compute(c, s, shifted(3, folder, 0, False, dask_key_name="run")) == [0, 10, 20]
+        [info] = dask_coro.runs()
+        assert (info.state, info.children) == ("finished", 0)
+        assert dask_coro.forget_run("run") and dask_coro.runs() == []
+    assert not marker.exists()
+    assert sorted(Counter(_lines(folder, "executions")).values()) == [1, 2, 2]  # the 2 forged: again
+    assert log.getvalue().count("is not used") == 2

@@ -64,25 +64,29 @@ WRITES = Threads(2, "dask-coro-store-write")
 #: Reads of the store (a resumed run's children), apart from the writes.
 READS = Threads(2, "dask-coro-store-read")
 
-_STORES: dict[tuple[str, Any], Store] = {}
+_STORES: dict[tuple[str, Any, str], Store] = {}
 _LOCK = threading.Lock()
 
 
-def store_at(location: Any, secret: Any = None) -> Store:
+def store_at(location: Any, secret: Any = None, options: Any = None) -> Store:
     """The ``Store`` at ``location`` (one per process), its key read."""
+    name = (str(location), secret, repr(options))
     with _LOCK:
-        store = _STORES.get((str(location), secret))
+        store = _STORES.get(name)
         if store is None:
-            store = Store(location, secret)
+            store = Store(location, secret, options)
             store.mac_key  # noqa: B018  (its key: made, or checked, now)
-            _STORES[(str(location), secret)] = store
+            _STORES[name] = store
         return store
 
 
 def store_of_settings(store: Any = None) -> Store | None:
     """The store ``store`` names, else ``coro.durability.store``'s (None if
-    it is null), with ``coro.durability.store-key``."""
+    it is null), with ``coro.durability.store-key`` and
+    ``coro.durability.store-options``."""
     location = store if store is not None else _config.get("coro.durability.store")
     if location is None:
         return None
-    return store_at(location, _config.get("coro.durability.store-key"))
+    return store_at(
+        location, _config.get("coro.durability.store-key"), _config.get("coro.durability.store-options")
+    )

@@ -157,15 +157,19 @@ class _Local:
 class _Remote:
     """Any fsspec URL."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, options: dict[str, Any] | None = None):
         import fsspec
 
-        self.fs, self.root = fsspec.core.url_to_fs(url)
+        self.fs, self.root = fsspec.core.url_to_fs(url, **(options or {}))
         protocol = self.fs.protocol
         self.protocol = protocol if isinstance(protocol, str) else protocol[0]
         self.root = self.root.rstrip("/")
 
     def join(self, *parts: str) -> str:
+        # As os.path.join joins onto an absolute path: a part that is a path
+        # of the store already (run_dir's) is not put under the root again.
+        if parts and (parts[0] == self.root or parts[0].startswith(self.root + "/")):
+            return "/".join(parts)
         return "/".join((self.root, *parts))
 
     def makedirs(self, path: str) -> None:
@@ -187,6 +191,7 @@ class _Remote:
         self.fs.mv(tmp, path)
 
     def exists(self, path: str) -> bool:
+        self.fs.invalidate_cache(path)  # another host may have written it
         return bool(self.fs.exists(path))
 
     def remove(self, path: str) -> None:
@@ -202,6 +207,7 @@ class _Remote:
             pass
 
     def names(self, path: str) -> dict[str, int]:
+        self.fs.invalidate_cache(path)  # a listing cached (s3fs) would miss what was written since
         try:
             found = self.fs.ls(path, detail=True)
         except FileNotFoundError:
@@ -229,9 +235,13 @@ class Found:
 class Store:
     """The store at ``location`` (a directory or an fsspec URL), its entries
     authenticated with ``secret`` (the setting ``coro.durability.store-key``),
-    else with the local store's key file, made with the store."""
+    else with the local store's key file, made with the store. ``options``:
+    keyword arguments of an fsspec URL's filesystem (the setting
+    ``coro.durability.store-options``)."""
 
-    def __init__(self, location: str, secret: str | bytes | None = None):
+    def __init__(
+        self, location: str, secret: str | bytes | None = None, options: dict[str, Any] | None = None
+    ):
         if not isinstance(location, (str, os.PathLike)) or not str(location):
             raise StoreError(
                 f"coro.durability.store: {location!r} is not a directory path or an fsspec URL"
@@ -240,7 +250,11 @@ class Store:
         self.location = location
         if location.startswith("file://"):
             location = location[len("file://"):]
-        self.fs: _Local | _Remote = _Remote(location) if is_url(location) else _Local(location)
+        if options is not None and not isinstance(options, dict):
+            raise StoreError(
+                f"coro.durability.store-options: {options!r} is not a mapping of keyword arguments"
+            )
+        self.fs: _Local | _Remote = _Remote(location, options) if is_url(location) else _Local(location)
         self._secret = secret
         self._mac_key: bytes | None = None
 
@@ -352,15 +366,23 @@ class Store:
         """Store a child's value (or error) under ``root``'s run, unless it is
         stored already (``again``: even so); False if ``key`` is no child's
         key (none is stored: a key the user named)."""
+        if token_of(key) is None:
+            return False
+        self.write_child(root, key, value, error, again=again)
+        return True
+
+    def write_child(self, root: Any, key: Any, value: Any, error: bool = False, *, again: bool = False) -> int:
+        """``put_child``: the bytes written (0: none, it was stored already
+        or ``key`` is no child's)."""
         token = token_of(key)
         if token is None:
-            return False
+            return 0
         path = self.child_path(root, key)
         if not again and self.fs.exists(path):
-            return True
+            return 0
         data = self._pack(key, token, value, error)
         self.fs.write(path, data)
-        return True
+        return len(data)
 
     def get_child(self, root: Any, key: Any) -> Found | None:
         """A child's stored outcome if there is one that checks (else None:
@@ -468,6 +490,7 @@ class Store:
             except FileNotFoundError:
                 return
         else:
+            fs.fs.invalidate_cache(fs.join("runs"))
             try:
                 found = fs.fs.ls(fs.join("runs"), detail=True)
             except FileNotFoundError:

@@ -11,10 +11,12 @@ event loop nor a body's thread waits for the store.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from .. import _config
 from .._exceptions import CoroutineCancelledError
 from .._internals.distributed.worker_state_machine import (
     local_data,
@@ -67,8 +69,51 @@ class StoreWriter(WorkerPlugin):
 
 def _write(store: Any, root: Any, key: Any, value: Any, error: bool) -> None:
     try:
-        store.put_child(root, key, value, error)
+        limit = _config.get_size("coro.durability.store-bytes")
+    except ValueError as e:
+        logger.warning("dask_coro: %s; the store is not bounded", e)
+        limit = None
+    if not BUDGET.room(store, root, limit):
+        return  # computed again by a resume
+    try:
+        written = store.write_child(root, key, value, error)
     except FileNotFoundError:
-        pass  # the run finished, or was forgotten, meanwhile
+        BUDGET.ended(store, root)  # the run finished, or was forgotten, meanwhile
+        return
     except Exception as e:
         logger.warning("dask_coro: the result of %r not stored in %s: %r", key, store.location, e)
+        return
+    BUDGET.wrote(store, root, written)
+
+
+class StoreBudget:
+    """``coro.durability.store-bytes``: per store and run, the bytes of the
+    entries this process wrote; once they reach the bound, the run's next
+    children are not stored. A resume replays a run from its start: the
+    first children stored are the ones it reuses first, and for a loop
+    (each step needing the one before) a resume computes as many children
+    again whichever ones were kept. Any thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.runs: dict[tuple[str, Any], int] = {}
+
+    def room(self, store: Any, root: Any, limit: int | None) -> bool:
+        """Whether a child of ``root`` may be stored (below ``limit``)."""
+        if limit is None:
+            return True
+        with self.lock:
+            return self.runs.get((store.location, root), 0) < limit
+
+    def wrote(self, store: Any, root: Any, nbytes: int) -> None:
+        if nbytes:
+            name = (store.location, root)
+            with self.lock:
+                self.runs[name] = self.runs.get(name, 0) + nbytes
+
+    def ended(self, store: Any, root: Any) -> None:
+        with self.lock:
+            self.runs.pop((store.location, root), None)
+
+
+BUDGET = StoreBudget()
