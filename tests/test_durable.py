@@ -282,6 +282,45 @@ async def test_a_groups_stored_children_are_not_computed_again(c, s, a, b, tmp_p
     assert sorted(_lines(folder, "executions")) == ["0", "1", "2", "3"]
 
 
+def slept(i, folder, seconds):
+    _append(folder, "executions", str(i))
+    time.sleep(seconds)
+    return i
+
+
+@coroutine
+def in_completion_order(n, folder, fail):
+    order = []
+    with dask_coro.group(timeout=600) as g:
+        for i in range(n):  # the first spawned finish last, the first time
+            g.spawn(dask.delayed(slept)(i, folder, 0.2 * (n - i)))
+        while g:
+            _, index = yield g.next()  # its value is its index
+            order.append(index)
+    if fail:
+        raise ValueError(repr((order, g.deadline)))
+    return order, g.deadline
+
+
+@cluster()
+async def test_a_groups_delivery_order_and_deadline_are_replayed_from_the_store(c, s, a, b, tmp_path):
+    """Run again on a scheduler that has forgotten the first run (as a new
+    cluster would), every child given from the store: the group delivers
+    them in the order the first run took them, with the first run's
+    deadline, not the order the store gives them in now."""
+    folder, store = str(tmp_path), str(tmp_path / "store")
+    with dask.config.set({"coro.durability.store": store}):
+        with pytest.raises(ValueError) as info:
+            await _compute(c, s, in_completion_order(5, folder, True, dask_key_name="run"))
+        await async_poll_for(_writes_done, timeout=10)
+        first_order, first_deadline = eval(str(info.value))
+        assert sorted(first_order) == list(range(5)) and first_order != list(range(5))
+        assert await _compute(c, s, in_completion_order(5, folder, False, dask_key_name="run")) == (
+            first_order, first_deadline
+        )
+    assert sorted(_lines(folder, "executions")) == ["0", "1", "2", "3", "4"]  # none again
+
+
 @cluster()
 async def test_a_forged_entry_is_computed_again_with_a_warning_and_never_loaded(c, s, a, b, tmp_path):
     folder, store = str(tmp_path), str(tmp_path / "store")

@@ -29,7 +29,7 @@ logger = logging.getLogger("dask_coro")
 class _Note:
     """What the extension keeps per run (``run.notes["durable"]``)."""
 
-    __slots__ = ("error", "given", "listing", "root", "store", "top")
+    __slots__ = ("error", "given", "groups", "listing", "root", "store", "top")
 
     def __init__(self, root: Any, top: bool, store: Store | None, error: Exception | None):
         self.root = root
@@ -38,6 +38,7 @@ class _Note:
         self.error = error  # the store could not be opened: raised at each yield
         self.given = False  # its own outcome came from the store
         self.listing: asyncio.Future[tuple[Found | None, set[str]]] | None = None
+        self.groups: dict[int, Any] = {}  # its groups' deliveries, by number (``order.GroupLog``)
 
 
 def _listing(store: Store, root: Any, top: bool) -> tuple[Found | None, set[str]]:

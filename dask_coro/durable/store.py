@@ -7,6 +7,7 @@ layout::
     runs/<run>/run.json          the run's root key, state, start and end (JSON)
     runs/<run>/result            the root's value, once the run finished (an entry)
     runs/<run>/children/<child>  each child's value or error (an entry)
+    runs/<run>/groups/<group>    what a group delivered, in order, and its deadline (an entry)
 
 ``<run>`` and ``<child>`` are hashes of the root's key and the child's key.
 A write is atomic: a temporary file, then ``os.replace`` (fsspec: ``mv``,
@@ -399,6 +400,26 @@ class Store:
             self.fs.remove(path)
         return found
 
+    def group_path(self, root: Any, key: Any, group: int) -> str:
+        return self.fs.join("runs", _digest(root), "groups", _digest((key, group)))
+
+    def put_group(self, root: Any, key: Any, group: int, log: dict[str, Any]) -> None:
+        """Store what group ``group`` of run ``key`` (under ``root``'s run)
+        delivered: ``{"deadline": float | None, "order": [index, ...]}``."""
+        self.fs.write(self.group_path(root, key, group), self._pack(("group", key, group), None, log, False))
+
+    def get_group(self, root: Any, key: Any, group: int) -> dict[str, Any] | None:
+        """A group's stored deliveries (``put_group``), if they check."""
+        path = self.group_path(root, key, group)
+        data = self.fs.read(path)
+        if data is None:
+            return None
+        found = self._unpack(data, ("group", key, group), None)
+        if found is None or not isinstance(found.value, dict):
+            self.fs.remove(path)
+            return None
+        return found.value
+
     def started(self, root: Any) -> None:
         """The run of ``root`` starts (again): state running."""
         info = self._meta(root) or {}
@@ -418,6 +439,7 @@ class Store:
         meta.update(state="finished", ended=time.time())
         self._write_meta(root, meta)
         self.fs.remove_tree(self.fs.join(d, "children"))
+        self.fs.remove_tree(self.fs.join(d, "groups"))
 
     def failed(self, root: Any) -> None:
         """The run of ``root`` raised: its children stay, for a run again."""
@@ -455,6 +477,7 @@ class Store:
     def _write_meta(self, root: Any, meta: dict[str, Any]) -> None:
         d = self.run_dir(root)
         self.fs.makedirs(self.fs.join(d, "children"))
+        self.fs.makedirs(self.fs.join(d, "groups"))
         self.fs.write(self.fs.join(d, "run.json"), json.dumps(meta).encode())
 
     def runs(self) -> list[RunInfo]:

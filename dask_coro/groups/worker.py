@@ -43,6 +43,7 @@ from .._internals.distributed.client import future_settled, send_on_client_strea
 from ..core.engine import NOT_DONE
 from ..core.structure import Structure
 from ..durability.scheduler import GROUP_LOG
+from ..durable import order as durable_order
 from ..runtime.beside import Beside, run_beside
 from ..runtime.call import ASYNC, PLAIN, CoroutineCall
 from ..runtime.errors import task_error
@@ -83,6 +84,7 @@ class WorkerBackend:
         self.timer: asyncio.TimerHandle | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.durable = False  # DurablePlugin keeps what this group delivered
+        self.stored = False  # so does a durable run's store (``durable/order.py``)
         # Children run beside the run, by index: the task running each, and its host.
         self.near: dict[int, tuple[asyncio.Task[None], Beside]] = {}
         self.settled: list[tuple[Child, list[Future]]] = []  # ended, to gather
@@ -127,7 +129,11 @@ class WorkerBackend:
             entry = self.streams.get(child.index)
             if entry is not None:
                 self.loop.call_soon_threadsafe(entry[2].set)
-        if self.durable and not replayed:
+        if replayed:
+            return
+        if self.stored:
+            durable_order.delivered(self.run, self.ident[2], index=child.index)
+        if self.durable:
             self.loop.call_soon_threadsafe(self._spawn_task, self._log(index=child.index))
 
     # -- on the worker's loop ---------------------------------------------------
@@ -148,13 +154,26 @@ class WorkerBackend:
             if inherited is not None and (g.deadline is None or inherited < g.deadline):
                 g.deadline = inherited
             self.durable = self.run.installed("durability")
-            if self.durable:
-                log = await self.run.worker.scheduler.dask_coro_group_replay(key=self.run.key, group=self.ident[2])
+            log: dict[str, Any] = {"deadline": None, "order": []}
+            try:
+                if self.durable:
+                    log = await self.run.worker.scheduler.dask_coro_group_replay(key=self.run.key, group=self.ident[2])
+            finally:
+                # A durable run's store: what a run before the loss of the
+                # cluster (or of the scheduler) delivered, then the scheduler's.
+                stored = await durable_order.replay(self.run, self.ident[2], list(log["order"]))
+                self.stored = stored is not None
+                if stored is not None:
+                    log = {"deadline": stored["deadline"] if stored["deadline"] is not None else log["deadline"],
+                           "order": stored["order"]}
                 with g.lock:
                     if log["deadline"] is not None:
                         g.deadline = log["deadline"]  # the first run's
                     g.book.replay = list(log["order"])
-                if g.deadline is not None and log["deadline"] is None:
+            if g.deadline is not None and log["deadline"] is None:
+                if self.stored:
+                    durable_order.delivered(self.run, self.ident[2], deadline=g.deadline)
+                if self.durable:
                     await self._log(deadline=g.deadline)
         except Exception as e:  # the scheduler is going; the group goes on without a replay
             logger.warning("%s: no replay of an earlier run: %r", g.name, e)
