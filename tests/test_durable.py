@@ -59,6 +59,23 @@ def test_an_entry_reads_back_and_checks_its_key_and_token(tmp_path):
     assert repr(b) in log.getvalue() and "another key" in log.getvalue()
 
 
+def test_an_arrays_data_is_stored_out_of_band_and_reads_back_writable(tmp_path):
+    np = pytest.importorskip("numpy")
+    s = Store(str(tmp_path / "st"))
+    s.started("root")
+    k = _child(4)
+    arr = np.arange(100_000, dtype="f8")
+    parts = s._pack_parts(k, k[-16:], arr, False)
+    assert [memoryview(p).nbytes for p in parts][-1] == arr.nbytes  # its data, not copied into the pickle
+    s.put_child("root", k, arr)
+    back = s.get_child("root", k).value
+    assert (back == arr).all() and back.flags.writeable
+    Path(s.child_path("root", k)).write_bytes(b"".join(parts)[:-1])  # torn: its buffers do not add up
+    with captured_logger("dask_coro") as log:
+        assert s.get_child("root", k) is None
+    assert repr(k) in log.getvalue()
+
+
 def test_the_key_file_is_made_with_the_store_for_its_owner_only(tmp_path):
     s = Store(str(tmp_path / "st"))
     s.mac_key

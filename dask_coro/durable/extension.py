@@ -45,10 +45,11 @@ def _listing(store: Store, root: Any, top: bool) -> tuple[Found | None, set[str]
     """A root's stored result if it finished (else the run is running from
     now), and the children stored for it."""
     if top:
-        found = store.result(root)
+        meta = store.meta(root) or {}
+        found = store.result(root, meta)
         if found is not None:
             return found, set()
-        store.started(root)
+        store.started(root, meta)
     return None, store.stored_children(root)
 
 

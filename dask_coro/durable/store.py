@@ -68,13 +68,35 @@ def _digest(key: Any) -> str:
     return hashlib.blake2b(repr(key).encode(), digest_size=16).hexdigest()
 
 
-def _dumps(obj: Any) -> bytes:
+def _dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """``obj`` pickled, and its out-of-band buffers (protocol 5: a NumPy
+    array's data is not copied into the pickle)."""
+    buffers: list[pickle.PickleBuffer] = []
     try:
-        return pickle.dumps(obj, protocol=5)
+        return pickle.dumps(obj, protocol=5, buffer_callback=buffers.append), buffers
     except Exception:  # a lambda, a class made in a function: as distributed pickles them
         import cloudpickle
 
-        return cloudpickle.dumps(obj, protocol=5)
+        buffers = []
+        return cloudpickle.dumps(obj, protocol=5, buffer_callback=buffers.append), buffers
+
+
+def _loads(rest: memoryview, header: dict[str, Any]) -> Any:
+    """The value of an entry whose header checked: its pickle, with its
+    out-of-band buffers (``_dumps``)."""
+    sizes = header.get("buffers")
+    if not sizes:
+        return pickle.loads(rest)
+    at = int(header["pickle"])
+    buffers = []
+    for size in sizes:
+        buffers.append(rest[at : at + size])
+        at += size
+    if at != len(rest):
+        raise ValueError("its buffers do not add up")
+    if rest.readonly:  # a value's arrays writable, as they were
+        buffers = [memoryview(bytearray(b)) for b in buffers]
+    return pickle.loads(rest[: int(header["pickle"])], buffers=buffers)
 
 
 def _json_key(key: Any) -> Any:
@@ -112,19 +134,28 @@ class _Local:
     def makedirs(self, path: str) -> None:
         os.makedirs(path, mode=0o700, exist_ok=True)
 
-    def read(self, path: str) -> bytes | None:
+    def read(self, path: str) -> bytes | bytearray | None:
         try:
             with open(path, "rb") as f:
-                return f.read()
+                size = os.fstat(f.fileno()).st_size
+                data = bytearray(size)  # writable: a value's arrays are read into it, not copied
+                n = f.readinto(data)
+                return data if n == size else bytes(data[:n]) + f.read()
         except FileNotFoundError:
             return None
 
-    def write(self, path: str, data: bytes) -> None:
+    def write(self, path: str, data: bytes | list[Any]) -> None:
+        """``data``: bytes, or the parts of an entry (written one after the
+        other, never joined: a large value is not copied again)."""
         # FileNotFoundError: the directory went (the run finished, or was
         # forgotten, meanwhile); the caller drops the entry.
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"
         with open(tmp, "wb") as f:
-            f.write(data)
+            if isinstance(data, list):
+                for part in data:
+                    f.write(part)
+            else:
+                f.write(data)
         os.replace(tmp, path)
 
     def exists(self, path: str) -> bool:
@@ -174,6 +205,8 @@ class _Remote:
         return "/".join((self.root, *parts))
 
     def makedirs(self, path: str) -> None:
+        if self.protocol in _OBJECT_STORES:
+            return  # no directories: a key's prefix is there once a key is (a request saved)
         self.fs.makedirs(path, exist_ok=True)
 
     def read(self, path: str) -> bytes | None:
@@ -183,7 +216,9 @@ class _Remote:
         except FileNotFoundError:
             return None
 
-    def write(self, path: str, data: bytes) -> None:
+    def write(self, path: str, data: bytes | list[Any]) -> None:
+        if isinstance(data, list):
+            data = b"".join(data)  # one PUT of the whole entry
         if self.protocol in _OBJECT_STORES:
             self.fs.pipe_file(path, data)  # one PUT: atomic
             return
@@ -312,11 +347,26 @@ class Store:
     # -- entries -------------------------------------------------------------
 
     def _pack(self, key: Any, token: str | None, value: Any, error: bool) -> bytes:
-        header = json.dumps({"key": repr(key), "token": token, "error": error}).encode()
-        body = struct.pack("<I", len(header)) + header + _dumps(value)
-        return MAGIC + hmac.new(self.mac_key, body, hashlib.sha256).digest() + body
+        return b"".join(self._pack_parts(key, token, value, error))
 
-    def _unpack(self, data: bytes, key: Any, token: str | None) -> Found | None:
+    def _pack_parts(self, key: Any, token: str | None, value: Any, error: bool) -> list[bytes | memoryview]:
+        """An entry as parts to write one after the other: ``MAGIC``, the
+        HMAC of the rest, the header's length and the header, the pickle,
+        then its out-of-band buffers (their sizes in the header)."""
+        pickled, buffers = _dumps(value)
+        views = [b.raw() for b in buffers]
+        head: dict[str, Any] = {"key": repr(key), "token": token, "error": error}
+        if views:
+            head["pickle"] = len(pickled)
+            head["buffers"] = [v.nbytes for v in views]
+        header = json.dumps(head).encode()
+        body: list[bytes | memoryview] = [struct.pack("<I", len(header)) + header, pickled, *views]
+        mac = hmac.new(self.mac_key, digestmod=hashlib.sha256)
+        for part in body:
+            mac.update(part)
+        return [MAGIC + mac.digest(), *body]
+
+    def _unpack(self, data: bytes | bytearray, key: Any, token: str | None) -> Found | None:
         """The outcome in ``data`` if it checks (its HMAC, then its key and
         token), else None with a warning naming ``key``; unpickled only
         once it checks."""
@@ -324,13 +374,14 @@ class Store:
         if len(data) < len(MAGIC) + _MAC + 4 or not data.startswith(MAGIC):
             why = "it is not an entry (corrupt)"
         else:
-            mac, body = data[len(MAGIC) : len(MAGIC) + _MAC], data[len(MAGIC) + _MAC :]
+            whole = memoryview(data)  # slices without copies
+            mac, body = whole[len(MAGIC) : len(MAGIC) + _MAC], whole[len(MAGIC) + _MAC :]
             if not hmac.compare_digest(mac, hmac.new(self.mac_key, body, hashlib.sha256).digest()):
                 why = "its HMAC does not check with the store's key (written by someone else, or corrupt)"
             else:
                 (n,) = struct.unpack("<I", body[:4])
                 try:
-                    header = json.loads(body[4 : 4 + n])
+                    header = json.loads(bytes(body[4 : 4 + n]))
                 except ValueError:
                     header = None
                 if not isinstance(header, dict) or header.get("key") != repr(key):
@@ -339,7 +390,7 @@ class Store:
                     why = f"it is of another call (token {header.get('token')}, now {token})"
                 else:
                     try:
-                        return Found(pickle.loads(body[4 + n :]), bool(header.get("error")))
+                        return Found(_loads(body[4 + n :], header), bool(header.get("error")))
                     except Exception as e:
                         why = f"it does not unpickle here: {e!r}"
         logger.warning(
@@ -381,9 +432,9 @@ class Store:
         path = self.child_path(root, key)
         if not again and self.fs.exists(path):
             return 0
-        data = self._pack(key, token, value, error)
-        self.fs.write(path, data)
-        return len(data)
+        parts = self._pack_parts(key, token, value, error)
+        self.fs.write(path, parts)
+        return sum(memoryview(p).nbytes for p in parts)
 
     def get_child(self, root: Any, key: Any) -> Found | None:
         """A child's stored outcome if there is one that checks (else None:
@@ -420,9 +471,11 @@ class Store:
             return None
         return found.value
 
-    def started(self, root: Any) -> None:
-        """The run of ``root`` starts (again): state running."""
-        info = self._meta(root) or {}
+    def started(self, root: Any, info: dict[str, Any] | None = None) -> None:
+        """The run of ``root`` starts (again): state running (``info``: its
+        ``run.json`` as read already)."""
+        if info is None:
+            info = self.meta(root) or {}
         meta = {
             "key": _json_key(root),
             "state": "running",
@@ -434,22 +487,29 @@ class Store:
     def finished(self, root: Any, value: Any) -> None:
         """The run of ``root`` returned ``value``: kept alone, its children dropped."""
         d = self.run_dir(root)
-        self.fs.write(self.fs.join(d, "result"), self._pack(root, None, value, False))
-        meta = self._meta(root) or {"key": _json_key(root), "started": time.time()}
+        self.fs.write(self.fs.join(d, "result"), self._pack_parts(root, None, value, False))
+        meta = self.meta(root) or {"key": _json_key(root), "started": time.time()}
         meta.update(state="finished", ended=time.time())
         self._write_meta(root, meta)
+        self.drop_children(root)
+
+    def drop_children(self, root: Any) -> None:
+        """Delete what a finished run stored for its children and groups."""
+        d = self.run_dir(root)
         self.fs.remove_tree(self.fs.join(d, "children"))
         self.fs.remove_tree(self.fs.join(d, "groups"))
 
     def failed(self, root: Any) -> None:
         """The run of ``root`` raised: its children stay, for a run again."""
-        meta = self._meta(root) or {"key": _json_key(root), "started": time.time()}
+        meta = self.meta(root) or {"key": _json_key(root), "started": time.time()}
         meta.update(state="failed", ended=time.time())
         self._write_meta(root, meta)
 
-    def result(self, root: Any) -> Found | None:
-        """The stored value of a finished run's root, if it checks."""
-        meta = self._meta(root)
+    def result(self, root: Any, meta: dict[str, Any] | None = None) -> Found | None:
+        """The stored value of a finished run's root, if it checks (``meta``:
+        its ``run.json`` as read already)."""
+        if meta is None:
+            meta = self.meta(root)
         if not meta or meta.get("state") != "finished":
             return None
         path = self.fs.join(self.run_dir(root), "result")
@@ -461,7 +521,8 @@ class Store:
             self.fs.remove(path)
         return found
 
-    def _meta(self, root: Any) -> dict[str, Any] | None:
+    def meta(self, root: Any) -> dict[str, Any] | None:
+        """The ``run.json`` of ``root``'s run (None: no run, or unreadable)."""
         return self._read_meta(self.run_dir(root))
 
     def _read_meta(self, d: str) -> dict[str, Any] | None:

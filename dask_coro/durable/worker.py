@@ -76,7 +76,7 @@ def _write(store: Any, root: Any, key: Any, value: Any, error: bool) -> None:
     if not BUDGET.room(store, root, limit):
         return  # computed again by a resume
     try:
-        written = store.write_child(root, key, value, error)
+        written = store.write_child(root, key, value, error, again=True)  # no look first: one PUT on S3
     except FileNotFoundError:
         BUDGET.ended(store, root)  # the run finished, or was forgotten, meanwhile
         return
