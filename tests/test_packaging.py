@@ -62,7 +62,7 @@ def test_the_changelog_has_the_release_and_an_unreleased_section():
 
 def test_extras_name_what_the_demo_says():
     extras = PYPROJECT["project"]["optional-dependencies"]
-    assert extras["shm"] == ["numpy"] and extras["dashboard"] == ["bokeh>=3.1.0"]
+    assert extras["shm"] == ["numpy", "xxhash"] and extras["dashboard"] == ["bokeh>=3.1.0"]
     assert any(r.startswith("build") for r in extras["release"])  # CI builds with it
 
 
