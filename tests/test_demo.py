@@ -82,7 +82,7 @@ def test_demo_of_a_base_install():
     # the extras named are the package's, and bring what is missing
     with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
         extras = tomllib.load(f)["project"]["optional-dependencies"]
-    assert extras["dashboard"] == ["bokeh>=3.1.0"] and extras["shm"] == ["numpy"]
+    assert extras["dashboard"] == ["bokeh>=3.1.0"] and extras["shm"] == ["numpy", "xxhash"]
 
 
 @pytest.mark.parametrize("option", ["--workers", "--threads"])
