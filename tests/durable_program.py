@@ -33,6 +33,18 @@ def run(n: int, folder: str, slow: int):
     return sum(squares)
 
 
+@coroutine
+def pinned(n: int, folder: str, slow: int, fast_on: str, slow_on: str):
+    """``run``'s children, the fast ones on ``fast_on`` (where the root runs
+    too), the slow ones on ``slow_on``; either may move if its worker is lost."""
+    with dask.annotate(workers=[fast_on], allow_other_workers=True):
+        fast = [dask.delayed(child)(i, folder, False) for i in range(n - slow)]
+    with dask.annotate(workers=[slow_on], allow_other_workers=True):
+        held = [dask.delayed(child)(i, folder, True) for i in range(n - slow, n)]
+    squares = yield [*fast, *held]
+    return sum(squares)
+
+
 def main() -> None:
     store, folder, n, slow = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     # A worker is sent no more tasks than it has threads (queued on the

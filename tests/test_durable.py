@@ -537,6 +537,47 @@ def test_a_live_clients_durable_root_resumes_on_a_new_scheduler(tmp_path, monkey
     assert (info.key, info.state, info.children) == ("durable-live-client", "finished", 0)
 
 
+@pytest.mark.timeout(240)
+def test_a_root_whose_worker_died_reads_its_lost_childrens_results_from_the_store(tmp_path, monkeypatch):
+    """The worker running the root and holding the fast children's results
+    SIGKILLed, while the slow children run on the other worker: the root runs
+    again there, and the fast children, whose results went with the dead
+    worker, come from the store instead of running again (without a store,
+    distributed computes a lost result again: each would run twice); the
+    slow ones, still running, are found (held for the root), as before."""
+    from distributed import Client
+    from durable_program import pinned
+
+    store, folder = str(tmp_path / "store"), str(tmp_path)
+    n, slow = 10, 2
+    monkeypatch.setenv("DASK_CORO__DURABILITY__STORE", store)
+    (tmp_path / "hold").touch()
+    port = _free_port()
+    procs = _cli_cluster(tmp_path, port, 2, 0)
+    try:
+        with dask.config.set({"coro.durability.store": store}), Client(f"tcp://127.0.0.1:{port}", timeout=60) as c:
+            c.wait_for_workers(2, timeout=60)
+            doomed, other = sorted(c.scheduler_info()["workers"])
+            pids = c.run(os.getpid)
+            root = pinned(n, folder, slow, doomed, other, dask_key_name="durable-worker-lost")
+            future = c.compute(root, workers=[doomed], allow_other_workers=True)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                stored = list((tmp_path / "store").glob("runs/*/children/*"))
+                ran = _executions(folder)
+                if len(stored) == n - slow and all(str(i) in ran for i in range(n - slow, n)):
+                    break
+                time.sleep(0.1)
+            assert len(stored) == n - slow, sorted(ran)
+            os.kill(pids[doomed], signal.SIGKILL)
+            (tmp_path / "hold").unlink()
+            assert future.result(timeout=120) == sum(i * i for i in range(n))
+    finally:
+        _kill(procs)
+    ran = _executions(folder)
+    assert {str(i): ran[str(i)] for i in range(n)} == {str(i): 1 for i in range(n)}
+
+
 # --------------------------------------------------------------------------
 # an S3-API store (a local moto server, as s3fs's own tests use)
 
