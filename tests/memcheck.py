@@ -164,7 +164,7 @@ def leaks(rounds: int, per_round: int) -> int:
 #: The engine's tests run under valgrind too (--valgrind): every path of the
 #: compiled loop they reach, on both engines (conftest.engine). Those that
 #: start processes are left out: their children would not run under it.
-ENGINE_TESTS = ["tests/test_engines.py", "tests/test_inline_pure.py", "tests/test_result_pure.py"]
+ENGINE_TESTS = ["tests/core/test_engines.py", "tests/core/test_trampoline_inline.py", "tests/core/test_trampoline_result.py"]
 LEFT_OUT = "not worker_processes and not pure_forces"
 
 

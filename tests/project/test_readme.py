@@ -17,7 +17,7 @@ import re
 import pytest
 from markdown_programs import Ahead, fragments, programs, selected
 
-ROOT = pathlib.Path(__file__).parent.parent
+ROOT = pathlib.Path(__file__).parents[2]
 README = ROOT / "README.md"
 
 PROGRAMS = programs(README.read_text())

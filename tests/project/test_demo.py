@@ -80,7 +80,7 @@ def test_demo_of_a_base_install():
     assert ('shared memory: skipped (it needs NumPy: pip install ".[shm]" in a clone of '
             'dask_coro, or pip install numpy)') in out.stdout
     # the extras named are the package's, and bring what is missing
-    with open(os.path.join(os.path.dirname(__file__), "..", "pyproject.toml"), "rb") as f:
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "pyproject.toml"), "rb") as f:
         extras = tomllib.load(f)["project"]["optional-dependencies"]
     assert extras["dashboard"] == ["bokeh>=3.1.0"] and extras["shm"] == ["numpy"]
 

@@ -29,7 +29,7 @@ from dask_coro import coroutine
 from dask_coro.core.keys import child_key, derive_key
 from dask_coro.durable.store import MAGIC, Store, StoreError
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]  # tests/, where durable_program.py is
 
 # --------------------------------------------------------------------------
 # the store

@@ -32,7 +32,7 @@ from dask_coro import (
     tie,
 )
 
-MISUSE_PAGE = (pathlib.Path(__file__).parent.parent / "docs" / "misuse.md").read_text()
+MISUSE_PAGE = (pathlib.Path(__file__).parents[2] / "docs" / "misuse.md").read_text()
 
 
 @dataclass

@@ -9,7 +9,7 @@ import re
 
 import dask_coro
 
-ROOT = pathlib.Path(__file__).parent.parent
+ROOT = pathlib.Path(__file__).parents[2]
 DOCS = ROOT / "docs"
 
 

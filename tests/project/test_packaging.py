@@ -13,7 +13,7 @@ import pytest
 import dask_coro
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+; reads pyproject.toml
-ROOT = pathlib.Path(__file__).parent.parent
+ROOT = pathlib.Path(__file__).parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 

@@ -935,7 +935,7 @@ class _Odd:
 
 @coroutine
 async def awaits_something_odd():
-    # (asyncio awaitables are awaited on the body's own loop: tests/test_asyncio.py)
+    # (asyncio awaitables are awaited on the body's own loop: tests/runtime/test_asyncio.py)
     await _Odd()
 
 

@@ -1,5 +1,5 @@
 """Every Python program in docs/*.md runs as written, as the README's do
-(tests/test_readme.py): a script in a fresh process, its ``# prints``
+(tests/project/test_readme.py): a script in a fresh process, its ``# prints``
 comments checked. A block that is only an excerpt is marked
 ``<!-- fragment -->`` on the line above it and must still compile
 (tests/markdown_programs.py says how blocks are marked)."""
@@ -11,7 +11,7 @@ import pathlib
 import pytest
 from markdown_programs import Ahead, fragments, programs, selected
 
-DOCS = pathlib.Path(__file__).parent.parent / "docs"
+DOCS = pathlib.Path(__file__).parents[2] / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
 
 PROGRAMS = {f"{page.stem}-{name}": src for page in PAGES

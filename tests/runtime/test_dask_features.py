@@ -2,7 +2,7 @@
 as the same program in a ``worker_client`` task, on one cluster, with calls
 inline (the default) and with every call a task. The rows of
 docs/dask-features.md that say "works" point here (and to
-tests/test_annotations.py, tests/test_threads.py, tests/test_asyncio.py).
+tests/runtime/test_annotations.py, tests/runtime/test_threads.py, tests/runtime/test_asyncio.py).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ async def test_fire_and_forget_of_a_task_that_already_finished(c, s, a):
     """fire_and_forget's ask goes on the client's stream after the graph, so
     a fast task can finish before it (the race behind a leftover key seen in
     the test above): the key is let go of all the same. Plain distributed
-    keeps it for ever (tests/test_upstream.py)."""
+    keeps it for ever (tests/runtime/test_upstream.py)."""
     assert await c.compute(record_later("warm")) == 2  # dask_coro's plugins, installed at first use
     Variable("warm", client=c).delete()
     f = c.submit(record, "late", "finished", pure=False)
@@ -414,7 +414,7 @@ def test_every_working_row_of_the_table_names_its_test():
     import re
     import sys
 
-    page = pathlib.Path(__file__).parent.parent / "docs" / "dask-features.md"
+    page = pathlib.Path(__file__).parents[2] / "docs" / "dask-features.md"
     rows = [line for line in page.read_text().splitlines() if line.startswith("| ") and "---" not in line]
     rows = rows[1:]  # the header
     assert len(rows) >= 24
@@ -425,12 +425,12 @@ def test_every_working_row_of_the_table_names_its_test():
         assert how, row
         if works != "works":
             continue
-        ref = re.fullmatch(r"`(tests/test_\w+\.py)(?:::(\w+))?`", test)
+        ref = re.fullmatch(r"`(tests/\w+/test_\w+\.py)(?:::(\w+))?`", test)
         assert ref, row
         path, name = ref.groups()
-        if path == "tests/test_dask_features.py":
+        if path == "tests/runtime/test_dask_features.py":
             assert name and callable(getattr(here, name, None)), row
         else:  # the tests of annotations, threads and asyncio: the named test is there
             assert name, row
-            source = (pathlib.Path(__file__).parent.parent / path).read_text()
+            source = (pathlib.Path(__file__).parents[2] / path).read_text()
             assert f"def {name}(" in source, row
