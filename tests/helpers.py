@@ -3,13 +3,15 @@ and a scheduler plugin that records what the scheduler saw."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
 
-from distributed import SchedulerPlugin
+from distributed import Client, SchedulerPlugin
 from distributed.utils_test import gen_cluster
 
 
@@ -96,6 +98,35 @@ def start_worker(address: str, tmp_path, *extra: str) -> subprocess.Popen:
         "--dashboard-address", ":0", "--local-directory", str(tmp_path / f"w{n}"),
         *extra, log=tmp_path / f"w{n}.log",
     )
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def cli_cluster(tmp_path, n_workers: int, scheduler_args=(), worker_args=()):
+    """A ``dask scheduler`` and ``n_workers`` ``dask worker`` processes on
+    127.0.0.1, with a client connected once the workers are there."""
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    procs = [
+        dask_cli("scheduler", "--host", "127.0.0.1", "--port", str(port),
+              "--dashboard-address", ":0", *scheduler_args, log=tmp_path / "s.log")
+    ]
+    try:
+        procs += [start_worker(address, tmp_path, *worker_args) for _ in range(n_workers)]
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(n_workers, timeout=60)
+            yield client
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
 
 
 def _worker_threads(dask_worker):

@@ -32,6 +32,7 @@ import sys
 from collections.abc import Callable
 
 import dask
+from bodies import leaf
 
 import dask_coro
 from dask_coro import coroutine, gather, result
@@ -39,11 +40,6 @@ from dask_coro.core import accel, engine
 from dask_coro.examples import fib
 from dask_coro.runtime.call import CoroutineTask, trampoline
 from dask_coro.runtime.local import run_local
-
-
-@coroutine
-def leaf(x, k=0):
-    return x + k
 
 
 @coroutine

@@ -17,6 +17,7 @@ import sys
 import cloudpickle
 import dask
 import pytest
+from bodies import leaf
 
 import dask_coro
 from dask_coro import coroutine
@@ -26,11 +27,6 @@ from dask_coro.examples import fib
 from dask_coro.runtime.call import CoroutineCall, CoroutineFunction, _MakesCalls, trampoline
 
 compiled = pytest.mark.skipif(accel.cengine is None, reason=f"the compiled engine is not in use ({accel.why})")
-
-
-@coroutine
-def leaf(x, k=0):
-    return x + k
 
 
 def test_dask_coro_engine_says_which_runs():

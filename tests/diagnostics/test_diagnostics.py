@@ -16,6 +16,7 @@ from functools import partial
 
 import dask
 import pytest
+from bodies import leaf
 from distributed import Client, Event, LocalCluster
 from distributed.utils_test import async_poll_for, gen_cluster
 
@@ -512,11 +513,6 @@ async def test_a_tree_lives_in_the_span_of_its_root(c, s, a, b):
 # -- inline calls ----------------------------------------------------------------
 
 GO = threading.Event()
-
-
-@coroutine
-def leaf(i):
-    return i
 
 
 @coroutine

@@ -14,6 +14,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
+from bodies import boom, sq
 from distributed import (
     Client,
     Event,
@@ -31,16 +32,6 @@ from workloads import FLAGS, held, runs_until_released, watchdog
 
 import dask_coro
 from dask_coro import BadYieldError, coroutine
-
-
-@coroutine
-def sq(x):
-    return x * x
-
-
-@coroutine
-def boom(x):
-    raise ValueError(f"boom {x}")
 
 
 @coroutine

@@ -14,6 +14,7 @@ import time
 
 import dask
 import pytest
+from bodies import cleared, inc
 from distributed import SchedulerPlugin, as_completed, worker_client
 from distributed.utils_test import async_poll_for
 from helpers import cluster
@@ -50,11 +51,6 @@ async def nap(x, seconds):
 
 naps = coroutine(nap)
 naps_as_tasks = coroutine(inline=False, name="tasknap")(nap)
-
-
-@coroutine
-def inc(x):
-    return x + 1
 
 
 @coroutine
@@ -453,8 +449,4 @@ async def test_plain_children_beside_keep_the_contract(c, s, a, b, beside_always
     await async_poll_for(lambda: not s.tasks, timeout=10)
 
 
-@pytest.fixture(autouse=True)
-def _clear():
-    CLOSED.clear()
-    ARRIVED.clear()
-    yield
+_clear = cleared(CLOSED, ARRIVED)

@@ -12,6 +12,7 @@ import logging
 
 import dask
 import pytest
+from bodies import sq
 from distributed import Client, Event, LocalCluster, Variable
 from distributed.utils_test import async_poll_for, gen_cluster
 from helpers import cluster
@@ -19,11 +20,6 @@ from workloads import FLAGS, endless, held_producer, watchdog
 
 import dask_coro
 from dask_coro import coroutine, emit, stream
-
-
-@coroutine
-def sq(x):
-    return x * x
 
 
 @coroutine

@@ -16,6 +16,7 @@ import warnings
 
 import dask
 import pytest
+from bodies import cleared
 from distributed import Event, get_worker, wait
 from distributed.utils_test import async_poll_for, captured_logger, gen_cluster
 
@@ -34,11 +35,7 @@ validated = dict(
 RELEASED: list[tuple[str, str]] = []
 
 
-@pytest.fixture(autouse=True)
-def _clear():
-    RELEASED.clear()
-    yield
-    RELEASED.clear()
+_clear = cleared(RELEASED)
 
 
 def record(rid: str) -> None:
@@ -378,9 +375,9 @@ def registry_in(folder):
 
 
 def test_release_abandoned_runs_releases_of_a_dead_cluster(own_registry):
-    from test_cluster import _free_port
+    from helpers import free_port
 
-    dead = f"tcp://127.0.0.1:{_free_port()}"  # nothing listens there
+    dead = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
     paths = [_record_for("Scheduler-dead-test", dead, f"dead-{i}") for i in range(3)]
     with open(paths[0] + ".123.tmp", "wb"):
         pass  # a write the crash cut short
@@ -410,9 +407,9 @@ async def test_release_abandoned_keeps_live_clusters(c, s, a, tmp_path):
 
 
 def test_release_abandoned_from_the_command_line(own_registry):
-    from test_cluster import _free_port
+    from helpers import free_port
 
-    _record_for("Scheduler-cli-test", f"tcp://127.0.0.1:{_free_port()}", "cli-res")
+    _record_for("Scheduler-cli-test", f"tcp://127.0.0.1:{free_port()}", "cli-res")
     env = {**os.environ, "DASK_TEMPORARY_DIRECTORY": str(own_registry)}
     out = subprocess.run(
         [sys.executable, "-m", "dask_coro", "--release-abandoned"],

@@ -10,7 +10,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster, Scheduler
-from test_cluster import cli_cluster
+from helpers import cli_cluster
 
 import dask_coro
 from dask_coro import shm

@@ -290,7 +290,8 @@ def test_a_promise_resolved_across_hosts(hosts):
 def test_workers_release_keys_across_hosts(tmp_path):
     """A tree reduction over two hosts with workers releasing keys on their
     own: the right sum, some keys released early, nothing computed twice."""
-    from test_release import _lines, tree_sum
+    from filelog import lines as _lines
+    from workloads import tree_sum
 
     from dask_coro import ReleasePlugin
 

@@ -14,8 +14,7 @@ import time
 
 import pytest
 from distributed import Client, LocalCluster
-from helpers import dask_cli, start_worker
-from test_cluster import _free_port
+from helpers import dask_cli, free_port, start_worker
 
 pytestmark = pytest.mark.inline  # the demo runs with the shipped defaults
 
@@ -139,7 +138,7 @@ def serving(handle):
 
 
 def test_closed_port():
-    address = f"tcp://127.0.0.1:{_free_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     failed(demo("--address", address, "--timeout", "1", timeout=60), address,
            "cannot reach a scheduler at", "nothing listens there (connection refused)")
 
@@ -158,7 +157,7 @@ def test_closed_port_is_known_at_once(monkeypatch):
         raise AssertionError("distributed's connect was called")
 
     monkeypatch.setattr(distributed.comm, "connect", retrying)
-    address = f"tcp://127.0.0.1:{_free_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     with pytest.raises(Unreachable, match=r"nothing listens there \(connection refused\)"):
         asyncio.run(reach(address, distributed.Security(), 30.0))
 
@@ -183,7 +182,7 @@ def test_closed_port_when_distributed_gives_up_with_a_timeout(monkeypatch):
 
     monkeypatch.setattr(distributed.comm.tcp.TCPConnector, "connect", slow)
     monkeypatch.setattr(distributed.comm, "connect", timed_out)
-    address = f"tcp://127.0.0.1:{_free_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     with pytest.raises(Unreachable, match=r"nothing listens there \(connection refused\)"):
         asyncio.run(reach(address, distributed.Security(), 1.0))
 
@@ -240,7 +239,7 @@ def _listening(port: int, proc: subprocess.Popen, log) -> None:
 @contextlib.contextmanager
 def scheduler(tmp_path, *args: str):
     """A ``dask scheduler`` process on 127.0.0.1; yields its port."""
-    port = _free_port()
+    port = free_port()
     log = tmp_path / f"s{port}.log"
     proc = dask_cli("scheduler", "--host", "127.0.0.1", "--port", str(port), *args, log=log)
     try:
@@ -332,7 +331,7 @@ def test_tls_scheduler(tmp_path, tls_files):
 
 
 def test_bad_tls_options(tls_files, tmp_path):
-    address = f"tcp://127.0.0.1:{_free_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     failed(demo("--address", address, *tls_files[0]), address,
            "is not a TLS address, and encryption is required", "use tls://")
     tls = address.replace("tcp://", "tls://")

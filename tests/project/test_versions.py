@@ -4,8 +4,7 @@ naming both versions and the process, at the first coroutine task it sees."""
 from __future__ import annotations
 
 import pytest
-from helpers import workers_now
-from test_cluster import cli_cluster
+from helpers import cli_cluster, workers_now
 
 import dask_coro
 from dask_coro.examples import fib

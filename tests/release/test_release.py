@@ -12,6 +12,7 @@ from distributed.utils_test import async_poll_for, gen_cluster
 from filelog import append as _append
 from filelog import lines as _lines
 from helpers import cluster
+from workloads import list_add, list_leaf, tree_sum
 
 import dask_coro
 from dask_coro import coroutine
@@ -160,29 +161,8 @@ def test_one_key_with_many_dependents_costs_linear_entries():
 # -- on a cluster ---------------------------------------------------------------
 
 
-def _leaf(i, folder):
-    _append(folder, "leaves", str(i))
-    return [i] * 1000
-
-
-def _add(x, y):
-    return [a + b for a, b in zip(x, y)]
-
-
 def _inc(x):
     return [a + 1 for a in x]
-
-
-def tree_sum(n, folder):
-    level = [dask.delayed(_leaf, pure=True)(i, folder, dask_key_name=f"leaf-{i}") for i in range(n)]
-    depth = 0
-    while len(level) > 1:
-        level = [
-            dask.delayed(_add, pure=True)(level[i], level[i + 1], dask_key_name=f"add-{depth}-{i}")
-            for i in range(0, len(level), 2)
-        ]
-        depth += 1
-    return level[0]
 
 
 async def _nothing_left(s, *workers):
@@ -287,7 +267,7 @@ async def test_a_tree_reduction_releases_its_leaves_early(c, s, a, b, tmp_path):
 async def test_off_by_default_and_installed_by_a_coroutine_when_on(c, s, a, b):
     @coroutine
     def parent():
-        x, y = yield [dask.delayed(_add)([1], [2]), dask.delayed(_add)([3], [4])]
+        x, y = yield [dask.delayed(list_add)([1], [2]), dask.delayed(list_add)([3], [4])]
         return x + y
 
     assert await c.compute(parent()) == [3, 7]
@@ -303,18 +283,18 @@ async def test_never_released_wanted_scattered_or_a_coroutine_child(c, s, a):
     await c.register_plugin(ReleasePlugin())
     await async_poll_for(lambda: s.plugins[NAME].ready == {a.address}, timeout=10)
     # A key a client holds (persisted), with a dependent on the same worker.
-    kept = c.persist(dask.delayed(_add, pure=True)([1], [1], dask_key_name="kept"))
+    kept = c.persist(dask.delayed(list_add, pure=True)([1], [1], dask_key_name="kept"))
     await wait(kept)
-    assert await c.compute(dask.delayed(_add)(kept, [1])) == [3]
+    assert await c.compute(dask.delayed(list_add)(kept, [1])) == [3]
     # Scattered data: it cannot be computed again.
     [scattered] = await c.scatter([[5]])
-    assert await c.submit(_add, scattered, [1]) == [6]
+    assert await c.submit(list_add, scattered, [1]) == [6]
 
     # A coroutine's child: held for the coroutine while it waits.
     @coroutine
     def parent():
-        x = dask.delayed(_add, pure=True)([1], [2], dask_key_name="child-x")
-        y = dask.delayed(_add)(x, [0])
+        x = dask.delayed(list_add, pure=True)([1], [2], dask_key_name="child-x")
+        y = dask.delayed(list_add)(x, [0])
         a, b = yield [x, y]
         return a + b
 
@@ -337,7 +317,7 @@ async def test_a_dependent_arriving_after_the_release_recomputes_the_key(c, s, a
     assert s.plugins[NAME].released_early > 0
     # leaf-0 is released (early or by the scheduler); ask for a new
     # dependent of it, with its lineage, while the root is still held.
-    again = dask.delayed(_inc)(dask.delayed(_leaf, pure=True)(0, folder, dask_key_name="leaf-0"))
+    again = dask.delayed(_inc)(dask.delayed(list_leaf, pure=True)(0, folder, dask_key_name="leaf-0"))
     assert await c.compute(again) == [1] * 1000
     assert _lines(folder, "leaves").count("0") == 2
     del first
@@ -349,7 +329,7 @@ async def test_a_client_asking_for_a_marked_key_revokes_the_mark(c, s, a, b, tmp
     await c.register_plugin(ReleasePlugin())
     await async_poll_for(lambda: len(s.plugins[NAME].ready) == 2, timeout=10)
     gate = Event()
-    leaf = dask.delayed(_leaf, pure=True)(7, str(tmp_path), dask_key_name="leaf-7")
+    leaf = dask.delayed(list_leaf, pure=True)(7, str(tmp_path), dask_key_name="leaf-7")
 
     def gated(x, gate_name):
         Event(gate_name).wait(30)
@@ -406,7 +386,7 @@ async def test_a_revocation_that_comes_too_late_recomputes_never_a_wrong_result(
         Event(gate_name).wait(30)
         return x
 
-    leaf = dask.delayed(_leaf, pure=True)(3, folder, dask_key_name="leaf-3")
+    leaf = dask.delayed(list_leaf, pure=True)(3, folder, dask_key_name="leaf-3")
     d = c.compute(dask.delayed(gated)(leaf, first.name, dask_key_name="d"))
     plugin = s.plugins[NAME]
     await async_poll_for(lambda: "leaf-3" in plugin.marks.marked, timeout=20)

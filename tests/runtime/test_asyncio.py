@@ -16,30 +16,17 @@ import time
 
 import dask
 import pytest
+from bodies import cleared, inc, plain_inc
 from distributed import Client, LocalCluster, get_client
 from helpers import cluster
 
 import dask_coro
 from dask_coro import coroutine, gather
 
-
-def inc(x):
-    return x + 1
-
-
-@coroutine
-def cinc(x):
-    return x + 1
-
-
 _started: dict = {}  # token -> bodies that started (in-process workers)
 
 
-@pytest.fixture(autouse=True)
-def _clear():
-    _started.clear()
-    yield
-    _started.clear()
+_clear = cleared(_started)
 
 
 @coroutine
@@ -94,9 +81,9 @@ async def test_sleep_values_as_plain_async_tasks(c, s, a):
 async def mixed(x):
     """Cluster work and asyncio, awaited in turn in one body."""
     thread = threading.get_ident()
-    a = await cinc(x)  # a child (a task here: inline off)
+    a = await inc(x)  # a child (a task here: inline off)
     await asyncio.sleep(0.01)
-    b, c_ = await gather([cinc(a), dask.delayed(inc)(a)])
+    b, c_ = await gather([inc(a), dask.delayed(plain_inc)(a)])
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
     loop.call_later(0.01, fut.set_result, b + c_)
@@ -108,7 +95,7 @@ async def mixed(x):
         timed_out = True
     else:  # pragma: no cover
         timed_out = False
-    f = await cinc(e)
+    f = await inc(e)
     return f, timed_out, threading.get_ident() == thread
 
 
@@ -119,9 +106,9 @@ async def _later(x):
 
 async def plain_mixed(x):
     client = get_client()
-    a = await client.submit(inc, x, pure=False)
+    a = await client.submit(plain_inc, x, pure=False)
     await asyncio.sleep(0.01)
-    b, c_ = await client.gather([client.submit(inc, a, pure=False), client.submit(inc, a, pure=False)])
+    b, c_ = await client.gather([client.submit(plain_inc, a, pure=False), client.submit(plain_inc, a, pure=False)])
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
     loop.call_later(0.01, fut.set_result, b + c_)
@@ -131,7 +118,7 @@ async def plain_mixed(x):
         await asyncio.wait_for(asyncio.sleep(10), timeout=0.01)
     except asyncio.TimeoutError:
         timed_out = True
-    return inc(e), timed_out, True
+    return plain_inc(e), timed_out, True
 
 
 @cluster(nthreads=[("127.0.0.1", 1), ("127.0.0.1", 2)], timeout=60)
@@ -199,7 +186,7 @@ async def test_asyncio_streams_against_a_local_server(c, s, a):
 
 @coroutine
 async def awaits_a_distributed_future():
-    fut = get_client().submit(inc, 1, pure=False)
+    fut = get_client().submit(plain_inc, 1, pure=False)
     return await gather(fut)  # a Future is awaited through gather, as it is yielded
 
 
@@ -240,7 +227,7 @@ async def test_cancelled_while_awaiting_asyncio(c, s, a):
     while not a.state.tasks or all(ts.state != "long-running" for ts in a.state.tasks.values()):
         await asyncio.sleep(0.01)
     await fut.cancel()
-    assert await c.compute(cinc(1)) == 2
+    assert await c.compute(inc(1)) == 2
 
 
 # --------------------------------------------------------------------------
@@ -293,7 +280,7 @@ async def helper_waits():
 
 
 def _helper(x):
-    return dask_coro.result(cinc(x)) + 1
+    return dask_coro.result(inc(x)) + 1
 
 
 @cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
@@ -324,22 +311,22 @@ async def blocked(token):
 async def times_out_and_waits(token):
     """Cluster work awaited through asyncio's timeouts, in the body itself
     and in a Task it made; the children of the one that timed out cancelled."""
-    a = await asyncio.wait_for(gather(cinc(1)), 30)
+    a = await asyncio.wait_for(gather(inc(1)), 30)
     try:
-        await asyncio.wait_for(gather([blocked(token), cinc(2)]), 0.2)
+        await asyncio.wait_for(gather([blocked(token), inc(2)]), 0.2)
     except asyncio.TimeoutError:
         b = "timed out"
-    done, pending = await asyncio.wait([asyncio.ensure_future(gather([cinc(3), cinc(4)]))], timeout=30)
+    done, pending = await asyncio.wait([asyncio.ensure_future(gather([inc(3), inc(4)]))], timeout=30)
     c = [t.result() for t in done], len(pending)
     first, _ = await asyncio.wait(
-        [asyncio.ensure_future(gather(blocked(token + "-wait"))), asyncio.ensure_future(gather(cinc(5)))],
+        [asyncio.ensure_future(gather(blocked(token + "-wait"))), asyncio.ensure_future(gather(inc(5)))],
         return_when=asyncio.FIRST_COMPLETED,
     )
     (d,) = [t.result() for t in first]
 
     async def timed() -> int:
         async with asyncio.timeout(30):
-            return await cinc(6)
+            return await inc(6)
 
     e = await asyncio.create_task(timed())
     return a, b, c, d, e
@@ -377,13 +364,13 @@ def test_asyncio_timeouts_around_work_without_a_cluster():
 
 @coroutine
 async def times_out_without_blocking():
-    a = await asyncio.wait_for(gather(cinc(1)), 30)
-    done, _ = await asyncio.wait([asyncio.ensure_future(gather([cinc(2), cinc(3)]))])
+    a = await asyncio.wait_for(gather(inc(1)), 30)
+    done, _ = await asyncio.wait([asyncio.ensure_future(gather([inc(2), inc(3)]))])
     (b,) = [t.result() for t in done]
 
     async def timed() -> int:
         async with asyncio.timeout(30):
-            return await cinc(4)
+            return await inc(4)
 
     return a, b, await asyncio.create_task(timed())
 
@@ -416,7 +403,7 @@ def test_gather_awaited_in_a_task_no_body_made_names_the_way():
     asyncio's bare "Task got bad yield"."""
 
     async def main():
-        return await asyncio.wait_for(gather(cinc(1)), 1)
+        return await asyncio.wait_for(gather(inc(1)), 1)
 
     with pytest.raises(dask_coro.BadYieldError, match=r"awaited in an asyncio Task that no coroutine body made"):
         asyncio.run(main())

@@ -3,17 +3,23 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import socket
 import time
 
 import dask
 import pytest
 from distributed import Client, LocalCluster, SchedulerPlugin
 from distributed.utils_test import async_poll_for, gen_cluster
-from helpers import dask_cli, peak_threads_until_waiting, recorder, start_worker, workers_now
+from helpers import (
+    cli_cluster,
+    dask_cli,
+    free_port,
+    peak_threads_until_waiting,
+    recorder,
+    start_worker,
+    workers_now,
+)
 from workloads import afib, fib, inc, process_all, process_all_checked, sequential_fib
 
 import dask_coro
@@ -250,34 +256,6 @@ def test_local_cluster_with_processes():
         assert n == 55
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def cli_cluster(tmp_path, n_workers: int, scheduler_args=(), worker_args=()):
-    """A ``dask scheduler`` and ``n_workers`` ``dask worker`` processes on
-    127.0.0.1, with a client connected once the workers are there."""
-    port = _free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    procs = [
-        dask_cli("scheduler", "--host", "127.0.0.1", "--port", str(port),
-              "--dashboard-address", ":0", *scheduler_args, log=tmp_path / "s.log")
-    ]
-    try:
-        procs += [start_worker(address, tmp_path, *worker_args) for _ in range(n_workers)]
-        with Client(address, timeout=60) as client:
-            client.wait_for_workers(n_workers, timeout=60)
-            yield client
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
-
-
 def test_dask_scheduler_and_worker_processes(tmp_path):
     with cli_cluster(tmp_path, 2) as client:
         assert client.compute(fib(12)).result(timeout=60) == 144
@@ -313,7 +291,7 @@ def test_worker_whose_scheduler_is_killed_closes_at_once(tmp_path):
     """A preloaded worker that loses its scheduler does not wait out
     coro.lifetimes.leave-timeout (far above this test's timeout here) asking
     a scheduler that is gone for its releases."""
-    port = _free_port()
+    port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     env_before = os.environ.get("DASK_CORO__LIFETIMES__LEAVE_TIMEOUT")
     os.environ["DASK_CORO__LIFETIMES__LEAVE_TIMEOUT"] = "600s"

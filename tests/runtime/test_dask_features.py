@@ -10,6 +10,7 @@ from __future__ import annotations
 import dask
 import dask.array as da
 import pytest
+from bodies import plain_inc
 from distributed import (
     Event,
     Lock,
@@ -27,10 +28,6 @@ from dask_coro import coroutine
 from dask_coro.examples import inc
 
 TIMEOUT = 30  # s a blocking primitive waits at most: a bound, not a measurement
-
-
-def inc_plain(x):
-    return x + 1
 
 
 def times_ten(x):
@@ -144,7 +141,7 @@ def uses_variable_wc(name):
     with worker_client() as wc:
         v = Variable(name, client=wc)
         v.set(41)
-        x = wc.submit(inc_plain, v.get(), pure=False).result()
+        x = wc.submit(plain_inc, v.get(), pure=False).result()
         v.set(wc.submit(times_ten, x, pure=False))
     return x
 
@@ -187,7 +184,7 @@ def producer_wc(name, n):
     q = Queue(name)
     with worker_client() as wc:
         for i in range(n):
-            q.put(wc.submit(inc_plain, i, pure=False).result())
+            q.put(wc.submit(plain_inc, i, pure=False).result())
     return n
 
 
@@ -236,7 +233,7 @@ def locked_add_wc(lock_name, var_name):
         v = Variable(var_name)
         x = v.get()
         with worker_client() as wc:
-            y = wc.submit(inc_plain, x, pure=False).result()
+            y = wc.submit(plain_inc, x, pure=False).result()
         v.set(y)
     return y
 
@@ -303,7 +300,7 @@ def signal_wc(name):
 def waits_for_the_client_wc(name):
     ready = Event(name).wait(timeout=TIMEOUT)
     with worker_client() as wc:
-        return ready, wc.submit(inc_plain, 1, pure=False).result()
+        return ready, wc.submit(plain_inc, 1, pure=False).result()
 
 
 @on_cluster()
@@ -384,7 +381,7 @@ def in_a_span(tag):
 
 def in_a_span_wc(tag):
     with worker_client() as wc, span(tag) as span_id:
-        a, b = wc.gather(wc.compute([dask.delayed(inc_plain)(1), dask.delayed(double)(3)]))
+        a, b = wc.gather(wc.compute([dask.delayed(plain_inc)(1), dask.delayed(double)(3)]))
     return a + b, span_id
 
 
@@ -403,7 +400,7 @@ async def test_span(c, s, a):
     (their_path, their_groups), (our_path, our_groups) = span_groups(s, theirs), span_groups(s, ours)
     assert their_path[-1] == "wc-span" and our_path[-1] == "coro-span"
     assert our_path[:-1] == their_path[:-1]
-    assert their_groups == ["double", "inc_plain"] and our_groups == ["double", "inc_task"]
+    assert their_groups == ["double", "plain_inc"] and our_groups == ["double", "inc_task"]
 
 
 # -- the table ---------------------------------------------------------------------------------

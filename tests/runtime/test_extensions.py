@@ -9,6 +9,7 @@ import asyncio
 
 import dask
 import pytest
+from bodies import add
 from distributed import Scheduler, Worker
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from distributed.utils_test import async_poll_for, captured_logger, gen_cluster, gen_test
@@ -105,11 +106,6 @@ def recorder(request):
         yield ext
     finally:
         unregister(NAME)
-
-
-@coroutine
-def add(x, y):
-    return x + y
 
 
 @coroutine

@@ -27,6 +27,7 @@ import uuid
 import dask
 import distributed
 import pytest
+from bodies import add
 from distributed import (
     Client,
     Event,
@@ -202,11 +203,6 @@ def keys_everywhere():
 
 def _plus_one(v):
     return v + 1
-
-
-@coroutine
-def add(x, y):
-    return x + y
 
 
 @coroutine

@@ -15,10 +15,10 @@ import weakref
 
 import dask
 import pytest
+from bodies import boom, cleared
 from distributed import Client, Future, LocalCluster, Worker, get_client, get_worker, worker_client
 from distributed.utils_test import async_poll_for, gen_cluster
 from helpers import Busy, cluster, peak_threads_until_waiting, recorder, start_worker, workers_now
-from workloads import boom
 
 from dask_coro import BadYieldError, DaskCoroError, coroutine, current_key, result
 from dask_coro.runtime.lanes import LANES_PER_THREAD
@@ -35,12 +35,7 @@ LOG: list = []
 _busy = Busy()  # user code holding a thread, counted per worker
 
 
-@pytest.fixture(autouse=True)
-def _clear():
-    LOG.clear()
-    _busy.clear()
-    yield
-    LOG.clear()
+_clear = cleared(LOG, _busy)
 
 
 

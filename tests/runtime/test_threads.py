@@ -24,6 +24,7 @@ import uuid
 import dask
 import distributed
 import pytest
+from bodies import cleared, inc, plain_inc
 from distributed import Worker, get_client, get_worker, rejoin, secede, worker_client
 from distributed.utils_test import async_poll_for, gen_cluster
 from helpers import Busy, cluster
@@ -34,21 +35,8 @@ from dask_coro import coroutine
 _busy = Busy()  # user code holding a thread, counted per worker
 
 
-@pytest.fixture(autouse=True)
-def _clear():
-    _busy.clear()
-    yield
-    _busy.clear()
+_clear = cleared(_busy)
 
-
-
-def inc(x):
-    return x + 1
-
-
-@coroutine
-def cinc(x):
-    return x + 1
 
 
 # --------------------------------------------------------------------------
@@ -78,7 +66,7 @@ def gen_bound(n):
     threads = {threading.get_ident()}
     for i in range(n):
         _busy(0.002)
-        y = yield cinc(i)  # a task: the body suspends here
+        y = yield inc(i)  # a task: the body suspends here
         conn.execute("insert into t values (?)", (y,))
         threads.add(threading.get_ident())
     return _close(conn, lock, threads)
@@ -90,7 +78,7 @@ async def async_bound(n):
     threads = {threading.get_ident()}
     for i in range(n):
         _busy(0.002)
-        y = await dask_coro.gather(dask.delayed(inc)(i))
+        y = await dask_coro.gather(dask.delayed(plain_inc)(i))
         conn.execute("insert into t values (?)", (y,))
         threads.add(threading.get_ident())
     return _close(conn, lock, threads)
@@ -103,7 +91,7 @@ def wc_bound(n):
     for i in range(n):
         _busy(0.002)
         with worker_client() as c:
-            y = c.submit(inc, i, pure=False).result()
+            y = c.submit(plain_inc, i, pure=False).result()
         conn.execute("insert into t values (?)", (y,))
         threads.add(threading.get_ident())
     return _close(conn, lock, threads)
@@ -138,8 +126,8 @@ async def test_thread_kept_with_inline_calls_and_parked_bodies(c, s):
         conn, lock = _open()
         threads = {threading.get_ident()}
         for i in range(n):
-            a, b = yield [cinc(i), dask.delayed(inc)(i)]
-            y = dask_coro.result(dask.delayed(inc)(a + b))  # parks a greenlet
+            a, b = yield [inc(i), dask.delayed(plain_inc)(i)]
+            y = dask_coro.result(dask.delayed(plain_inc)(a + b))  # parks a greenlet
             conn.execute("insert into t values (?)", (y,))
             threads.add(threading.get_ident())
         return _close(conn, lock, threads)
@@ -158,17 +146,17 @@ async def test_thread_kept_with_inline_calls_and_parked_bodies(c, s):
 def seceding(x):
     secede()  # as in a task: the pool's thread is let go of
     # The worker's only thread is free: a plain task submitted now runs.
-    y = get_client().submit(inc, x, pure=False).result()
+    y = get_client().submit(plain_inc, x, pure=False).result()
     rejoin()
-    z = yield cinc(y)
+    z = yield inc(y)
     return z
 
 
 def plain_seceding(x):
     secede()
-    y = get_client().submit(inc, x, pure=False).result()
+    y = get_client().submit(plain_inc, x, pure=False).result()
     rejoin()
-    return inc(y)
+    return plain_inc(y)
 
 
 @cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
@@ -187,7 +175,7 @@ def seceding_twice():
         pass  # as in a task: distributed says the thread seceded already
     rejoin()
     rejoin()  # rejoining without seceding waits for nothing (a task's would hang)
-    return (yield cinc(1))
+    return (yield inc(1))
 
 
 @cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
@@ -206,17 +194,17 @@ async def test_secede_twice_and_rejoin_twice(c, s, a):
 
 @coroutine
 def with_worker_client(x):
-    y = yield cinc(x)
+    y = yield inc(x)
     with worker_client() as client:  # secedes, rejoins at the end
-        futures = client.map(inc, range(y), pure=False)
+        futures = client.map(plain_inc, range(y), pure=False)
         total = sum(client.gather(futures))
     return total
 
 
 def plain_worker_client(x):
-    y = inc(x)
+    y = plain_inc(x)
     with worker_client() as client:
-        return sum(client.gather(client.map(inc, range(y), pure=False)))
+        return sum(client.gather(client.map(plain_inc, range(y), pure=False)))
 
 
 @cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
@@ -230,7 +218,7 @@ async def test_worker_client_in_a_body(c, s, a):
 def with_get_client(x):
     client = get_client()
     assert client.scheduler.address == get_worker().scheduler.address
-    fut = client.submit(inc, x, pure=False)
+    fut = client.submit(plain_inc, x, pure=False)
     y = yield fut  # a Future is yielded as any child
     return y
 
@@ -242,25 +230,25 @@ async def test_get_client_in_a_body(c, s, a):
 
 def _helper_computes(x):
     """A plain helper doing a blocking compute, as a library would."""
-    return dask.delayed(inc)(x).compute()
+    return dask.delayed(plain_inc)(x).compute()
 
 
 @coroutine
 def computing(x):
-    a = dask.delayed(inc)(x).compute()  # before the first yield: the task executes
-    b = yield cinc(a)
-    c_ = dask.compute(dask.delayed(inc)(b), cinc(b))  # after it: long-running
+    a = dask.delayed(plain_inc)(x).compute()  # before the first yield: the task executes
+    b = yield inc(a)
+    c_ = dask.compute(dask.delayed(plain_inc)(b), inc(b))  # after it: long-running
     d = _helper_computes(sum(c_))
-    e = cinc(d).compute()  # a coroutine call computed as a task of its own
+    e = inc(d).compute()  # a coroutine call computed as a task of its own
     return e
 
 
 def plain_computing(x):
-    a = dask.delayed(inc)(x).compute()
-    b = inc(a)
-    c_ = dask.compute(dask.delayed(inc)(b), dask.delayed(inc)(b))
+    a = dask.delayed(plain_inc)(x).compute()
+    b = plain_inc(a)
+    c_ = dask.compute(dask.delayed(plain_inc)(b), dask.delayed(plain_inc)(b))
     d = _helper_computes(sum(c_))
-    return inc(d)
+    return plain_inc(d)
 
 
 @cluster(nthreads=[("127.0.0.1", 1)], timeout=60)
@@ -281,7 +269,7 @@ def blocked_until(name):
 
 @coroutine
 def setter(name):
-    yield cinc(0)
+    yield inc(0)
     distributed.Event(name).set()
     return threading.current_thread().name
 
@@ -307,8 +295,8 @@ async def test_a_blocked_body_holds_its_lane_and_others_get_a_new_one(c, s, a):
 
 @coroutine
 def gather_without_secede():
-    fut = get_client().submit(inc, 1, pure=False)
-    yield cinc(0)
+    fut = get_client().submit(plain_inc, 1, pure=False)
+    yield inc(0)
     secede()  # what distributed asks of a task before it blocks in gather
     return get_client().gather(fut)
 
@@ -325,19 +313,19 @@ def _helper_waits(fut):
 @coroutine
 def blocking_waits_in_a_body():
     client = get_client()
-    futs = [client.submit(inc, i, pure=False) for i in range(3)]
-    yield cinc(0)
+    futs = [client.submit(plain_inc, i, pure=False) for i in range(3)]
+    yield inc(0)
     total = sum(client.gather(futs))  # the worker's only thread is needed by these
-    total += _helper_waits(client.submit(inc, 10, pure=False))
+    total += _helper_waits(client.submit(plain_inc, 10, pure=False))
     [scattered] = client.scatter([5])
     return total + scattered.result()
 
 
 def blocking_waits_as_a_task():
     with worker_client() as client:
-        futs = [client.submit(inc, i, pure=False) for i in range(3)]
+        futs = [client.submit(plain_inc, i, pure=False) for i in range(3)]
         total = sum(client.gather(futs))
-        total += client.submit(inc, 10, pure=False).result()
+        total += client.submit(plain_inc, 10, pure=False).result()
         [scattered] = client.scatter([5])
         return total + scattered.result()
 
@@ -372,7 +360,7 @@ def _waits_on_futures(client):
 
 @coroutine
 def waits_on_futures_in_a_body():
-    yield cinc(0)  # a body that yielded before: no longer the task it started as
+    yield inc(0)  # a body that yielded before: no longer the task it started as
     return _waits_on_futures(get_client())
 
 
@@ -396,7 +384,7 @@ async def test_as_completed_wait_and_result_timeout_in_a_body_on_one_thread(c, s
 @coroutine
 def where_am_i():
     a = threading.current_thread().name
-    yield cinc(1)
+    yield inc(1)
     return a, threading.current_thread().name, distributed.get_worker().address
 
 
@@ -427,7 +415,7 @@ def calls_that_answer_at_once(names):
     distributed.Variable(var).set(1)
     _GATE.wait(30)
     held.release()
-    x = yield cinc(1)
+    x = yield inc(1)
     return x
 
 

@@ -9,6 +9,7 @@ import asyncio
 
 import dask
 import pytest
+from bodies import cleared, sq
 from distributed import Client, Event, LocalCluster
 from distributed.utils_test import async_poll_for, gen_cluster
 from helpers import Recorder, cluster
@@ -20,11 +21,6 @@ from dask_coro.stream.book import item_key
 
 #: The workers of a cluster test run in this process: what producers did.
 EMITTING: list = []
-
-
-@coroutine
-def sq(x):
-    return x * x
 
 
 @coroutine
@@ -102,9 +98,7 @@ def yields_producer(n):
     return (yield squares(n))
 
 
-@pytest.fixture(autouse=True)
-def _clear():
-    EMITTING.clear()
+_clear = cleared(EMITTING)
 
 
 # -- a cluster -----------------------------------------------------------------
