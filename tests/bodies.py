@@ -8,7 +8,9 @@ below (logs a call, waits on a flag) stays in its module."""
 
 from __future__ import annotations
 
-from dask_coro import coroutine
+from distributed import Event
+
+from dask_coro import coroutine, emit
 from dask_coro.examples import inc  # noqa: F401 (the coroutine ``x + 1``, shared with the examples)
 
 
@@ -36,6 +38,30 @@ def leaf(x, k=0):
 @coroutine
 def boom(x):
     raise ValueError(f"boom {x}")  # BOOM-LINE
+
+
+@coroutine
+def after(name, x):
+    """``x`` once the distributed Event ``name`` is set."""
+    Event(name).wait()
+    return x
+
+
+@coroutine
+def fails_after(k):
+    """A stream's producer: emits 0 .. k-1, then raises ValueError."""
+    for i in range(k):
+        yield emit(i)
+    raise ValueError(f"failed after {k}")
+
+
+@coroutine
+def yields_one_by_one(child, n):
+    """The sum of ``child(i)`` for ``i < n``, a yield each: a sequential loop."""
+    total = 0
+    for i in range(n):
+        total += yield child(i)
+    return total
 
 
 def cleared(*stores):

@@ -14,15 +14,20 @@ from dask_coro import coroutine, emit
 from dask_coro.examples import afib, fib, generate_data, inc, my_len, process_all  # noqa: F401
 
 
-@coroutine
-def process_all_checked():
-    """process_all, also returning the list it saw, to check the total."""
-    L = generate_data()
+def total_and_data(L):
+    """process_all's steps over the list ``L`` (for ``yield from`` in a
+    body): the total of ``inc`` over its items, then ``L`` itself."""
     n = yield my_len(L)
     processed = [inc(L[i]) for i in range(n)]
     total = yield sum(processed)
     data = yield L
     return total, data
+
+
+@coroutine
+def process_all_checked():
+    """process_all, also returning the list it saw, to check the total."""
+    return (yield from total_and_data(generate_data()))
 
 
 @coroutine
@@ -36,12 +41,7 @@ def process_all_pure(n):
     made by a pure task. Under worker loss a lost result is computed again:
     a task that returns random values (generate_data) may then give a later
     consumer another list than an earlier one saw, in plain Dask as here."""
-    L = data_of_length(n)
-    k = yield my_len(L)
-    processed = [inc(L[i]) for i in range(k)]
-    total = yield sum(processed)
-    data = yield L
-    return total, data
+    return (yield from total_and_data(data_of_length(n)))
 
 
 @coroutine

@@ -124,6 +124,13 @@ def error_of(step):
 # --- generator bodies --------------------------------------------------------
 
 
+
+def started(body, *args, **kwargs):
+    """A Stepper that started ``body`` (its first step taken)."""
+    d = Stepper()
+    d.start(body, args, kwargs)
+    return d
+
 def test_generator_start_then_send_returns():
     def body(x):
         y = yield x + 1
@@ -180,8 +187,7 @@ def test_throw_caught_and_return():
         except Boom:
             return "recovered"
 
-    d = Stepper()
-    d.start(body, (), {})
+    d = started(body)
     assert value_of(d.throw(Boom())) == "recovered"
     assert d.done is True
 
@@ -191,8 +197,7 @@ def test_throw_uncaught_is_raised_with_same_object():
         yield 1
         return 2  # pragma: no cover
 
-    d = Stepper()
-    d.start(body, (), {})
+    d = started(body)
     err = Boom("uncaught")
     step = d.throw(err)
     error = error_of(step)
@@ -205,8 +210,7 @@ def test_error_in_body_after_send_is_raised():
         x = yield 1
         raise Boom(f"got {x}")
 
-    d = Stepper()
-    d.start(body, (), {})
+    d = started(body)
     step = d.send(5)
     error = error_of(step)
     assert type(error) is Boom
@@ -221,8 +225,7 @@ def test_base_exception_is_captured_not_raised():
         yield 1
         raise MyBase("base")
 
-    d = Stepper()
-    d.start(body, (), {})
+    d = started(body)
     step = d.send(None)
     error = error_of(step)
     assert type(error) is MyBase
@@ -259,8 +262,7 @@ def test_close_sees_generator_exit():
             log.append("exit")
             raise
 
-    d = Stepper()
-    d.start(body, (), {})
+    d = started(body)
     assert d.close() == []
     assert log == ["exit"]
 
@@ -275,8 +277,7 @@ def test_close_of_body_that_yields_in_finally_is_raised_runtime_error():
             log.append("finally")
             yield 2
 
-    d = Stepper()
-    d.start(body, (), {})
+    d = started(body)
     (error,) = d.close()
     assert type(error) is RuntimeError
     assert "ignored GeneratorExit" in str(error)
@@ -291,8 +292,7 @@ def test_close_of_body_that_raises_in_finally():
         finally:
             raise Boom("in finally")
 
-    d = Stepper()
-    d.start(body, (), {})
+    d = started(body)
     (error,) = d.close()
     assert type(error) is Boom
     assert str(error) == "in finally"
@@ -310,8 +310,7 @@ def test_close_before_start_and_after_finish():
         yield 1
         return 2
 
-    d = Stepper()
-    d.start(body, (), {})
+    d = started(body)
     assert value_of(d.send(None)) == 2
     assert d.close() == []
 
@@ -334,8 +333,7 @@ def test_return_value_travels_in_stop_iteration():
         yield 1
         return {"v": 1}
 
-    d = Stepper()
-    d.start(body, (), {})
+    d = started(body)
     step = d.send(None)
     assert value_of(step) == {"v": 1}
 
@@ -345,8 +343,7 @@ def test_stop_iteration_raised_in_generator_becomes_runtime_error():
         yield 1
         raise StopIteration("leak")
 
-    d = Stepper()
-    d.start(body, (), {})
+    d = started(body)
     step = d.send(None)
     error = error_of(step)
     assert type(error) is RuntimeError
@@ -361,8 +358,7 @@ def test_stop_iteration_thrown_and_caught_by_body():
         except StopIteration as e:
             return f"caught {e}"
 
-    d = Stepper()
-    d.start(body, (), {})
+    d = started(body)
     assert value_of(d.throw(StopIteration("thrown"))) == "caught thrown"
 
 
@@ -374,8 +370,7 @@ def test_stop_iteration_thrown_and_uncaught_is_raised_as_is():
     def body():
         yield 1
 
-    d = Stepper()
-    d.start(body, (), {})
+    d = started(body)
     err = StopIteration("thrown")
     step = d.throw(err)
     error = error_of(step)
@@ -387,8 +382,7 @@ def test_stop_iteration_thrown_into_async_and_uncaught_is_raised_as_is():
     async def body():
         await Request(1)
 
-    d = Stepper()
-    d.start(body, (), {})
+    d = started(body)
     err = StopIteration("thrown")
     step = d.throw(err)
     error = error_of(step)
@@ -461,8 +455,7 @@ def test_async_throw_caught_and_uncaught():
             await Request(2)
         await Request(3)
 
-    d = Stepper()
-    d.start(body, (), {})
+    d = started(body)
     assert d.throw(Boom()) == Yielded(2)
     err = Boom("second")
     step = d.throw(err)
@@ -479,8 +472,7 @@ def test_async_close_runs_finally():
         finally:
             log.append("finally")
 
-    d = Stepper()
-    d.start(body, (), {})
+    d = started(body)
     assert d.close() == []
     assert log == ["finally"]
 

@@ -13,6 +13,7 @@ from collections import namedtuple
 
 import dask
 import pytest
+from bodies import yields_one_by_one
 from dask.delayed import Delayed
 
 import dask_coro
@@ -347,19 +348,11 @@ def three():
     return (yield [rec(1), rec(2), rec(3)])
 
 
-@coroutine
-def loop_of_one(n):
-    total = 0
-    for i in range(n):
-        total += yield rec(i)
-    return total
-
-
 def test_idle_capacity_never_takes_the_call_about_to_run():
     # A sequential loop has one unstarted call at a time: handing it out
     # would only make the loop wait for a task. Idle capacity stays unused.
     idle = Idle(1)
-    _, out = start(loop_of_one, 300, tramp=make(idle=idle))
+    _, out = start(yields_one_by_one, rec, 300, tramp=make(idle=idle))
     assert returned(out) == sum(range(300))
     assert LOG == list(range(300))
     assert idle.n == 1
@@ -716,15 +709,8 @@ def drive(t, out, value_of):
 
 
 @coroutine
-def waits_and_logs(tag):
-    LOG.append(tag)
-    value = yield delayed_leaf(tag)
-    return value
-
-
-@coroutine
 def same_waiting_call_twice():
-    c = waits_and_logs("side")
+    c = waits_remotely("side")
     return (yield [c, c])
 
 

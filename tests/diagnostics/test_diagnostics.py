@@ -389,17 +389,25 @@ async def test_tree_can_be_turned_off(c, s, a):
     assert NAME not in s.plugins
 
 
+async def _capped_progress(c, s, max_nodes, inline, call):
+    """``call`` computed, calls inline or not, under a tree plugin that
+    records ``max_nodes`` nodes: its book, the future and what ``progress``
+    reported at the end."""
+    await c.register_plugin(dask_coro.TreePlugin())
+    book = s.plugins[NAME].book
+    book.max_nodes = max_nodes
+    with dask.config.set({"coro.inline.enabled": inline}):
+        f = c.compute(call)
+        totals = await dask_coro.progress(f, interval=0.02, file=io.StringIO())
+    return book, f, totals
+
+
 @pytest.mark.parametrize("inline", [True, False])
 @gen_cluster(client=True, nthreads=[("", 1)])
 async def test_max_nodes(c, s, a, inline):
     # Only the recorded nodes are capped: the counts past the cap are exact,
     # on both cluster paths (without a cluster there is no tree).
-    await c.register_plugin(dask_coro.TreePlugin())
-    book = s.plugins[NAME].book
-    book.max_nodes = 10
-    with dask.config.set({"coro.inline.enabled": inline}):
-        f = c.compute(branches(3, 6))
-        totals = await dask_coro.progress(f, interval=0.02, file=io.StringIO())
+    book, f, totals = await _capped_progress(c, s, 10, inline, branches(3, 6))
     expected = [[i * 10 + j for j in range(6)] for i in range(3)]
     assert await f == expected == dask.compute(plain_branches(3, 6), scheduler="sync")[0]
     counts = book.counts(f.key)
@@ -423,12 +431,7 @@ async def test_max_nodes(c, s, a, inline):
 @pytest.mark.parametrize("inline", [True, False])
 @gen_cluster(client=True, nthreads=[("", 1)])
 async def test_max_nodes_counts_failures(c, s, a, inline):
-    await c.register_plugin(dask_coro.TreePlugin())
-    book = s.plugins[NAME].book
-    book.max_nodes = 3
-    with dask.config.set({"coro.inline.enabled": inline}):
-        f = c.compute(fails_some(8))
-        totals = await dask_coro.progress(f, interval=0.02, file=io.StringIO())
+    book, f, totals = await _capped_progress(c, s, 3, inline, fails_some(8))
     # As in plain dask: the failed children's errors, caught by the parent.
     assert await f == [i for i in range(8) if i % 3] == [v for v in plain_fails_some(8) if v is not None]
     assert totals["spawned"] == 8 and book.counts(f.key)["untracked"] == 8 - 3

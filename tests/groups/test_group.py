@@ -14,7 +14,7 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from bodies import boom, sq
+from bodies import after, boom, sq
 from distributed import (
     Client,
     Event,
@@ -32,13 +32,6 @@ from workloads import FLAGS, held, runs_until_released, watchdog
 
 import dask_coro
 from dask_coro import BadYieldError, coroutine
-
-
-@coroutine
-def after(name, x):
-    """``x`` once the distributed Event ``name`` is set."""
-    Event(name).wait()
-    return x
 
 
 @coroutine

@@ -10,6 +10,7 @@ import signal
 import uuid
 
 import pytest
+from bodies import after
 from distributed import Event, Nanny, Queue
 from distributed.utils_test import async_poll_for
 from helpers import cluster
@@ -17,12 +18,6 @@ from helpers import cluster
 import dask_coro
 from dask_coro import coroutine
 from dask_coro.durability.order import DeliveryLog
-
-
-@coroutine
-def after(name, x):
-    Event(name).wait()
-    return x
 
 
 async def _after_async(name, x):
@@ -63,12 +58,19 @@ async def _kill_the_parents_worker(s, nannies, key):
     await async_poll_for(lambda: address not in s.workers, timeout=30)
 
 
+async def _started(c, prefix, key_prefix, parent, *args, **kwargs):
+    """``parent(tag, *args, **kwargs)`` computed under the key
+    ``{key_prefix}-{tag}``, ``tag`` new; the Queue ``tag`` it reports on.
+    Gives ``(tag, key, future, queue)``."""
+    tag = f"{prefix}-{uuid.uuid4().hex}"
+    key = f"{key_prefix}-{tag}"
+    fut = c.compute(parent(tag, *args, dask_key_name=key, **kwargs))
+    return tag, key, fut, await Queue(tag, client=c)
+
+
 @cluster(nthreads=[("", 2)] * 2, Worker=Nanny, timeout=120)
 async def test_a_re_run_parent_is_given_the_same_children_in_the_same_order(c, s, a, b):
-    tag = f"rp-{uuid.uuid4().hex}"
-    key = f"rparent-{tag}"
-    fut = c.compute(replayed_parent(tag, 6, dask_key_name=key))
-    q = await Queue(tag, client=c)
+    tag, key, fut, q = await _started(c, "rp", "rparent", replayed_parent, 6)
     first = [3, 0, 4]
     runs = set()
     for i in first:
@@ -94,10 +96,7 @@ async def test_a_re_run_parent_is_given_the_same_children_in_the_same_order(c, s
 @pytest.mark.inline
 @cluster(nthreads=[("", 2)] * 2, Worker=Nanny, timeout=120)
 async def test_a_re_run_parent_is_given_its_beside_children_in_the_same_order(c, s, a, b):
-    tag = f"rb-{uuid.uuid4().hex}"
-    key = f"rbparent-{tag}"
-    fut = c.compute(replayed_parent(tag, 5, beside=True, dask_key_name=key))
-    q = await Queue(tag, client=c)
+    tag, key, fut, q = await _started(c, "rb", "rbparent", replayed_parent, 5, beside=True)
     first = [2, 4]
     for i in first:
         await Event(f"{tag}-{i}", client=c).set()
@@ -126,10 +125,7 @@ def deadline_parent(tag):
 
 @cluster(nthreads=[("", 2)] * 2, Worker=Nanny, timeout=120)
 async def test_a_re_run_parent_keeps_the_first_runs_deadline(c, s, a, b):
-    tag = f"dl-{uuid.uuid4().hex}"
-    key = f"dparent-{tag}"
-    fut = c.compute(deadline_parent(tag, dask_key_name=key))
-    q = await Queue(tag, client=c)
+    tag, key, fut, q = await _started(c, "dl", "dparent", deadline_parent)
     first = await q.get(timeout=60)
     # The deadline reaches the scheduler on the run's stream before its
     # next message: wait until it holds it, then kill.
@@ -178,10 +174,7 @@ def stream_parent(tag):
 
 @cluster(nthreads=[("", 2)] * 2, Worker=Nanny, timeout=120)
 async def test_a_re_run_parent_is_given_a_streams_items_in_the_same_order(c, s, a, b):
-    tag = f"rs-{uuid.uuid4().hex}"
-    key = f"rsparent-{tag}"
-    fut = c.compute(stream_parent(tag, dask_key_name=key))
-    q = await Queue(tag, client=c)
+    tag, key, fut, q = await _started(c, "rs", "rsparent", stream_parent)
     first = [(0, 0), (1, "plain"), (0, 10)]
     runs = set()
     for gate, want in zip(["s0", "p", "s1"], first, strict=True):

@@ -12,10 +12,10 @@ import logging
 
 import dask
 import pytest
-from bodies import sq
+from bodies import fails_after, sq
 from distributed import Client, Event, LocalCluster, Variable
 from distributed.utils_test import async_poll_for, gen_cluster
-from helpers import cluster
+from helpers import cluster, stream_left_nothing
 from workloads import FLAGS, endless, held_producer, watchdog
 
 import dask_coro
@@ -28,13 +28,6 @@ def squares(n, offset=0):
     for i in range(offset, offset + n):
         yield emit((yield sq(i)))
     return n
-
-
-@coroutine
-def fails_after(k):
-    for i in range(k):
-        yield emit(i)
-    raise ValueError(f"failed after {k}")
 
 
 @coroutine
@@ -142,9 +135,7 @@ def first_over(threshold, tag):
 @cluster(nthreads=[("", 2), ("", 2)])
 async def test_leaving_the_group_cancels_the_producer(c, s, a, b):
     assert await c.compute(first_over(4, "g1")) == 5
-    await async_poll_for(lambda: "closed-g1" in s.extensions["variables"].variables, timeout=30)
-    await async_poll_for(lambda: not s.plugins["dask-coro-streams"].books, timeout=30)
-    await async_poll_for(lambda: not [k for k in s.tasks if "endless" in str(k)], timeout=30)
+    await stream_left_nothing(s, "g1")
 
 
 @coroutine

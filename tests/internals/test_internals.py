@@ -838,14 +838,26 @@ def _seceded_holding(hold):
     return "held"
 
 
+async def _held(c, a, hold, key):
+    """``_seceded_holding(hold)`` submitted as ``key`` with the GPU, once it
+    is long-running on worker ``a``."""
+    future = c.submit(_seceded_holding, hold, resources=_GPU, key=key)
+    await _in_state(a, key, "long-running")
+    return future
+
+
+async def _in_state(worker, key, state):
+    """Until the task ``key`` is in ``state`` on ``worker``."""
+    while worker.state.tasks.get(key) is None or worker.state.tasks[key].state != state:
+        await asyncio.sleep(0.01)
+
+
 @gen_cluster(client=True, nthreads=[("127.0.0.1", 1, {"resources": _GPU})], config=_VALIDATE)
 async def test_lend_and_take_move_a_long_running_tasks_resources_through_the_state_machine(c, s, a):
     # Worker and scheduler validate their state after every step: the sum of
     # available resources and those of executing | long_running tasks stays
     # the total (WorkerState._validate_resources), whatever we lend or take.
-    p = c.submit(_seceded_holding, "hold", resources=_GPU, key="p")
-    while a.state.tasks.get("p") is None or a.state.tasks["p"].state != "long-running":
-        await asyncio.sleep(0.01)
+    p = await _held(c, a, "hold", "p")
     assert a.state.available_resources == {"GPU": 0}  # seceding kept them
     assert task_resources(a, "p") == _GPU
     run_id, priority = task_run_id_priority(a, "p")
@@ -853,8 +865,7 @@ async def test_lend_and_take_move_a_long_running_tasks_resources_through_the_sta
     # A constrained task waits for the GPU; lending it lets it start at once
     # (the event's handler runs _ensure_computing).
     q = c.submit(_seceded_holding, "q-hold", resources=_GPU, key="q")
-    while a.state.tasks.get("q") is None or a.state.tasks["q"].state != "constrained":
-        await asyncio.sleep(0.01)
+    await _in_state(a, "q", "constrained")
     assert lend_resources(a, "p") == _GPU
     assert a.state.tasks["p"].resource_restrictions == {}
     while a.state.tasks["q"].state not in ("executing", "long-running"):
@@ -874,9 +885,7 @@ async def test_lend_and_take_move_a_long_running_tasks_resources_through_the_sta
     assert a.state.available_resources == _GPU  # given back once, as it ended
 
     # A task that ends while they are lent gives back nothing more.
-    p2 = c.submit(_seceded_holding, "hold2", resources=_GPU, key="p2")
-    while a.state.tasks.get("p2") is None or a.state.tasks["p2"].state != "long-running":
-        await asyncio.sleep(0.01)
+    p2 = await _held(c, a, "hold2", "p2")
     assert lend_resources(a, "p2") == _GPU
     await Event("hold2").set()
     assert await p2 == "held"
@@ -888,16 +897,11 @@ async def test_a_cancelled_running_task_keeps_its_resource_restrictions_when_ask
     # WorkerState._handle_compute_task: a task cancelled while it runs keeps
     # the resource_restrictions it had (so one lent stays lent, {}) when the
     # scheduler asks for it again.
-    p = c.submit(_seceded_holding, "hold3", resources=_GPU, key="p3")
-    while a.state.tasks.get("p3") is None or a.state.tasks["p3"].state != "long-running":
-        await asyncio.sleep(0.01)
+    p = await _held(c, a, "hold3", "p3")
     lend_resources(a, "p3")
     await p.cancel()
-    while a.state.tasks["p3"].state != "cancelled":
-        await asyncio.sleep(0.01)
-    p = c.submit(_seceded_holding, "hold3", resources=_GPU, key="p3")
-    while a.state.tasks["p3"].state != "long-running":
-        await asyncio.sleep(0.01)
+    await _in_state(a, "p3", "cancelled")
+    p = await _held(c, a, "hold3", "p3")
     assert a.state.tasks["p3"].resource_restrictions == {}
     assert take_resources(a, "p3", _GPU)
     await Event("hold3").set()

@@ -249,17 +249,26 @@ def waits_then_resumes(hold, resumed):
     return "done"
 
 
+async def _gpu_taken_while_waiting(c, a, b, child, resumed, busy, other_key):
+    """``waits_then_resumes`` on ``a``'s GPU, waiting for its child, while
+    another task (``other_key``, held until the Event ``busy``) takes the
+    GPU it lent; then its child done (the Event ``child`` set): the parent
+    waits to take its GPU back. Gives the parent's and the other's futures."""
+    f = c.compute(waits_then_resumes(child.name, resumed), resources=GPU, workers=[a.address])
+    await async_poll_for(lambda: any("on_gpu" in str(ts.key) for ts in a.state.executing | b.state.executing), BOUND)
+    other = c.submit(on_gpu, 9, busy, resources=GPU, key=other_key)
+    await async_poll_for(lambda: other_key in a.state.tasks and a.state.tasks[other_key].state == "executing", BOUND)
+    await child.set()
+    await async_poll_for(lambda: _lender(a).book.waiting == 1, BOUND)
+    return f, other
+
+
 @cluster(nthreads=ONE_GPU, timeout=90)
 async def test_the_resume_waits_for_a_gpu_another_task_took_meanwhile(c, s, a, b):
     child, busy, resumed = Event("child"), Event("busy"), Event("resumed")
-    f = c.compute(waits_then_resumes("child", "resumed"), resources=GPU, workers=[a.address])
-    await async_poll_for(lambda: any("on_gpu" in str(ts.key) for ts in a.state.executing | b.state.executing), BOUND)
-    # While the parent waits, another task takes the GPU it lent...
-    other = c.submit(on_gpu, 9, "busy", resources=GPU, key="other")
-    await async_poll_for(lambda: "other" in a.state.tasks and a.state.tasks["other"].state == "executing", BOUND)
-    # ...and still has it when the parent's child is done: the parent waits.
-    await child.set()
-    await async_poll_for(lambda: _lender(a).book.waiting == 1, BOUND)
+    # While the parent waits, another task takes the GPU it lent, and still
+    # has it when the parent's child is done: the parent waits.
+    f, other = await _gpu_taken_while_waiting(c, a, b, child, "resumed", "busy", "other")
     assert not await resumed.is_set()
     assert a.state.available_resources == {"GPU": 0}  # never two holders of the one GPU
     await busy.set()
@@ -285,12 +294,7 @@ async def test_cancelled_while_lent_or_waiting_to_take_leaves_the_gpu_free_once(
 
     # Cancelled while waiting to take its GPU back from another task.
     child, busy = Event("child2"), Event("busy2")
-    f = c.compute(waits_then_resumes("child2", "resumed2"), resources=GPU, workers=[a.address])
-    await async_poll_for(lambda: any("on_gpu" in str(ts.key) for ts in a.state.executing | b.state.executing), BOUND)
-    other = c.submit(on_gpu, 9, "busy2", resources=GPU, key="other2")
-    await async_poll_for(lambda: "other2" in a.state.tasks and a.state.tasks["other2"].state == "executing", BOUND)
-    await child.set()
-    await async_poll_for(lambda: _lender(a).book.waiting == 1, BOUND)
+    f, other = await _gpu_taken_while_waiting(c, a, b, child, "resumed2", "busy2", "other2")
     await f.cancel()
     await async_poll_for(lambda: not _lender(a).book.lent, BOUND)
     await busy.set()

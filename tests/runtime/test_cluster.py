@@ -9,15 +9,16 @@ import time
 
 import dask
 import pytest
+from bodies import yields_one_by_one
 from distributed import Client, LocalCluster, SchedulerPlugin
 from distributed.utils_test import async_poll_for, gen_cluster
 from helpers import (
     cli_cluster,
     dask_cli,
     free_port,
-    peak_threads_until_waiting,
     recorder,
     start_worker,
+    waits_behind_a_gate,
     workers_now,
 )
 from workloads import afib, fib, inc, process_all, process_all_checked, sequential_fib
@@ -95,20 +96,12 @@ async def test_children_keys_are_derived_and_prioritised(c, s, a):
     assert seen[child][1] < seen["root2"][1] <= seen["unrelated"][1]
 
 
-@coroutine
-def loop_of_yields(n):
-    total = 0
-    for i in range(n):
-        total += yield inc(i)
-    return total
-
-
 @gen_cluster(
     client=True, nthreads=[("", 1)], config={"coro.durability.hold-children": False}
 )
 async def test_results_released_after_resume(c, s, a):
     r = recorder(s)
-    assert await c.compute(loop_of_yields(300)) == sum(range(1, 301))
+    assert await c.compute(yields_one_by_one(inc, 300)) == sum(range(1, 301))
     # Root plus at most a couple of children alive at any time, not 300.
     assert r.max_tasks <= 5, r.max_tasks
     # Released asynchronously after the run: the worker drops them soon after.
@@ -122,7 +115,7 @@ async def test_results_held_for_the_parent_until_it_ends(c, s, a):
     """By default (coro.durability.hold-children) every child stays held for
     its coroutine, so a re-run finds them; all go when the coroutine ends."""
     r = recorder(s)
-    assert await c.compute(loop_of_yields(200)) == sum(range(1, 201))
+    assert await c.compute(yields_one_by_one(inc, 200)) == sum(range(1, 201))
     assert r.max_tasks >= 200
     await async_poll_for(lambda: not s.tasks, timeout=10)
     assert not [cid for cid in s.clients if str(cid).startswith("dask-coro-held-")]
@@ -223,23 +216,7 @@ def hold(n, gate_key):
 
 
 def test_2000_suspended_coroutines_hold_no_threads(tmp_path):
-    with LocalCluster(
-        n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
-    ) as cluster, Client(cluster) as client:
-        (worker,) = workers_now(client)
-        # The gate needs a resource no worker has: it stays pending while 2,000
-        # coroutines wait on it, and runs once a worker that has it joins.
-        gate = client.submit(lambda: 1, resources={"GATE": 1}, pure=False)
-        root = client.compute(hold(2000, gate.key))
-        peak, nthreads = peak_threads_until_waiting(client, worker, 2001)
-        assert not root.done()
-        assert peak <= nthreads + 10, (peak, nthreads)
-        gate_worker = start_worker(cluster.scheduler_address, tmp_path, "--resources", "GATE=1")
-        try:
-            assert root.result(timeout=90) == 2000
-        finally:
-            gate_worker.terminate()
-            gate_worker.wait(timeout=30)
+    assert waits_behind_a_gate(tmp_path, lambda gate: hold(2000, gate), 2000, timeout=90) == 2000
 
 
 def test_local_cluster_with_processes():

@@ -762,6 +762,19 @@ async def test_scheduler_pushes_to_the_subscribed_worker_when_a_thread_frees(c, 
     assert plugin.counts["unsubscribe"] == plugin.counts["subscribe"]
 
 
+async def _subscribed_and_looked_at(c, s, a):
+    """Worker ``a`` ran a tree inline and stays subscribed (its stealer
+    cancelled); the scheduler looked at the idle threads since the tree
+    ended. Gives the scheduler's inline plugin."""
+    assert len(await c.compute(sleepy_where(2), workers=[a.address])) == 4
+    plugin = s.plugins[INLINE]
+    assert a.address in plugin.subscribed
+    a.plugins[_KeyWatcher.name].stealer.cancel()  # a stays subscribed
+    checks = plugin.counts["check"]
+    await async_poll_for(lambda: plugin.counts["check"] > checks, timeout=20)
+    return plugin
+
+
 @pytest.mark.timeout(60)
 @cluster(nthreads=[("", 1), ("", 1)])
 async def test_a_tree_starting_on_a_subscribed_worker_is_pushed_to_at_once(c, s, a, b):
@@ -770,13 +783,7 @@ async def test_a_tree_starting_on_a_subscribed_worker_is_pushed_to_at_once(c, s,
     are handed out: its start is an idle event, and the push that hands b a
     subtree comes from that event (not from a later look at threads left
     idle)."""
-    assert len(await c.compute(sleepy_where(2), workers=[a.address])) == 4
-    plugin = s.plugins[INLINE]
-    assert a.address in plugin.subscribed
-    a.plugins[_KeyWatcher.name].stealer.cancel()  # a stays subscribed
-    # The scheduler looked at the idle threads since the tree ended.
-    checks = plugin.counts["check"]
-    await async_poll_for(lambda: plugin.counts["check"] > checks, timeout=20)
+    plugin = await _subscribed_and_looked_at(c, s, a)
     events_at_push = []
     push = plugin._push
 
@@ -800,12 +807,7 @@ async def test_a_push_is_not_held_for_the_rest_of_a_batch(c, s, a, b):
     carried the tree's compute-task, whose next batch waits out the stream's
     interval (5 ms; 10 s here): it is sent at once. Held, it would come after
     a had run the whole tree (64 leaves of 10 ms) inline."""
-    assert len(await c.compute(sleepy_where(2), workers=[a.address])) == 4
-    plugin = s.plugins[INLINE]
-    assert a.address in plugin.subscribed
-    a.plugins[_KeyWatcher.name].stealer.cancel()  # a stays subscribed
-    checks = plugin.counts["check"]
-    await async_poll_for(lambda: plugin.counts["check"] > checks, timeout=20)
+    await _subscribed_and_looked_at(c, s, a)
     stream = s.stream_comms[a.address]
     interval, stream.interval = stream.interval, 10
     try:

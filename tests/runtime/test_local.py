@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from dask.delayed import Delayed
 from helpers import places
+from workloads import total_and_data
 
 import dask_coro
 from dask_coro import BadYieldError, CoroutineCall, NotInTaskError, coroutine, current_key
@@ -78,12 +79,7 @@ def process_all():
 
 @coroutine
 def process_all_then_data():
-    L = generate_data()
-    n = yield my_len(L)
-    processed = [inc(L[i]) for i in range(n)]
-    total = yield sum(processed)
-    data = yield L
-    return total, data
+    return (yield from total_and_data(generate_data()))
 
 
 @coroutine

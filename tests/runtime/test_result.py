@@ -18,7 +18,7 @@ import pytest
 from bodies import boom, cleared
 from distributed import Client, Future, LocalCluster, Worker, get_client, get_worker, worker_client
 from distributed.utils_test import async_poll_for, gen_cluster
-from helpers import Busy, cluster, peak_threads_until_waiting, recorder, start_worker, workers_now
+from helpers import Busy, cluster, recorder, waits_behind_a_gate
 
 from dask_coro import BadYieldError, DaskCoroError, coroutine, current_key, result
 from dask_coro.runtime.lanes import LANES_PER_THREAD
@@ -220,23 +220,9 @@ async def test_parked_bodies_resume_on_their_own_thread(c, s, nthreads, n):
 
 @pytest.mark.slow
 def test_2000_bodies_parked_two_frames_deep_hold_no_threads(tmp_path):
-    with LocalCluster(
-        n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
-    ) as lc, Client(lc) as client:
-        (worker,) = workers_now(client)
-        gate = client.submit(lambda: 1, resources={"GATE": 1}, pure=False)
-        root = client.compute(hold(2000, gate.key, 0))
-        peak, nthreads = peak_threads_until_waiting(client, worker, 2001)
-        assert not root.done()
-        assert peak <= nthreads + 10, (peak, nthreads)
-        gate_worker = start_worker(lc.scheduler_address, tmp_path, "--resources", "GATE=1")
-        try:
-            out = root.result(timeout=120)
-        finally:
-            gate_worker.terminate()
-            gate_worker.wait(timeout=30)
-        assert len(out) == 2000
-        assert all(before == after and value == 1 for before, after, value in out)
+    out = waits_behind_a_gate(tmp_path, lambda gate: hold(2000, gate, 0), 2000, timeout=120)
+    assert len(out) == 2000
+    assert all(before == after and value == 1 for before, after, value in out)
 
 
 @pytest.mark.timeout(120)

@@ -9,10 +9,10 @@ import asyncio
 
 import dask
 import pytest
-from bodies import cleared, sq
+from bodies import cleared, fails_after, sq
 from distributed import Client, Event, LocalCluster
 from distributed.utils_test import async_poll_for, gen_cluster
-from helpers import Recorder, cluster
+from helpers import Recorder, cluster, stream_left_nothing
 from workloads import FLAGS, endless, held_producer, watchdog
 
 import dask_coro
@@ -72,13 +72,6 @@ def plain_emitter(xs):
 def take_plain(xs):
     s = stream(plain_emitter(xs), buffer=1)
     return list(s), s.result
-
-
-@coroutine
-def fails_after(k):
-    for i in range(k):
-        yield emit(i)
-    raise ValueError(f"failed after {k}")
 
 
 @coroutine
@@ -187,11 +180,9 @@ def first_over(threshold, tag):
 @cluster(nthreads=[("", 2), ("", 2)])
 async def test_a_consumer_that_stops_cancels_the_producer(c, s, a, b):
     assert await c.compute(first_over(4, "t1")) == 5
-    await async_poll_for(lambda: "closed-t1" in s.extensions["variables"].variables, timeout=30)
-    # Nothing of the stream is left on the scheduler: the producer and its items.
-    await async_poll_for(lambda: not s.plugins["dask-coro-streams"].books, timeout=30)
-    # Its items are let go of as it is forgotten (the releases of a transition).
-    await async_poll_for(lambda: not [k for k in s.tasks if "endless" in str(k)], timeout=30)
+    # Nothing of the stream is left on the scheduler: the producer and its
+    # items (let go of as it is forgotten: the releases of a transition).
+    await stream_left_nothing(s, "t1")
 
 
 @cluster(nthreads=[("", 1)])

@@ -10,18 +10,13 @@ import signal
 import uuid
 
 import dask
+from bodies import after
 from distributed import Event, Nanny
 from distributed.utils_test import async_poll_for
 from helpers import cluster
 
 import dask_coro
 from dask_coro import coroutine, emit, stream
-
-
-@coroutine
-def after(name, x):
-    Event(name).wait()
-    return x
 
 
 @coroutine
