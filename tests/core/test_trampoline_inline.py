@@ -13,7 +13,7 @@ from collections import namedtuple
 
 import dask
 import pytest
-from bodies import yields_one_by_one
+from bodies import cleared, yields_one_by_one
 from dask.delayed import Delayed
 
 import dask_coro
@@ -32,11 +32,7 @@ pytestmark = pytest.mark.usefixtures("engine")
 LOG: list = []  # what bodies did, in order; cleared by the autouse fixture
 
 
-@pytest.fixture(autouse=True)
-def _clear_log():
-    LOG.clear()
-    yield
-    LOG.clear()
+_clear_log = cleared(LOG)
 
 
 def make(idle=None, cancelled=None, check_every=256):

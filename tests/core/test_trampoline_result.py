@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dask
 import pytest
+from bodies import cleared
 from greenlet import GreenletExit, getcurrent
 
 from dask_coro import BadYieldError, coroutine, current_key, result
@@ -23,11 +24,7 @@ pytestmark = pytest.mark.usefixtures("engine")
 LOG: list = []
 
 
-@pytest.fixture(autouse=True)
-def _clear_log():
-    LOG.clear()
-    yield
-    LOG.clear()
+_clear_log = cleared(LOG)
 
 
 def make():
