@@ -4,7 +4,7 @@ without kills on the same cluster.
 
 Run: python benchmarks/bench_chaos.py [--runs 5] [--size large] [--kills 5] [--write]
 A LocalCluster of 3 Nanny workers x 1 thread, every coroutine call a task (as in
-tests/test_chaos.py); the killer, the workloads and the rounds are tests/chaos.py's. A
+tests/runtime/test_chaos.py); the killer, the workloads and the rounds are tests/chaos.py's. A
 round runs each workload once: fib(14), process_all, a promise, a shared-memory array,
 a streaming loop (--size large: 40 chunks of 8 MB, 0.25 s each, one at a time) and a
 tree of parents waiting on running children (large: 4 parents x 4 children sleeping

@@ -55,7 +55,7 @@ MODULES = [
 ]
 
 # Scripts in benchmarks/ that MODULES does not list, and why
-# (tests/test_packaging.py checks that every other bench_*.py and profile_*.py is listed).
+# (tests/project/test_packaging.py checks that every other bench_*.py and profile_*.py is listed).
 NOT_RUN: dict[str, str] = {}
 
 

@@ -31,7 +31,7 @@ import sys
 import threading
 from typing import Any
 
-#: Whether this interpreter has the race (tests/test_ast_race.py reproduces it).
+#: Whether this interpreter has the race (tests/runtime/test_ast_race.py reproduces it).
 AFFECTED = (3, 11) <= sys.version_info[:3] < (3, 11, 8)
 
 #: ``ast.parse`` as the interpreter defines it.

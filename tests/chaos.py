@@ -1,4 +1,4 @@
-"""Chaos: the killer, the workloads and the rounds, shared by tests/test_chaos.py
+"""Chaos: the killer, the workloads and the rounds, shared by tests/runtime/test_chaos.py
 and benchmarks/bench_chaos.py (worker processes import the coroutines from
 here by name, so this folder is on their path).
 

@@ -1,5 +1,5 @@
 """Random coroutine programs, the coroutines that run them, and a reference
-interpreter in plain Python (tests/test_conformance.py runs them on every path).
+interpreter in plain Python (tests/runtime/test_conformance.py runs them on every path).
 
 A program is plain data (nested tuples), passed to its coroutine pickled:
 bytes are a plain argument, so the call may run inline. A *node* is one coroutine call::
@@ -832,7 +832,7 @@ def programs(max_depth: int = 3, futures: bool = True):  # -> hypothesis strateg
 
 
 # A program every path must agree on, written by hand: each of the divergences
-# tests/test_conformance.py found first, kept as a fixed example.
+# tests/runtime/test_conformance.py found first, kept as a fixed example.
 EXAMPLES: dict[str, tuple] = {}
 
 
@@ -971,7 +971,7 @@ EXAMPLES["root raises what cannot be pickled"] = ("node", 0, "async", False, (("
 # Found by the random programs: a root that held Futures raises what cannot be
 # pickled. distributed logs the failed pickle with the error as its context,
 # and a handler that keeps log records (pytest's capture) keeps the body's
-# frame, and so its Futures, with it (tests/test_conformance.py quiets it).
+# frame, and so its Futures, with it (tests/runtime/test_conformance.py quiets it).
 EXAMPLES["root holding futures raises what cannot be pickled"] = (
     "node", 0, "gen", True,
     (("wait", ("dict", (("future", 3, False),)), True), ("raise", "Unpicklable")),

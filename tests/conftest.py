@@ -8,13 +8,28 @@ import sys
 import dask
 import pytest
 
-# Worker processes started by the tests (LocalCluster, `dask worker`) import
-# the test modules' functions by name; make this folder importable for them.
+# The tests are laid out as the package is, a folder per part (tests/core/,
+# tests/groups/, ...), with no __init__.py: pytest imports each test module
+# under its bare name (test_group), from its folder, so the names of test
+# modules are unique across folders (pytest refuses two of one name). The
+# shared modules (helpers, bodies, workloads, ...) are in this folder.
+# Worker processes started by the tests (LocalCluster, `dask worker`, scripts)
+# import the test modules' functions by that bare name: this folder and every
+# test folder are importable, here and in every process started from here.
 HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+FOLDERS = [
+    HERE,
+    *sorted(
+        os.path.join(HERE, name)
+        for name in os.listdir(HERE)
+        if os.path.isdir(os.path.join(HERE, name)) and name != "__pycache__"
+    ),
+]
+for folder in reversed(FOLDERS):
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    p for p in (HERE, os.environ.get("PYTHONPATH")) if p
+    p for p in (*FOLDERS, os.environ.get("PYTHONPATH")) if p
 )
 
 import ast_guard  # noqa: E402 (importable from this folder once the path is set)
@@ -37,7 +52,7 @@ get_mp_context().set_forkserver_preload(
 
 # CPython 3.11 before 3.11.8 shares the AST constructor's recursion count
 # between threads: a body's ast.literal_eval fails now and then while another
-# thread builds a tree (tests/ast_guard.py, tests/test_ast_race.py).
+# thread builds a tree (tests/ast_guard.py, tests/runtime/test_ast_race.py).
 if ast_guard.AFFECTED:
     ast_guard.install()
 
@@ -72,13 +87,13 @@ def pytest_addoption(parser):
         "--release-examples",
         type=int,
         default=8,
-        help="random DAGs the worker-release property test runs (tests/test_release_property.py)",
+        help="random DAGs the worker-release property test runs (tests/release/test_release_property.py)",
     )
     parser.addoption(
         "--conformance-examples",
         type=int,
         default=60,
-        help="random programs the conformance test runs on every path (tests/test_conformance.py)",
+        help="random programs the conformance test runs on every path (tests/runtime/test_conformance.py)",
     )
     parser.addoption(
         "--chaos-baseline-tasks",

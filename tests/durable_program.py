@@ -1,4 +1,4 @@
-"""A durable run as a user's program runs it, for tests/test_durable.py:
+"""A durable run as a user's program runs it, for tests/durable/test_durable.py:
 ``python durable_program.py STORE FOLDER N SLOW``.
 
 A LocalCluster of worker processes computes ``run(N)`` under the root key

@@ -3,13 +3,15 @@ and a scheduler plugin that records what the scheduler saw."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
 
-from distributed import SchedulerPlugin
+from distributed import Client, SchedulerPlugin
 from distributed.utils_test import gen_cluster
 
 
@@ -98,6 +100,35 @@ def start_worker(address: str, tmp_path, *extra: str) -> subprocess.Popen:
     )
 
 
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def cli_cluster(tmp_path, n_workers: int, scheduler_args=(), worker_args=()):
+    """A ``dask scheduler`` and ``n_workers`` ``dask worker`` processes on
+    127.0.0.1, with a client connected once the workers are there."""
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    procs = [
+        dask_cli("scheduler", "--host", "127.0.0.1", "--port", str(port),
+              "--dashboard-address", ":0", *scheduler_args, log=tmp_path / "s.log")
+    ]
+    try:
+        procs += [start_worker(address, tmp_path, *worker_args) for _ in range(n_workers)]
+        with Client(address, timeout=60) as client:
+            client.wait_for_workers(n_workers, timeout=60)
+            yield client
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+
+
 def _worker_threads(dask_worker):
     return threading.active_count(), dask_worker.state.nthreads, sum(
         ts.state == "long-running" for ts in dask_worker.state.tasks.values()
@@ -179,3 +210,40 @@ class Busy:
         finally:
             with self._lock:
                 count[0] -= 1
+
+
+async def stream_left_nothing(s, tag: str) -> None:
+    """The ``endless`` producer of ``tag`` (workloads.py) was closed, and
+    nothing of its stream is left on scheduler ``s``: no book of it, none of
+    its items (let go of as it is forgotten)."""
+    from distributed.utils_test import async_poll_for
+
+    await async_poll_for(lambda: f"closed-{tag}" in s.extensions["variables"].variables, timeout=30)
+    await async_poll_for(lambda: not s.plugins["dask-coro-streams"].books, timeout=30)
+    await async_poll_for(lambda: not [k for k in s.tasks if "endless" in str(k)], timeout=30)
+
+
+def waits_behind_a_gate(tmp_path, root_of, n: int, timeout: float):
+    """``root_of(gate_key)``, a tree of ``n`` bodies waiting on a gate, on a
+    LocalCluster of one worker process with one thread. The gate needs a
+    resource no worker has: it stays pending while the bodies wait on it,
+    and they hold no thread meanwhile (at most 10 more than the worker's,
+    for the event loop and the like); it runs once a worker that has it
+    joins. Gives the root's result."""
+    from distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as lc, Client(lc) as client:
+        (worker,) = workers_now(client)
+        gate = client.submit(lambda: 1, resources={"GATE": 1}, pure=False)
+        root = client.compute(root_of(gate.key))
+        peak, nthreads = peak_threads_until_waiting(client, worker, n + 1)
+        assert not root.done()
+        assert peak <= nthreads + 10, (peak, nthreads)
+        gate_worker = start_worker(lc.scheduler_address, tmp_path, "--resources", "GATE=1")
+        try:
+            return root.result(timeout=timeout)
+        finally:
+            gate_worker.terminate()
+            gate_worker.wait(timeout=30)

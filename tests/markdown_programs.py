@@ -1,6 +1,6 @@
 """The Python blocks of a Markdown page as programs, run as a reader who saved
-them would run them (tests/test_readme.py for README.md,
-tests/test_docs_programs.py for docs/*.md).
+them would run them (tests/project/test_readme.py for README.md,
+tests/project/test_docs_programs.py for docs/*.md).
 
 Every ```` ```python ```` block is a complete program unless an HTML comment
 on the line right before it says otherwise:

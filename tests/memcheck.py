@@ -32,6 +32,7 @@ import sys
 from collections.abc import Callable
 
 import dask
+from bodies import leaf
 
 import dask_coro
 from dask_coro import coroutine, gather, result
@@ -39,11 +40,6 @@ from dask_coro.core import accel, engine
 from dask_coro.examples import fib
 from dask_coro.runtime.call import CoroutineTask, trampoline
 from dask_coro.runtime.local import run_local
-
-
-@coroutine
-def leaf(x, k=0):
-    return x + k
 
 
 @coroutine
@@ -164,7 +160,7 @@ def leaks(rounds: int, per_round: int) -> int:
 #: The engine's tests run under valgrind too (--valgrind): every path of the
 #: compiled loop they reach, on both engines (conftest.engine). Those that
 #: start processes are left out: their children would not run under it.
-ENGINE_TESTS = ["tests/test_engines.py", "tests/test_inline_pure.py", "tests/test_result_pure.py"]
+ENGINE_TESTS = ["tests/core/test_engines.py", "tests/core/test_trampoline_inline.py", "tests/core/test_trampoline_result.py"]
 LEFT_OUT = "not worker_processes and not pure_forces"
 
 

@@ -1,5 +1,5 @@
 """Running the notebooks of notebooks/ as a user would (a Jupyter kernel,
-nbclient), for tests/test_notebooks.py and to store them executed.
+nbclient), for tests/project/test_notebooks.py and to store them executed.
 
 Re-execute every notebook and store it with its outputs (run from the
 repository's root, after changing a notebook or what it shows)::

@@ -5,21 +5,29 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
+import dask
+from bodies import boom  # the modules that took it from here
 from distributed import Variable
+from filelog import append as _append
 
 from dask_coro import coroutine, emit
 from dask_coro.examples import afib, fib, generate_data, inc, my_len, process_all  # noqa: F401
 
 
-@coroutine
-def process_all_checked():
-    """process_all, also returning the list it saw, to check the total."""
-    L = generate_data()
+def total_and_data(L):
+    """process_all's steps over the list ``L`` (for ``yield from`` in a
+    body): the total of ``inc`` over its items, then ``L`` itself."""
     n = yield my_len(L)
     processed = [inc(L[i]) for i in range(n)]
     total = yield sum(processed)
     data = yield L
     return total, data
+
+
+@coroutine
+def process_all_checked():
+    """process_all, also returning the list it saw, to check the total."""
+    return (yield from total_and_data(generate_data()))
 
 
 @coroutine
@@ -33,17 +41,7 @@ def process_all_pure(n):
     made by a pure task. Under worker loss a lost result is computed again:
     a task that returns random values (generate_data) may then give a later
     consumer another list than an earlier one saw, in plain Dask as here."""
-    L = data_of_length(n)
-    k = yield my_len(L)
-    processed = [inc(L[i]) for i in range(k)]
-    total = yield sum(processed)
-    data = yield L
-    return total, data
-
-
-@coroutine
-def boom(x):
-    raise ValueError(f"boom {x}")  # BOOM-LINE
+    return (yield from total_and_data(data_of_length(n)))
 
 
 @coroutine
@@ -108,3 +106,27 @@ def held_producer(tag):
     item, so that consumer waits while it is held), then one item."""
     yield runs_until_released(tag)
     yield emit(tag)
+
+
+def list_leaf(i, folder):
+    """A list of 1,000 ``i``, logging ``i`` to ``FOLDER/leaves`` when it runs."""
+    _append(folder, "leaves", str(i))
+    return [i] * 1000
+
+
+def list_add(x, y):
+    return [a + b for a, b in zip(x, y)]
+
+
+def tree_sum(n, folder):
+    """A tree reduction (plain Dask) of ``n`` ``list_leaf`` by ``list_add``:
+    the keys ``leaf-{i}`` and ``add-{depth}-{i}``."""
+    level = [dask.delayed(list_leaf, pure=True)(i, folder, dask_key_name=f"leaf-{i}") for i in range(n)]
+    depth = 0
+    while len(level) > 1:
+        level = [
+            dask.delayed(list_add, pure=True)(level[i], level[i + 1], dask_key_name=f"add-{depth}-{i}")
+            for i in range(0, len(level), 2)
+        ]
+        depth += 1
+    return level[0]

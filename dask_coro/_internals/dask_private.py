@@ -1,6 +1,6 @@
 """Every use of dask's private or undocumented API, in one place.
 
-Checked against dask 2026.8.0; ``tests/test_internals.py`` pins each
+Checked against dask 2026.8.0; ``tests/internals/test_internals.py`` pins each
 assumption, so a dask release that changes one fails a named test. Imports
 dask only (no distributed): the pure core may use it.
 """

@@ -25,7 +25,7 @@
  *
  * CPython's public C API (PyIter_Send: 3.10), 3.10 to 3.13, with the GIL.
  * Every entry checks what it is given: no call from Python, whatever its
- * arguments, crashes the interpreter (tests/test_engines.py calls each with
+ * arguments, crashes the interpreter (tests/core/test_engines.py calls each with
  * wrong ones).
  */
 #define PY_SSIZE_T_CLEAN

@@ -9,7 +9,7 @@ is a plain value, as dask returns it untouched), a dataclass instance (its
 Everything else is handed to ``classify``, which says whether it is a leaf to
 compute (True), a plain value to return as is (False), or raises (a set, which
 dask would walk, is refused there: it has no order to give results back in).
-``tests/test_structure.py`` compares the walk with ``dask.compute``.
+``tests/core/test_structure.py`` compares the walk with ``dask.compute``.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ _DATACLASS_FIELDS = "__dataclass_fields__"  # what dataclasses.is_dataclass look
 
 def is_namedtuple_instance(obj: Any) -> bool:
     """``dask.utils.is_namedtuple_instance``, restated (this module imports no
-    dask; ``tests/test_structure.py`` compares the two): a tuple with the
+    dask; ``tests/core/test_structure.py`` compares the two): a tuple with the
     namedtuple API."""
     return (
         isinstance(obj, tuple)

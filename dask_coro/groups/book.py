@@ -4,7 +4,7 @@ delivers them in.
 No distributed, no event loop, no thread: the glue (``group/api.py`` and
 ``group/worker.py``) feeds it what happened (a child spawned, finished,
 was cancelled) and does what it answers (start these children, deliver that
-one). Tests drive it alone (``tests/test_group_book.py``).
+one). Tests drive it alone (``tests/groups/test_group_book.py``).
 
 A child moves through::
 

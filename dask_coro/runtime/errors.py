@@ -16,7 +16,7 @@ it is (the same object, its traceback kept). The root's own error is left
 alone: the scheduler running it reports it as for any task.
 
 Plain Python and dask only (no distributed: local runs work without it);
-``tests/test_internals.py`` pins ``task_error`` against distributed's own
+``tests/internals/test_internals.py`` pins ``task_error`` against distributed's own
 ``error_message`` and ``clean_exception``.
 """
 

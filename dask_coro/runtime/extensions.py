@@ -131,7 +131,7 @@ What a feature may use of a run is ``Run``, and nothing else: its hooks
 get one, and so does a feature's code that runs in a body (a group, a
 stream: ``Trampoline.host``, a run, or a body run beside one,
 ``runtime/beside.py``). What a feature keeps per run goes in
-``run.notes[its name]``. ``tests/test_layout.py`` checks that every
+``run.notes[its name]``. ``tests/project/test_layout.py`` checks that every
 attribute the feature folders read of a run is declared here.
 """
 

@@ -9,7 +9,7 @@ handlers), ``batched`` (``BatchedSend``), ``collections`` (the scheduler
 queue's ``HeapSet``) and ``dashboard`` (the scheduler's dashboard).
 
 Checked against distributed 2026.8.0. Each function names what it relies on;
-``tests/test_internals.py`` pins each assumption against the installed
+``tests/internals/test_internals.py`` pins each assumption against the installed
 distributed, so a release that changes one fails a named test instead of
 hanging somewhere. Only the adapters (runners, plugins) import these modules;
 most import distributed as they are imported.

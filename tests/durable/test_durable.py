@@ -1,0 +1,650 @@
+"""Durable runs (``coro.durability.store``): a coroutine tree resumed from a
+store after the loss of its whole cluster and its client, every child
+stored before the loss reused without running; entries authenticated, so
+nobody gets in through the store; runs listed and forgotten."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import dask
+import pytest
+from distributed.utils_test import async_poll_for, captured_logger
+from filelog import append as _append
+from filelog import lines as _lines
+from helpers import cluster, dask_cli, recorder
+
+import dask_coro
+import dask_coro.durable.local
+from dask_coro import coroutine
+from dask_coro.core.keys import child_key, derive_key
+from dask_coro.durable.store import MAGIC, Store, StoreError
+
+HERE = Path(__file__).parents[1]  # tests/, where durable_program.py is
+
+# --------------------------------------------------------------------------
+# the store
+
+
+def _child(n: int) -> str:
+    return child_key(derive_key("inc", "root", 0, (n,)), f"token-{n}")
+
+
+def test_an_entry_reads_back_and_checks_its_key_and_token(tmp_path):
+    s = Store(str(tmp_path / "st"))
+    a, b = _child(1), _child(2)
+    with pytest.raises(FileNotFoundError):
+        s.put_child("root", a, 1)  # a run that has not started (or has finished): none stored
+    s.started("root")
+    assert s.put_child("root", a, {"x": 1})
+    assert s.put_child("root", b, ValueError("no"), error=True)
+    assert not s.put_child("root", "my-named-key", 1)  # a key the user named: not stored
+    assert s.get_child("root", a).value == {"x": 1}
+    found = s.get_child("root", b)
+    assert found.error and isinstance(found.value, ValueError)
+    assert s.stored_children("root") == {s.child_name(a), s.child_name(b)}
+    # An entry moved under another key's name is not that key's.
+    os.replace(s.child_path("root", a), s.child_path("root", b))
+    with captured_logger("dask_coro") as log:
+        assert s.get_child("root", b) is None
+    assert repr(b) in log.getvalue() and "another key" in log.getvalue()
+
+
+def test_an_arrays_data_is_stored_out_of_band_and_reads_back_writable(tmp_path):
+    np = pytest.importorskip("numpy")
+    s = Store(str(tmp_path / "st"))
+    s.started("root")
+    k = _child(4)
+    arr = np.arange(100_000, dtype="f8")
+    parts = s._pack_parts(k, k[-16:], arr, False)
+    assert [memoryview(p).nbytes for p in parts][-1] == arr.nbytes  # its data, not copied into the pickle
+    s.put_child("root", k, arr)
+    back = s.get_child("root", k).value
+    assert (back == arr).all() and back.flags.writeable
+    Path(s.child_path("root", k)).write_bytes(b"".join(parts)[:-1])  # torn: its buffers do not add up
+    with captured_logger("dask_coro") as log:
+        assert s.get_child("root", k) is None
+    assert repr(k) in log.getvalue()
+
+
+def test_the_key_file_is_made_with_the_store_for_its_owner_only(tmp_path):
+    s = Store(str(tmp_path / "st"))
+    s.mac_key
+    key = tmp_path / "st" / "key"
+    assert key.stat().st_mode & 0o777 == 0o600
+    assert Store(str(tmp_path / "st")).mac_key == s.mac_key  # the same key, read again
+    key.chmod(0o644)
+    with pytest.raises(StoreError, match="only its owner"):
+        Store(str(tmp_path / "st")).mac_key
+    with pytest.raises(StoreError, match=r"coro\.durability\.store-key"):
+        Store("memory://runs").mac_key
+    assert Store("memory://runs", secret="s3cret").mac_key == b"s3cret"
+
+
+def test_an_entry_of_another_key_or_corrupt_or_torn_is_never_unpickled(tmp_path):
+    s = Store(str(tmp_path / "st"))
+    k = _child(3)
+    s.started("root")
+    s.put_child("root", k, 3)
+    path = s.child_path("root", k)
+    good = Path(path).read_bytes()
+    marker = tmp_path / "pwned"
+    evil = pickle.dumps(_Opens(str(marker)))
+    other = Store(str(tmp_path / "other"))  # another store's key signed it
+    other_entry = other._pack(k, k[-16:], _Opens(str(marker)), False)
+    for data in (evil, MAGIC + evil, good[:-3], good[:40] + evil, other_entry):
+        Path(path).write_bytes(data)
+        with captured_logger("dask_coro") as log:
+            assert s.get_child("root", k) is None
+        assert repr(k) in log.getvalue()
+        assert not os.path.exists(path)  # dropped: computed and stored again
+    assert not marker.exists()
+
+
+class _Opens:
+    """A pickle that writes a file when it is loaded."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_runs_are_listed_and_forgotten_and_a_finished_one_keeps_its_result_only(tmp_path):
+    loc = str(tmp_path / "st")
+    s = Store(loc)
+    s.started("a")
+    s.put_child("a", _child(1), b"x" * 1000)
+    s.started(("b", 1))
+    s.put_child(("b", 1), _child(2), 2)
+    s.finished(("b", 1), 42)
+    s.started("c")
+    s.failed("c")
+    runs = {r.key: r for r in dask_coro.runs(store=loc)}
+    assert set(runs) == {"a", ("b", 1), "c"}
+    assert (runs["a"].state, runs["a"].children) == ("running", 1) and runs["a"].bytes > 1000
+    assert (runs[("b", 1)].state, runs[("b", 1)].children) == ("finished", 0)
+    assert s.result(("b", 1)).value == 42
+    assert runs["c"].state == "failed"
+    assert dask_coro.forget_run("a", store=loc)
+    assert not dask_coro.forget_run("a", store=loc)
+    assert {r.key for r in dask_coro.runs(store=loc)} == {("b", 1), "c"}
+    with dask.config.set({"coro.durability.store": loc}):
+        assert {r.key for r in dask_coro.runs()} == {("b", 1), "c"}
+    with pytest.raises(ValueError, match=r"coro\.durability\.store"):
+        dask_coro.runs()
+
+
+def test_the_command_line_lists_and_forgets_runs(tmp_path):
+    loc = str(tmp_path / "st")
+    s = Store(loc)
+    s.started("my-run")
+    s.put_child("my-run", _child(1), 1)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(
+        [sys.executable, "-m", "dask_coro", "runs", "--store", loc], capture_output=True, text=True, env=env,
+        cwd=HERE.parent, check=True,
+    ).stdout
+    assert "my-run" in out and "running" in out
+    out = subprocess.run(
+        [sys.executable, "-m", "dask_coro", "runs", "--store", loc, "--forget", "my-run"],
+        capture_output=True, text=True, env=env, cwd=HERE.parent, check=True,
+    ).stdout
+    assert "forgot" in out
+    assert dask_coro.runs(store=loc) == []
+
+
+# --------------------------------------------------------------------------
+# on a cluster
+
+
+def work(i, folder):
+    _append(folder, "executions", str(i))
+    return i * 10
+
+
+def failing(i, folder):
+    _append(folder, "executions", f"f{i}")
+    raise ZeroDivisionError(f"child {i}")
+
+
+@coroutine
+def two_yields(n, folder, fail_at_end):
+    xs = yield [dask.delayed(work)(i, folder) for i in range(n)]
+    ys = yield [dask.delayed(work)(100 + x, folder) for x in xs[:2]]
+    if fail_at_end:
+        raise ValueError("the run fails after its children")
+    return sum(xs) + sum(ys)
+
+
+def _executions(folder):
+    return Counter(_lines(folder, "executions"))
+
+
+async def _compute(c, s, call):
+    """``call``'s value, its key forgotten by the scheduler afterwards (a key
+    computed again is a new computation, as in a new program)."""
+    key = call.key
+    f = c.compute(call)
+    error = None
+    try:
+        value = await f
+    except Exception as e:
+        error = e.with_traceback(None)  # its frames hold the future
+    del f
+    await async_poll_for(lambda: key not in s.tasks, timeout=10)
+    if error is not None:
+        raise error
+    return value
+
+
+@cluster()
+async def test_a_run_again_reuses_every_stored_child_and_a_finished_one_its_result(c, s, a, b, tmp_path):
+    folder, store = str(tmp_path), str(tmp_path / "store")
+    with dask.config.set({"coro.durability.store": store}):
+        with pytest.raises(ValueError, match="fails after"):
+            await _compute(c, s, two_yields(5, folder, True, dask_key_name="run-1"))
+        first = _executions(folder)
+        assert sum(first.values()) == 7
+        [info] = dask_coro.runs()
+        assert (info.key, info.state, info.children) == ("run-1", "failed", 7)
+        # The program fixed: nothing computed again but the root's body.
+        assert await _compute(c, s, two_yields(5, folder, False, dask_key_name="run-1")) == 2200
+        assert _executions(folder) == first
+        [info] = dask_coro.runs()
+        assert (info.key, info.state, info.children) == ("run-1", "finished", 0)
+        # A finished run: its root's result, the body never runs.
+        assert await _compute(c, s, two_yields(5, folder, True, dask_key_name="run-1")) == 2200
+        assert _executions(folder) == first
+        # Another root key is another run.
+        assert await _compute(c, s, two_yields(5, folder, False, dask_key_name="run-2")) == 2200
+        assert sum(_executions(folder).values()) == 14
+    # Without the setting nothing is read or stored.
+    assert await _compute(c, s, two_yields(5, folder, False, dask_key_name="run-1")) == 2200
+    assert sum(_executions(folder).values()) == 21
+
+
+@coroutine
+def shifted(n, folder, shift, fail):
+    xs = yield [dask.delayed(work)(i + shift, folder) for i in range(n)]
+    if fail:
+        raise ValueError("fails")
+    return xs
+
+
+@cluster()
+async def test_a_child_whose_call_changed_is_computed_anew(c, s, a, b, tmp_path):
+    folder, store = str(tmp_path), str(tmp_path / "store")
+    with dask.config.set({"coro.durability.store": store}):
+        with pytest.raises(ValueError):
+            await _compute(c, s, shifted(3, folder, 0, True, dask_key_name="run"))
+        # The same slots, other calls: never the stored values.
+        assert await _compute(c, s, shifted(3, folder, 10, False, dask_key_name="run")) == [100, 110, 120]
+    assert sorted(_lines(folder, "executions")) == ["0", "1", "10", "11", "12", "2"]
+
+
+@coroutine
+def with_an_error(folder, fail):
+    try:
+        yield dask.delayed(failing)(1, folder)
+    except ZeroDivisionError as e:
+        caught = str(e)
+    x = yield dask.delayed(work)(2, folder)
+    if fail:
+        raise ValueError("fails")
+    return caught, x
+
+
+@cluster()
+async def test_a_stored_error_is_raised_again_at_its_yield(c, s, a, b, tmp_path):
+    folder, store = str(tmp_path), str(tmp_path / "store")
+    with dask.config.set({"coro.durability.store": store}):
+        with pytest.raises(ValueError):
+            await _compute(c, s, with_an_error(folder, True, dask_key_name="run"))
+        assert await _compute(c, s, with_an_error(folder, False, dask_key_name="run")) == ("child 1", 20)
+    assert _lines(folder, "executions") == ["f1", "2"]
+
+
+@coroutine
+def grouped(n, folder, fail):
+    out = []
+    with dask_coro.group() as g:
+        for i in range(n):
+            g.spawn(dask.delayed(work)(i, folder))
+        while g:
+            _, value = yield g.next()
+            out.append(value)
+    if fail:
+        raise ValueError("fails")
+    return sorted(out)
+
+
+@cluster()
+async def test_a_groups_stored_children_are_not_computed_again(c, s, a, b, tmp_path):
+    folder, store = str(tmp_path), str(tmp_path / "store")
+    with dask.config.set({"coro.durability.store": store}):
+        with pytest.raises(ValueError):
+            await _compute(c, s, grouped(4, folder, True, dask_key_name="run"))
+        assert await _compute(c, s, grouped(4, folder, False, dask_key_name="run")) == [0, 10, 20, 30]
+    assert sorted(_lines(folder, "executions")) == ["0", "1", "2", "3"]
+
+
+def slept(i, folder, seconds):
+    _append(folder, "executions", str(i))
+    time.sleep(seconds)
+    return i
+
+
+@coroutine
+def in_completion_order(n, folder, fail):
+    order = []
+    with dask_coro.group(timeout=600) as g:
+        for i in range(n):  # the first spawned finish last, the first time
+            g.spawn(dask.delayed(slept)(i, folder, 0.2 * (n - i)))
+        while g:
+            _, index = yield g.next()  # its value is its index
+            order.append(index)
+    if fail:
+        raise ValueError(repr((order, g.deadline)))
+    return order, g.deadline
+
+
+@cluster()
+async def test_a_groups_delivery_order_and_deadline_are_replayed_from_the_store(c, s, a, b, tmp_path):
+    """Run again on a scheduler that has forgotten the first run (as a new
+    cluster would), every child given from the store: the group delivers
+    them in the order the first run took them, with the first run's
+    deadline, not the order the store gives them in now."""
+    folder, store = str(tmp_path), str(tmp_path / "store")
+    with dask.config.set({"coro.durability.store": store}):
+        with pytest.raises(ValueError) as info:
+            await _compute(c, s, in_completion_order(5, folder, True, dask_key_name="run"))
+        await async_poll_for(_writes_done, timeout=10)
+        first_order, first_deadline = eval(str(info.value))
+        assert sorted(first_order) == list(range(5)) and first_order != list(range(5))
+        assert await _compute(c, s, in_completion_order(5, folder, False, dask_key_name="run")) == (
+            first_order, first_deadline
+        )
+    assert sorted(_lines(folder, "executions")) == ["0", "1", "2", "3", "4"]  # none again
+
+
+@cluster()
+async def test_a_forged_entry_is_computed_again_with_a_warning_and_never_loaded(c, s, a, b, tmp_path):
+    folder, store = str(tmp_path), str(tmp_path / "store")
+    marker = tmp_path / "pwned"
+    r = recorder(s)
+    with dask.config.set({"coro.durability.store": store}):
+        with pytest.raises(ValueError):
+            await _compute(c, s, shifted(3, folder, 0, True, dask_key_name="run"))
+        keys = sorted(set(r.ran("work")))
+        assert len(keys) == 3
+        entries = sorted((Path(store) / "runs").glob("*/children/*"))
+        assert len(entries) == 3
+        # Someone who can write the store but has not its key: a bare pickle,
+        # an entry with a made-up HMAC, one signed with another store's key.
+        evil = pickle.dumps(_Opens(str(marker)))
+        header = b'{"key": "x", "token": null, "error": false}'
+        made_up = MAGIC + bytes(32) + struct.pack("<I", len(header)) + header + evil
+        other = Store(str(tmp_path / "other"))
+        signed = [other._pack(k, k[-16:], _Opens(str(marker)), False) for k in keys]
+        for path, data in zip(entries, [evil, made_up, signed[0]]):
+            path.write_bytes(data)
+        with captured_logger("dask_coro") as log:
+            assert await _compute(c, s, shifted(3, folder, 0, False, dask_key_name="run")) == [0, 10, 20]
+    assert not marker.exists()
+    assert Counter(_lines(folder, "executions")) == {"0": 2, "1": 2, "2": 2}
+    warned = log.getvalue()
+    assert warned.count("is not used") == 3 and warned.count("HMAC") == 2
+    for key in keys:
+        assert repr(key) in warned  # each warning names the child's key
+
+
+def _writes_done():
+    w = dask_coro.durable.local.WRITES
+    return not w.queue and w.idle == w.threads
+
+
+def sized(i, folder, nbytes):
+    _append(folder, "executions", str(i))
+    return bytes(nbytes)
+
+
+@coroutine
+def long_loop(n, folder, fail):
+    total = 0
+    for i in range(n):  # one child at a time: each consumed before the next
+        total += len((yield dask.delayed(sized)(i, folder, 1000)))
+    if fail:
+        raise ValueError("fails")
+    return total
+
+
+@cluster()
+async def test_store_bytes_bounds_what_a_running_run_keeps_stored(c, s, a, b, tmp_path):
+    folder, store = str(tmp_path), str(tmp_path / "store")
+    n, bound = 20, 4096
+    with dask.config.set({"coro.durability.store": store, "coro.durability.store-bytes": bound}):
+        with pytest.raises(ValueError):
+            await _compute(c, s, long_loop(n, folder, True, dask_key_name="run"))
+        await async_poll_for(_writes_done, timeout=10)
+        [info] = dask_coro.runs()
+        assert 0 < info.children < n
+        entry = max(p.stat().st_size for p in Path(store).glob("runs/*/children/*"))
+        # Each worker (here, the process) stores until it wrote the bound: one entry past it at most.
+        assert sum(p.stat().st_size for p in Path(store).glob("runs/*/children/*")) < bound + entry
+        kept = info.children
+        # A resume computes the others again, and only those.
+        assert await _compute(c, s, long_loop(n, folder, False, dask_key_name="run")) == n * 1000
+    assert sum(_executions(folder).values()) == n + (n - kept)
+    with dask.config.set({"coro.durability.store-bytes": "lots"}), pytest.raises(ValueError, match="store-bytes"):
+        dask_coro._config.check()
+
+
+# --------------------------------------------------------------------------
+# the whole cluster and the client lost: SIGKILL, then the program again
+
+
+def _program(store, folder, n, slow) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE)])}
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "durable_program.py"), store, folder, str(n), str(slow)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+    )
+
+
+@pytest.mark.timeout(240)
+def test_a_run_killed_with_its_cluster_finishes_from_the_store(tmp_path):
+    """The program's process group (client, scheduler, worker processes)
+    SIGKILLed once the fast children are stored, while the slow ones run;
+    the same program again computes only those that were running."""
+    store, folder = str(tmp_path / "store"), str(tmp_path)
+    n, slow = 12, 3
+    (tmp_path / "hold").touch()
+    p = _program(store, folder, n, slow)
+    try:
+        deadline = time.monotonic() + 180
+        stored: list = []
+        while time.monotonic() < deadline and p.poll() is None:
+            stored = list((tmp_path / "store").glob("runs/*/children/*"))
+            ran = _executions(folder)
+            if len(stored) == n - slow and all(str(i) in ran for i in range(n - slow, n)):
+                break
+            time.sleep(0.1)
+        assert p.poll() is None, p.communicate()
+        assert len(stored) == n - slow, (sorted(ran), os.killpg(p.pid, signal.SIGKILL), p.communicate())
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+    [info] = dask_coro.runs(store=store)
+    assert (info.key, info.state, info.children) == ("durable-program", "running", n - slow)
+    (tmp_path / "hold").unlink()
+    p = _program(store, folder, n, slow)
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 0, err
+    assert int(out.split()[-1]) == sum(i * i for i in range(n))
+    ran = _executions(folder)
+    # Stored before the loss: never run again. Running at the loss: run again.
+    assert {str(i): ran[str(i)] for i in range(n - slow)} == {str(i): 1 for i in range(n - slow)}
+    assert {str(i): ran[str(i)] for i in range(n - slow, n)} == {str(i): 2 for i in range(n - slow, n)}
+    [info] = dask_coro.runs(store=store)
+    assert (info.state, info.children) == ("finished", 0)
+
+
+# --------------------------------------------------------------------------
+# the scheduler lost under a live client: SIGKILL, then a new scheduler at
+# the same address
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _cli_cluster(tmp_path, port, n_workers, run):
+    """``dask scheduler`` on 127.0.0.1:``port`` and ``n_workers`` ``dask
+    worker`` processes without a nanny (SIGKILL ends them), of 2 threads."""
+    procs = [dask_cli("scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", ":0",
+                      log=tmp_path / f"s{run}.log")]
+    for i in range(n_workers):
+        procs.append(dask_cli(
+            "worker", f"tcp://127.0.0.1:{port}", "--nthreads", "2", "--host", "127.0.0.1", "--no-nanny",
+            "--dashboard-address", ":0", "--local-directory", str(tmp_path / f"w{run}-{i}"),
+            log=tmp_path / f"w{run}-{i}.log",
+        ))
+    return procs
+
+
+def _kill(procs):
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+    for p in procs:
+        p.wait(timeout=30)
+
+
+@pytest.mark.timeout(240)
+def test_a_live_clients_durable_root_resumes_on_a_new_scheduler(tmp_path, monkeypatch):
+    """The scheduler and its workers SIGKILLed once the fast children are
+    stored, while the slow ones run; a new scheduler at the same address,
+    new workers: the client, still alive, sends its durable root again when
+    it reconnects and the user's Future gets the root's value. Children
+    stored before the loss do not run again; those running at the loss do."""
+    from distributed import Client
+    from durable_program import run
+
+    store, folder = str(tmp_path / "store"), str(tmp_path)
+    n, slow = 12, 3
+    monkeypatch.setenv("DASK_CORO__DURABILITY__STORE", store)
+    monkeypatch.setenv("DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION", "1.0")
+    (tmp_path / "hold").touch()
+    port = _free_port()
+    procs = _cli_cluster(tmp_path, port, 2, 0)
+    try:
+        with dask.config.set({"coro.durability.store": store}), Client(f"tcp://127.0.0.1:{port}", timeout=60) as c:
+            c.wait_for_workers(2, timeout=60)
+            future = c.compute(run(n, folder, slow, dask_key_name="durable-live-client"))
+            other = c.submit(sum, [1, 2])  # not a durable root: cancelled by the loss, as in distributed
+            assert other.result(timeout=60) == 3
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                stored = list((tmp_path / "store").glob("runs/*/children/*"))
+                ran = _executions(folder)
+                if len(stored) == n - slow and all(str(i) in ran for i in range(n - slow, n)):
+                    break
+                time.sleep(0.1)
+            assert len(stored) == n - slow, sorted(ran)
+            _kill(procs)
+            (tmp_path / "hold").unlink()
+            procs = _cli_cluster(tmp_path, port, 2, 1)
+            assert future.result(timeout=120) == sum(i * i for i in range(n))
+            assert other.status == "cancelled"
+    finally:
+        _kill(procs)
+    ran = _executions(folder)
+    assert {str(i): ran[str(i)] for i in range(n - slow)} == {str(i): 1 for i in range(n - slow)}
+    assert {str(i): ran[str(i)] for i in range(n - slow, n)} == {str(i): 2 for i in range(n - slow, n)}
+    [info] = dask_coro.runs(store=store)
+    assert (info.key, info.state, info.children) == ("durable-live-client", "finished", 0)
+
+
+@pytest.mark.timeout(240)
+def test_a_root_whose_worker_died_reads_its_lost_childrens_results_from_the_store(tmp_path, monkeypatch):
+    """The worker running the root and holding the fast children's results
+    SIGKILLed, while the slow children run on the other worker: the root runs
+    again there, and the fast children, whose results went with the dead
+    worker, come from the store instead of running again (without a store,
+    distributed computes a lost result again: each would run twice); the
+    slow ones, still running, are found (held for the root), as before."""
+    from distributed import Client
+    from durable_program import pinned
+
+    store, folder = str(tmp_path / "store"), str(tmp_path)
+    n, slow = 10, 2
+    monkeypatch.setenv("DASK_CORO__DURABILITY__STORE", store)
+    (tmp_path / "hold").touch()
+    port = _free_port()
+    procs = _cli_cluster(tmp_path, port, 2, 0)
+    try:
+        with dask.config.set({"coro.durability.store": store}), Client(f"tcp://127.0.0.1:{port}", timeout=60) as c:
+            c.wait_for_workers(2, timeout=60)
+            doomed, other = sorted(c.scheduler_info()["workers"])
+            pids = c.run(os.getpid)
+            root = pinned(n, folder, slow, doomed, other, dask_key_name="durable-worker-lost")
+            future = c.compute(root, workers=[doomed], allow_other_workers=True)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                stored = list((tmp_path / "store").glob("runs/*/children/*"))
+                ran = _executions(folder)
+                if len(stored) == n - slow and all(str(i) in ran for i in range(n - slow, n)):
+                    break
+                time.sleep(0.1)
+            assert len(stored) == n - slow, sorted(ran)
+            os.kill(pids[doomed], signal.SIGKILL)
+            (tmp_path / "hold").unlink()
+            assert future.result(timeout=120) == sum(i * i for i in range(n))
+    finally:
+        _kill(procs)
+    ran = _executions(folder)
+    assert {str(i): ran[str(i)] for i in range(n)} == {str(i): 1 for i in range(n)}
+
+
+# --------------------------------------------------------------------------
+# an S3-API store (a local moto server, as s3fs's own tests use)
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """The endpoint of a moto S3 server on 127.0.0.1, with a bucket ``runs``."""
+    pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        # Made here, the filesystem's IO threads (fsspec's loop, its
+        # executor) are there before a test starts: not leaked by it.
+        import boto3
+        import fsspec
+
+        boto3.client(
+            "s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+            region_name="us-east-1",
+        ).create_bucket(Bucket="runs")
+        fsspec.filesystem("s3", **_s3_settings(endpoint, "")["coro.durability.store-options"]).ls("runs")
+        yield endpoint
+    finally:
+        server.stop()
+
+
+def _s3_settings(endpoint, name):
+    return {
+        "coro.durability.store": f"s3://runs/{name}",
+        "coro.durability.store-key": "a-secret-shared-by-every-host",
+        "coro.durability.store-options": {
+            "endpoint_url": endpoint, "key": "testing", "secret": "testing",
+            "client_kwargs": {"region_name": "us-east-1"},
+        },
+    }
+
+
+@cluster()
+async def test_an_s3_store_resumes_a_run_and_refuses_forged_entries(c, s, a, b, tmp_path, s3_server):
+    folder, marker = str(tmp_path), tmp_path / "pwned"
+    settings = _s3_settings(s3_server, "resume")
+    with dask.config.set(settings):
+        with pytest.raises(ValueError):
+            await _compute(c, s, shifted(3, folder, 0, True, dask_key_name="run"))
+        [info] = dask_coro.runs()
+        assert (info.key, info.state, info.children) == ("run", "failed", 3)
+        # A resume from the store: nothing computed again.
+        with pytest.raises(ValueError):
+            await _compute(c, s, shifted(3, folder, 0, True, dask_key_name="run"))
+        assert sorted(_lines(folder, "executions")) == ["0", "1", "2"]
+        # Someone who can write the bucket but has not the store's key.
+        store = dask_coro.durable.local.store_of_settings()
+        entries = sorted(store.fs.fs.find(store.fs.join("runs")))
+        entries = [e for e in entries if "/children/" in e]
+        assert len(entries) == 3
+        other = Store(str(tmp_path / "other"))
+        evil = pickle.dumps(_Opens(str(marker)))
+        store.fs.fs.pipe_file(entries[0], evil)
+        store.fs.fs.pipe_file(entries[1], other._pack("x", None, _Opens(str(marker)), False))
+        with captured_logger("dask_coro") as log:
+            assert await _compute(c, s, shifted(3, folder, 0, False, dask_key_name="run")) == [0, 10, 20]
+        [info] = dask_coro.runs()
+        assert (info.state, info.children) == ("finished", 0)
+        assert dask_coro.forget_run("run") and dask_coro.runs() == []
+    assert not marker.exists()
+    assert sorted(Counter(_lines(folder, "executions")).values()) == [1, 2, 2]  # the 2 forged: again
+    assert log.getvalue().count("is not used") == 2
