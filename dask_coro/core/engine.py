@@ -464,7 +464,7 @@ class Trampoline(Counting, Stealing):
                     try:
                         body.close()
                     except BaseException as e:
-                        errors.append(e)
+                        errors.append(_closing_error(frame, body, e))
                 if frame.scope is not None:
                     self._ended(frame)
         finally:
@@ -1145,6 +1145,34 @@ class Trampoline(Counting, Stealing):
         frame.ann = None
         if frame.scope is not None:
             self._ended(frame)
+
+
+def _closing_error(frame: Frame, body: Any, error: BaseException) -> BaseException:
+    """What closing ``frame``'s body raised, as the caller reports it. A body
+    that yielded (or awaited) in its cleanup once ``GeneratorExit`` was raised
+    at its yield makes Python raise ``RuntimeError('generator ignored
+    GeneratorExit')``, which names neither the body nor the mistake: say both.
+    The body is then closed once more, so that its unfinished cleanup ends here
+    (``GeneratorExit`` at that yield) and not when it is garbage collected,
+    which would report the same error again."""
+    if type(error) is not RuntimeError or error.args not in _IGNORED_EXIT:
+        return error
+    waited = "awaited" if type(body) is _COROUTINE else "yielded"
+    clear = RuntimeError(
+        f"coroutine {frame.label!r} {waited} in its cleanup after it was cancelled; a cancelled "
+        f"body cannot wait: its finally blocks must not yield or await"
+    )
+    clear.__cause__ = error
+    try:
+        body.close()
+    except BaseException as again:  # still waiting: left to the collector, reported once
+        if type(again) is not RuntimeError or again.args not in _IGNORED_EXIT:
+            clear.__context__ = again
+    return clear
+
+
+#: What Python raises when a closed generator or coroutine yields instead of ending.
+_IGNORED_EXIT = (("generator ignored GeneratorExit",), ("coroutine ignored GeneratorExit",))
 
 
 def current_trampoline() -> Trampoline | None:

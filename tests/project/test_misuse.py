@@ -7,6 +7,7 @@ checks that it shows each one's message.
 from __future__ import annotations
 
 import asyncio
+import logging
 import pathlib
 import warnings
 from collections.abc import Callable
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 import dask
 import pytest
 from distributed import get_worker
+from distributed.utils_test import async_poll_for, captured_logger
+from filelog import append, lines
 from helpers import cluster
 
 import dask_coro
@@ -322,6 +325,9 @@ CLUSTER_MESSAGES = {
     "a coroutine computed synchronously inside an async task": "was called on a worker's event loop",
     "a bad setting on a worker": "coro.inline.interval: 'soon' is not a time interval",
     "a scheduler plugin that cannot be installed": "cannot install its scheduler plugin 'dask-coro-tree'",
+    "yield or await in a finally block of a cancelled body":
+        "in its cleanup after it was cancelled; a cancelled body cannot wait: its finally blocks must not "
+        "yield or await",
 }
 
 
@@ -361,6 +367,64 @@ async def test_cluster_misuses(c, s, a, monkeypatch):
     with pytest.raises(DaskCoroError, match=msgs["a coroutine computed synchronously inside an async task"]):
         await c.submit(_async_sync_compute)
     assert get_worker  # the worker functions above run on the cluster
+
+
+@coroutine
+def ticks(folder: str):
+    append(folder, "ticks", "tick")
+    return 0
+
+
+@coroutine
+def waits_in_cleanup(folder: str):
+    try:
+        while True:
+            yield ticks(folder)
+    finally:
+        yield ticks(folder)  # a cancelled body cannot wait
+
+
+@coroutine
+async def awaits_in_cleanup(folder: str):
+    try:
+        while True:
+            await ticks(folder)
+    finally:
+        await ticks(folder)
+
+
+@coroutine
+def parent_of(child: Callable[[str], object], folder: str):
+    return (yield child(folder))
+
+
+@pytest.mark.parametrize(
+    "name, waited, inline_child",
+    [("waits_in_cleanup", "yielded", False), ("awaits_in_cleanup", "awaited", False),
+     pytest.param("waits_in_cleanup", "yielded", True, marks=pytest.mark.inline)],
+)
+@cluster(nthreads=[("", 1)])
+async def test_a_cancelled_body_that_waits_in_cleanup(c, s, a, tmp_path, name, waited, inline_child):
+    """Its cleanup cannot wait: one warning names the body, its run's key and
+    the mistake (Python's own error, "generator ignored GeneratorExit", names
+    neither), whether it is the root or a call run inline."""
+    body = {"waits_in_cleanup": waits_in_cleanup, "awaits_in_cleanup": awaits_in_cleanup}[name]
+    folder = str(tmp_path)
+    call = parent_of(body, folder) if inline_child else body(folder)
+    with captured_logger("dask_coro", level=logging.WARNING) as log:
+        fut = c.compute(call)
+        await async_poll_for(lambda: len(lines(folder, "ticks")) >= 2, timeout=20)
+        key = fut.key
+        await c.cancel(fut)
+        await async_poll_for(lambda: CLUSTER_MESSAGES[_CLEANUP] in log.getvalue(), timeout=20)
+        await async_poll_for(lambda: not a.state.tasks, timeout=20)
+    found = [line for line in log.getvalue().splitlines() if "cleanup" in line]
+    assert len(found) == 1, found
+    assert f"coroutine {name!r} {waited} in its cleanup" in found[0]
+    assert repr(key) in found[0]
+
+
+_CLEANUP = "yield or await in a finally block of a cancelled body"
 
 
 def test_docs_list_every_misuse_with_its_message():
