@@ -23,10 +23,12 @@
  *       object as CoroutineFunction.__call__ (pure: runtime/call.py
  *       _MakesCalls) does, in C.
  *
- * CPython's public C API (PyIter_Send: 3.10), 3.10 to 3.13, with the GIL.
- * Every entry checks what it is given: no call from Python, whatever its
- * arguments, crashes the interpreter (tests/core/test_engines.py calls each with
- * wrong ones).
+ * CPython's public C API (PyIter_Send: 3.10), 3.10 to 3.13, with the GIL;
+ * one read beyond it, whether a step changed its context's variables
+ * (``ContextHead``: the layout is checked by ``setup``, which falls back to
+ * comparing contexts). Every entry checks what it is given: no call from
+ * Python, whatever its arguments, crashes the interpreter
+ * (tests/core/test_engines.py calls each with wrong ones).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -52,7 +54,7 @@ static PyObject *ZERO, *NO_KWARGS;
 static PyObject *TRAMP, *FRAME, *IDLE, *CALL, *PARTIAL, *IS_OWN, *OWN_SEEN, *ANN_VAR;
 /* slot offsets */
 static Py_ssize_t F_BODY, F_FUNC, F_DONE, F_UP, F_AT, F_INDEX, F_SHAPE, F_LEAVES, F_RESULTS,
-    F_TODO, F_NEXT, F_REMOTE, F_SENT, F_SCOPE, F_ANN, F_IS_ASYNC;
+    F_TODO, F_NEXT, F_REMOTE, F_SENT, F_SCOPE, F_ANN, F_IS_ASYNC, F_CTX;
 static Py_ssize_t C_FN, C_ARGS, C_KWARGS, C_NAME, C_INLINE, C_VALUE, C_ANN;
 static Py_ssize_t I_N, T_STOP;
 
@@ -397,7 +399,7 @@ spare_put(Spare *sp, PyObject *frame)
         return;
     }
     Py_ssize_t offs[] = {F_BODY, F_FUNC, F_UP, F_SHAPE, F_LEAVES, F_RESULTS, F_TODO,
-                         F_REMOTE, F_SCOPE, F_ANN, F_IS_ASYNC};
+                         F_REMOTE, F_SCOPE, F_ANN, F_IS_ASYNC, F_CTX};
     for (size_t k = 0; k < sizeof(offs) / sizeof(offs[0]); k++)
         Py_CLEAR(SLOT(frame, offs[k]));
     sp->f[sp->n++] = frame;
@@ -418,6 +420,162 @@ spare_free(Spare *sp)
         Py_DECREF(sp->f[--sp->n]);
 }
 
+/* -- the context a call steps in (engine._Scratch) ------------------------ */
+
+/* A call, and a body but the root's, steps in a copy of its parent's
+ * context (a frame's ``ctx``: None for the run's own), so that what it sets
+ * in a ContextVar reaches neither its parent nor its siblings. One copy
+ * serves every step that changes nothing in it: it stays entered across
+ * them, and a step that changed it hands it to the body stepped (its own
+ * context from then on). Whether a step changed it: whether the context's
+ * variables are another mapping (contexts share an immutable mapping, and a
+ * set makes a new one), read at the layout CPython 3.7 to 3.13 give a
+ * Context (checked once by ``setup``); else comparing it with the base,
+ * which costs more. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *prev;
+    PyObject *vars;
+} ContextHead;
+
+static int PEEK_VARS = 0; /* ContextHead is the layout of this Python's Context */
+
+typedef struct {
+    PyObject *ctx;  /* entered, or NULL */
+    PyObject *of;   /* the base it copies: Py_None or a Context */
+    PyObject *ref;  /* the base's variables: ``of``, or a copy of the run's context */
+    PyObject *vars; /* ctx's variables when made (held: compared by address) */
+} Scratch;
+
+/* Leave the copy (an error pending is kept). */
+static int
+scratch_leave(Scratch *sc)
+{
+    if (sc->ctx == NULL)
+        return 0;
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    int r = PyContext_Exit(sc->ctx);
+    Py_CLEAR(sc->ctx);
+    Py_CLEAR(sc->of);
+    Py_CLEAR(sc->ref);
+    Py_CLEAR(sc->vars);
+    if (t != NULL) {
+        if (r < 0)
+            PyErr_WriteUnraisable(NULL);
+        PyErr_Restore(t, v, tb);
+    }
+    return t != NULL ? 0 : r;
+}
+
+static int scratch_new(Scratch *sc, PyObject *base);
+
+/* Enter a copy of ``base`` (Py_None: of the context entered now, the
+ * run's), unless the one entered is one and unchanged. */
+static inline int
+scratch_enter(Scratch *sc, PyObject *base)
+{
+    if (sc->ctx != NULL && sc->of == base)
+        return 0;
+    return scratch_new(sc, base);
+}
+
+static int
+scratch_new(Scratch *sc, PyObject *base)
+{
+    Py_INCREF(base); /* held: leaving the copy frees what may run Python code */
+    if (scratch_leave(sc) < 0) {
+        Py_DECREF(base);
+        return -1;
+    }
+    PyObject *ref = base == Py_None ? PyContext_CopyCurrent() : Py_NewRef(base);
+    if (ref == NULL) {
+        Py_DECREF(base);
+        return -1;
+    }
+    if (!PyContext_CheckExact(ref)) {
+        PyErr_Format(PyExc_TypeError, "Frame.ctx must be a Context or None, not %R", ref);
+        Py_DECREF(ref);
+        Py_DECREF(base);
+        return -1;
+    }
+    PyObject *ctx = PyContext_Copy(ref);
+    if (ctx == NULL || PyContext_Enter(ctx) < 0) {
+        Py_XDECREF(ctx);
+        Py_DECREF(ref);
+        Py_DECREF(base);
+        return -1;
+    }
+    sc->ctx = ctx;
+    sc->of = base;
+    sc->ref = ref;
+    sc->vars = PEEK_VARS ? Py_XNewRef(((ContextHead *)ctx)->vars) : NULL;
+    return 0;
+}
+
+static PyObject *scratch_changed(Scratch *sc);
+
+/* After a step in the copy: NULL (no error set) if it changed nothing;
+ * else the copy (a new reference), left, the stepped body's own now. NULL
+ * with an error set on failure. */
+static inline PyObject *
+scratch_took(Scratch *sc)
+{
+    if (sc->ctx == NULL || (PEEK_VARS && ((ContextHead *)sc->ctx)->vars == sc->vars))
+        return NULL;
+    return scratch_changed(sc);
+}
+
+static PyObject *
+scratch_changed(Scratch *sc)
+{
+    if (!PEEK_VARS) {
+        int eq = PyObject_RichCompareBool(sc->ctx, sc->ref, Py_EQ);
+        if (eq < 0)
+            return NULL;
+        if (eq)
+            return NULL;
+    }
+    PyObject *took = Py_NewRef(sc->ctx);
+    if (scratch_leave(sc) < 0) {
+        Py_DECREF(took);
+        return NULL;
+    }
+    return took;
+}
+
+/* Whether ContextHead is how this Python lays a Context out: two copies
+ * share one mapping, a set in one gives it another. */
+static int
+check_context_layout(void)
+{
+    PyObject *a = PyContext_New(), *b = NULL, *var = NULL, *tok = NULL;
+    int ok = 0;
+    if (a == NULL)
+        goto done;
+    b = PyContext_Copy(a);
+    var = PyContextVar_New("dask_coro.layout", NULL);
+    if (b == NULL || var == NULL)
+        goto done;
+    PyObject *va = ((ContextHead *)a)->vars, *vb = ((ContextHead *)b)->vars;
+    if (va == NULL || va != vb || strcmp(Py_TYPE(va)->tp_name, "hamt") != 0)
+        goto done;
+    if (PyContext_Enter(a) < 0)
+        goto done;
+    tok = PyContextVar_Set(var, Py_True);
+    ok = tok != NULL && ((ContextHead *)a)->vars != va && ((ContextHead *)b)->vars == va &&
+         strcmp(Py_TYPE(((ContextHead *)a)->vars)->tp_name, "hamt") == 0;
+    if (PyContext_Exit(a) < 0)
+        ok = 0;
+done:
+    Py_XDECREF(tok);
+    Py_XDECREF(var);
+    Py_XDECREF(b);
+    Py_XDECREF(a);
+    PyErr_Clear();
+    return ok;
+}
+
 enum { SLOW = 0, BREAK = 1, DONE = 2 };
 enum { RETURNED = 1, RAISED = 2 }; /* engine._RETURNED, engine._RAISED */
 
@@ -430,18 +588,19 @@ typedef struct {
     int ended;
     Py_ssize_t fresh;
     PyObject *body, *func; /* owned, or NULL */
+    PyObject *fctx;        /* owned, or NULL: with fresh, the call's context */
 } Exit;
 
 static PyObject *
 exit_tuple(Exit *e)
 {
 #define OR_NONE(x) ((x) != NULL ? (x) : Py_NewRef(Py_None))
-    PyObject *r = Py_BuildValue("(iNnNNNNinNN)", e->code, e->top, e->countdown,
+    PyObject *r = Py_BuildValue("(iNnNNNNinNNN)", e->code, e->top, e->countdown,
                                 PyBool_FromLong(e->barren), OR_NONE(e->method),
                                 OR_NONE(e->arg), OR_NONE(e->out), e->ended, e->fresh,
-                                OR_NONE(e->body), OR_NONE(e->func));
+                                OR_NONE(e->body), OR_NONE(e->func), OR_NONE(e->fctx));
 #undef OR_NONE
-    e->top = e->method = e->arg = e->out = e->body = e->func = NULL;
+    e->top = e->method = e->arg = e->out = e->body = e->func = e->fctx = NULL;
     return r;
 }
 
@@ -454,6 +613,7 @@ exit_clear(Exit *e)
     Py_CLEAR(e->out);
     Py_CLEAR(e->body);
     Py_CLEAR(e->func);
+    Py_CLEAR(e->fctx);
 }
 
 /* A body yielded ``*y``, which the pure loop sets up: BREAK with the step
@@ -578,7 +738,7 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Format(PyExc_TypeError, "steps() runs calls of %R only, not %R", CALL, call_type);
         return NULL;
     }
-    Exit e = {SLOW, NULL, 0, 0, NULL, NULL, NULL, 0, -1, NULL, NULL};
+    Exit e = {SLOW, NULL, 0, 0, NULL, NULL, NULL, 0, -1, NULL, NULL, NULL};
     e.countdown = PyLong_AsSsize_t(args[3]);
     if (e.countdown == -1 && PyErr_Occurred())
         return NULL;
@@ -588,6 +748,8 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     e.top = Py_NewRef(args[1]);
     Py_ssize_t iters = 0; /* iterations begun */
     PyObject *y = NULL, *out = NULL, *leaf = NULL, *func = NULL, *cargs = NULL;
+    PyObject *fctx = NULL; /* the context of the call made last (owned), as Exit.fctx */
+    Scratch sc = {NULL, NULL, NULL, NULL};
     Spare spare = {{NULL}, 0};
     Py_ssize_t run_add = 0; /* calls of run[0] started, not yet added to run[1] */
     PyTypeObject *ctype = (PyTypeObject *)call_type;
@@ -637,7 +799,18 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                                                                 : PyList_AsTuple(results);
             if (value == NULL)
                 goto error;
+            PyObject *up = SLOT(top, F_UP), *tctx = SLOT(top, F_CTX);
+            if (up == NULL || tctx == NULL) {
+                Py_DECREF(value);
+                goto slow;
+            }
             Py_INCREF(body); /* before the stores: what they free may run Python code */
+            /* the root steps in the run's own context, the rest in a copy of theirs */
+            if ((up == Py_None ? scratch_leave(&sc) : scratch_enter(&sc, tctx)) < 0) {
+                Py_DECREF(value);
+                Py_DECREF(body);
+                goto error;
+            }
             set_slot(top, F_LEAVES, EMPTY);
             set_slot(top, F_RESULTS, EMPTY);
             set_slot(top, F_ANN, Py_None);
@@ -645,6 +818,11 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(value);
             Py_DECREF(body);
             if (rc == PYGEN_RETURN) {
+                /* what it set goes with it */
+                PyObject *took = scratch_took(&sc);
+                if (took == NULL && PyErr_Occurred())
+                    goto error;
+                Py_XDECREF(took);
                 /* the body returned y: its frame goes, its call has the value */
                 Py_ssize_t n = PyList_GET_SIZE(stack);
                 if (!n || PyList_GET_ITEM(stack, n - 1) != top) {
@@ -700,12 +878,24 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     goto error;
                 goto leave;
             }
-            /* it yielded y */
+            /* it yielded y: the annotations it set are read in its context */
             PyTypeObject *yt = Py_TYPE(y);
+            r = 0;
             if (yt == &PyList_Type || yt == &PyTuple_Type) {
                 r = ann_plain(&ann);
                 if (r < 0)
                     goto error;
+            }
+            {
+                PyObject *took = scratch_took(&sc);
+                if (took == NULL && PyErr_Occurred())
+                    goto error;
+                if (took != NULL) {
+                    set_slot(top, F_CTX, took);
+                    Py_DECREF(took);
+                }
+            }
+            if (yt == &PyList_Type || yt == &PyTuple_Type) {
                 Py_ssize_t index = int_slot(top, F_INDEX);
                 /* else (not an int, or one a Py_ssize_t does not hold) the
                  * pure loop sets the yield up */
@@ -828,9 +1018,36 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     goto error;
             }
         }
+        /* in a context of its own: a copy of top's (held: the call runs
+         * Python code) */
+        PyObject *tctx = SLOT(top, F_CTX);
+        if (tctx == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "ctx");
+            goto error;
+        }
+        Py_INCREF(tctx);
+        if (scratch_enter(&sc, tctx) < 0) {
+            Py_DECREF(tctx);
+            goto error;
+        }
         out = PyObject_Vectorcall(func, &PyTuple_GET_ITEM(cargs, 0), PyTuple_GET_SIZE(cargs),
                                   NULL);
         Py_CLEAR(cargs);
+        if (out != NULL) {
+            PyObject *took = scratch_took(&sc);
+            if (took == NULL && PyErr_Occurred()) {
+                Py_DECREF(tctx);
+                goto error;
+            }
+            if (took != NULL) {
+                Py_DECREF(tctx);
+                Py_XSETREF(fctx, took);
+            } else {
+                Py_XSETREF(fctx, tctx);
+            }
+        } else {
+            Py_DECREF(tctx);
+        }
         if (out == NULL) {
             /* it raised: the error goes to its parent's yield */
             PyObject *err = caught(tramp);
@@ -922,8 +1139,34 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     goto error;
                 goto leave_call;
             }
-            /* Its first step, here. */
+            /* Its first step, here, in its context. */
+            if (scratch_enter(&sc, fctx) < 0)
+                goto error;
             PySendResult rc = PyIter_Send(out, Py_None, &y);
+            /* the annotations it set at its yield, read in its context */
+            int plain_ann = 0;
+            if (rc == PYGEN_NEXT && (Py_TYPE(y) == &PyList_Type || Py_TYPE(y) == &PyTuple_Type) &&
+                stack_top(stack) == top) {
+                plain_ann = ann_plain(&ann);
+                if (plain_ann < 0) {
+                    Py_CLEAR(y);
+                    goto error;
+                }
+            }
+            if (rc != PYGEN_ERROR) {
+                PyObject *took = scratch_took(&sc);
+                if (took == NULL && PyErr_Occurred()) {
+                    Py_CLEAR(y);
+                    goto error;
+                }
+                if (took != NULL) {
+                    if (rc == PYGEN_NEXT) {
+                        Py_SETREF(fctx, took); /* its frame's */
+                    } else {
+                        Py_DECREF(took);
+                    }
+                }
+            }
             if (rc == PYGEN_RETURN) {
                 if (stack_top(stack) != top) { /* it waited, then returned */
                     e.code = BREAK;
@@ -952,10 +1195,7 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             }
             PyTypeObject *yt = Py_TYPE(y);
             if ((yt == &PyList_Type || yt == &PyTuple_Type) && stack_top(stack) == top) {
-                int r = ann_plain(&ann);
-                if (r < 0)
-                    goto error;
-                if (r && all_calls(y, ctype)) {
+                if (plain_ann && all_calls(y, ctype)) {
                     /* its frame, with this yield */
                     PyObject *new = spare_get(&spare);
                     if (new == NULL)
@@ -967,6 +1207,7 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     set_slot(new, F_SCOPE, Py_None);
                     set_slot(new, F_REMOTE, EMPTY);
                     set_slot(new, F_ANN, Py_None);
+                    set_slot(new, F_CTX, fctx);
                     if (set_int_slot(new, F_AT, pos) < 0 || set_int_slot(new, F_SENT, 0) < 0 ||
                         set_yield(new, y, 0) < 0 || PyList_Append(stack, new) < 0) {
                         Py_DECREF(new);
@@ -1014,6 +1255,9 @@ slow:
         /* stopped in its first iteration, before it did anything of it: the
          * pure loop goes on as it was */
         Py_CLEAR(e.top);
+        Py_CLEAR(fctx);
+        if (scratch_leave(&sc) < 0)
+            return NULL;
         return Py_NewRef(Py_None);
     }
     goto leave;
@@ -1024,6 +1268,11 @@ leave:
     if (run_flush(run, &run_add) < 0) {
         PyErr_WriteUnraisable(tramp);
     }
+    if (scratch_leave(&sc) < 0)
+        PyErr_WriteUnraisable(tramp);
+    if (e.fresh >= 0 && e.fctx == NULL)
+        e.fctx = Py_NewRef(fctx != NULL ? fctx : Py_None);
+    Py_CLEAR(fctx);
     spare_free(&spare);
     Py_XDECREF(y);
     Py_XDECREF(out);
@@ -1038,6 +1287,8 @@ error:
             PyErr_WriteUnraisable(tramp);
         PyErr_Restore(t, v, tb);
     }
+    scratch_leave(&sc);
+    Py_CLEAR(fctx);
     spare_free(&spare);
     Py_XDECREF(y);
     Py_XDECREF(out);
@@ -1406,11 +1657,11 @@ static const char *const SETUP_NAMES[] = {"Trampoline", "Frame", "NOT_DONE", "PE
 /* Frame's slots: all of them, each with what its offset goes to. */
 static const char *const FRAME_SLOTS[] = {"body",   "func",    "done", "up",     "at",    "index",
                                           "shape",  "leaves",  "results", "todo", "next",
-                                          "remote", "sent",    "scope", "ann",   "is_async"};
+                                          "remote", "sent",    "scope", "ann",   "is_async", "ctx"};
 static Py_ssize_t *const FRAME_OFFSETS[] = {&F_BODY,   &F_FUNC,   &F_DONE,    &F_UP,
                                             &F_AT,     &F_INDEX,  &F_SHAPE,   &F_LEAVES,
                                             &F_RESULTS, &F_TODO,  &F_NEXT,    &F_REMOTE,
-                                            &F_SENT,   &F_SCOPE,  &F_ANN,     &F_IS_ASYNC};
+                                            &F_SENT,   &F_SCOPE,  &F_ANN,     &F_IS_ASYNC, &F_CTX};
 #define NFRAME (sizeof(FRAME_SLOTS) / sizeof(FRAME_SLOTS[0]))
 
 /* setup(**engine's objects): what the loop shares with engine.py. Every
@@ -1447,8 +1698,11 @@ setup(PyObject *module, PyObject *args, PyObject *kw)
     for (size_t k = 0; k < NSETUP; k++)
         cur[k] = *now[k];
     int again = set_up_already("setup", cur, v, SETUP_NAMES, NSETUP);
+    if (again < 0)
+        return NULL;
     if (again)
-        return again < 0 ? NULL : Py_NewRef(Py_None);
+        return Py_NewRef(PEEK_VARS ? Py_True : Py_False);
+    PEEK_VARS = check_context_layout();
     for (size_t k = 0; k < NSETUP; k++)
         *now[k] = Py_NewRef(v[k]);
     for (size_t k = 0; k < NFRAME; k++)
@@ -1456,7 +1710,8 @@ setup(PyObject *module, PyObject *args, PyObject *kw)
     I_N = i_n;
     T_STOP = t_stop;
     READY = CALL != NULL;
-    Py_RETURN_NONE;
+    /* whether a step's change of context is seen at the cheap way */
+    return Py_NewRef(PEEK_VARS ? Py_True : Py_False);
 }
 
 static const char *const CALLS_NAMES[] = {"call_type", "partial", "is_own", "own_seen",
@@ -1526,7 +1781,7 @@ static PyMethodDef module_methods[] = {
      "own_annotations): Trampoline._steps's inner loop, the common case; returns None (it did "
      "nothing) or (code, top, countdown, barren, method, arg, out, ended, fresh, body, func)"},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
-     "setup(**objects of engine.py)"},
+     "setup(**objects of engine.py): whether a Context's layout is the one the loop reads"},
     {"setup_calls", (PyCFunction)(void (*)(void))setup_calls, METH_VARARGS | METH_KEYWORDS,
      "setup_calls(call_type=, partial=, is_own=, own_seen=, annotations=)"},
     {"fast_calls", fast_calls, METH_O, "fast_calls(cls): vectorcall for a FunctionBase subclass"},

@@ -57,7 +57,7 @@ from __future__ import annotations
 import hashlib
 import types
 from collections.abc import Callable, Sequence
-from contextvars import ContextVar
+from contextvars import Context, ContextVar, copy_context
 from typing import Any
 
 from dask.typing import Key
@@ -146,6 +146,7 @@ class Frame:
         "sent",
         "scope",
         "ann",
+        "ctx",
     )
 
     # Set by each yield (slots, declared for the type checker):
@@ -167,6 +168,10 @@ class Frame:
         self.remote: Sequence[int] = _EMPTY
         self.sent = 0
         self.ann: Any = None
+        #: The context its body's steps run in (a copy of it, see ``_Scratch``):
+        #: None for the run's own (the root's), else a ``contextvars.Context``,
+        #: its parent's while it changed no context variable.
+        self.ctx: Context | None = up.ctx if up is not None else None
         # The rest is set by each yield.
 
     @property
@@ -462,7 +467,10 @@ class Trampoline(Counting, Stealing):
                 if body is not None and not frame.done:
                     frame.done = True
                     try:
-                        body.close()
+                        if frame.ctx is None:
+                            body.close()
+                        else:  # its finally blocks see what it set
+                            frame.ctx.copy().run(body.close)
                     except BaseException as e:
                         errors.append(_closing_error(frame, body, e))
                 if frame.scope is not None:
@@ -508,6 +516,7 @@ class Trampoline(Counting, Stealing):
                 # last): it gets its frame now, as it would at its first yield.
                 pos = top.todo[top.next - 1]
                 frame = Frame(top.leaves[pos].__dask_coro_inline__, top, pos, None)
+                frame.ctx = copy_context()  # what the call changed so far is its own
                 made = True
         if made:
             stack.append(frame)
@@ -541,7 +550,7 @@ class Trampoline(Counting, Stealing):
                 if made:
                     stack.pop()
                 raise error
-        frame.body = _Parked(me, frame.body)
+        frame.body = _Parked(me, frame.body, frame.up is None)
         self.parked += 1
         if frame.remote and frame.todo:
             # Start the remote leaves now; they run while the inline ones do:
@@ -646,12 +655,25 @@ class Trampoline(Counting, Stealing):
         ended = 0
         foreign = False  # the body stepped awaited something of an event loop
         fast = self.fast
+        # Calls, and bodies but the root's, step in a context of their own.
+        scratch = _Scratch()
+        fctx: Any = None  # with fresh: the context of that call (its frame's, once it has one)
         while True:
             if method is not None:
                 # -- step a body: the one place ------------------------------
                 if method is not _STEPPED:
                     try:
-                        out = method(arg)
+                        if fresh >= 0:
+                            out = scratch.run(fctx, method, arg)
+                            if scratch.took is not None:
+                                fctx = scratch.took
+                        elif top.up is None:  # the root: in the run's own context
+                            scratch.ctx = None
+                            out = method(arg)
+                        else:
+                            out = scratch.run(top.ctx, method, arg)
+                            if scratch.took is not None:
+                                top.ctx = scratch.took
                     except StopIteration as stop:
                         out = stop.value
                         ended = _RETURNED
@@ -702,6 +724,7 @@ class Trampoline(Counting, Stealing):
                             new.remote = _EMPTY
                             new.sent = 0
                             new.ann = None
+                            new.ctx = fctx
                             top = new
                             push(top)
                         else:  # it waited in wait() before this yield: it has a frame
@@ -713,7 +736,9 @@ class Trampoline(Counting, Stealing):
                         return self._await(top, out)
                     # -- set up the yield ``out`` ----------------------------
                     vt: type[Any] | None = type(out)
-                    if (vt is list or vt is tuple) and ((a := ann_now()) is own or not a):
+                    if (vt is list or vt is tuple) and (
+                        (a := ann_now() if top.ctx is None else top.ctx.run(ann_now)) is own or not a
+                    ):
                         # The common yield, set up here: inline calls only.
                         for x in out:
                             if type(x) is not call_type or (
@@ -731,7 +756,10 @@ class Trampoline(Counting, Stealing):
                             top.next = 0
                             vt = None
                     if vt is not None:
-                        error = self._yielded(top, out)
+                        if top.ctx is None:
+                            error = self._yielded(top, out)
+                        else:  # what dask.annotate set in the body, read there
+                            error = top.ctx.run(self._yielded, top, out)
                         if error is not None:  # the yield itself was bad
                             method, arg = top.body.throw, error
                             continue
@@ -787,9 +815,10 @@ class Trampoline(Counting, Stealing):
                     # or the root returned (DONE). See accel.
                     r = fast(self, top, run, countdown, barren, stack, idle, call_type, ann_now, own)
                     if r is not None:
+                        scratch.ctx = None  # it may have stepped the root
                         top, countdown, barren = r[1], r[2], r[3]
                         if r[0] == _FAST_BREAK:
-                            method, arg, out, ended, fresh, body, func = r[4:]
+                            method, arg, out, ended, fresh, body, func, fctx = r[4:]
                             break
                         if r[0] == _FAST_DONE:
                             return Done(Returned(r[6]))
@@ -833,7 +862,13 @@ class Trampoline(Counting, Stealing):
                     # scope, whose next step yields a list or tuple of inline
                     # calls, or returns.
                     try:
-                        y = top.body.send(value)
+                        if top.up is None:
+                            scratch.ctx = None
+                            y = top.body.send(value)
+                        else:
+                            y = scratch.run(top.ctx, top.body.send, value)
+                            if scratch.took is not None:
+                                top.ctx = scratch.took
                     except StopIteration as stop:
                         value = stop.value
                         stack.pop()
@@ -859,7 +894,9 @@ class Trampoline(Counting, Stealing):
                         break
                     del value
                     yt = type(y)
-                    if (yt is list or yt is tuple) and ((a := ann_now()) is own or not a):
+                    if (yt is list or yt is tuple) and (
+                        (a := ann_now() if top.ctx is None else top.ctx.run(ann_now)) is own or not a
+                    ):
                         for x in y:
                             if type(x) is not call_type or (
                                 x.__dask_coro_inline__ is None
@@ -943,7 +980,9 @@ class Trampoline(Counting, Stealing):
                         run[0] = func
                         run[1] = 1
                 try:
-                    out = func(*args)
+                    # In a context of its own: a copy of top's (``_Scratch``).
+                    out = scratch.run(top.ctx, func, *args)
+                    fctx = top.ctx if scratch.took is None else scratch.took
                 except BaseException as e:
                     if self._closing:
                         raise  # unwinding a parked body (close)
@@ -970,7 +1009,9 @@ class Trampoline(Counting, Stealing):
                     # through the step above; the rest mostly yield a list or
                     # tuple of inline calls, and get their frame here.
                     try:
-                        y = out.send(None)
+                        y = scratch.run(fctx, out.send, None)
+                        if scratch.took is not None:
+                            fctx = scratch.took
                     except StopIteration as stop:
                         if stack[-1] is not top:  # it waited in wait(), then returned
                             fresh, body, method = pos, out, _STEPPED
@@ -991,7 +1032,7 @@ class Trampoline(Counting, Stealing):
                     if (
                         (yt is list or yt is tuple)
                         and stack[-1] is top
-                        and ((a := ann_now()) is own or not a)
+                        and ((a := ann_now() if fctx is None else fctx.run(ann_now)) is own or not a)
                     ):
                         for x in y:
                             if type(x) is not call_type or (
@@ -1012,6 +1053,7 @@ class Trampoline(Counting, Stealing):
                             new.remote = _EMPTY
                             new.sent = 0
                             new.ann = None
+                            new.ctx = fctx
                             n = len(y)
                             new.shape = yt
                             new.leaves = leaves = y
@@ -1145,6 +1187,45 @@ class Trampoline(Counting, Stealing):
         frame.ann = None
         if frame.scope is not None:
             self._ended(frame)
+
+
+class _Scratch:
+    """The context a call, or a body but the root's, steps in: each inline
+    call runs in a context of its own, a copy of its parent's taken when it
+    starts, kept by its body from step to step, so that what it sets in a
+    ``ContextVar`` never reaches its parent or its siblings (as a task's
+    does not reach the task that made it). A copy per call would cost more
+    than most calls: the steps run in one copy (``ctx``) of the base (``of``:
+    a frame's ``ctx``, or None for the run's own), as long as they change
+    nothing in it; a step that changed it takes it (``took``: it is the
+    stepped body's own context from then on) and the next step gets a new
+    copy. A frame's own context is never entered itself, only copies of it,
+    so it only changes when its body steps again."""
+
+    __slots__ = ("ctx", "of", "ref", "took")
+
+    def __init__(self) -> None:
+        self.ctx: Context | None = None
+        self.of: Context | None = None
+        self.ref: Context | None = None  # the content of ``of`` (the run's: a copy)
+        self.took: Context | None = None
+
+    def run(self, base: Context | None, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in a context that has ``base``'s variables; ``took``
+        is it if ``fn`` changed one, else None."""
+        ctx = self.ctx
+        if ctx is None or self.of is not base:
+            ref = self.ref = copy_context() if base is None else base
+            ctx = self.ctx = ref.copy()
+            self.of = base
+        try:
+            return ctx.run(fn, *args)
+        finally:
+            if ctx == self.ref:
+                self.took = None
+            else:
+                self.took = ctx
+                self.ctx = None
 
 
 def _closing_error(frame: Frame, body: Any, error: BaseException) -> BaseException:

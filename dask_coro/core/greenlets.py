@@ -32,11 +32,15 @@ class _Parked:
     Stepping it (``send``/``throw``, as the loop steps any body) raises
     ``_Transfer``: the loop returns it, and ``_enter`` switches to ``glet``."""
 
-    __slots__ = ("glet", "body")
+    __slots__ = ("glet", "body", "root")
 
-    def __init__(self, glet: greenlet, body: Any):
+    def __init__(self, glet: greenlet, body: Any, root: bool = True):
         self.glet = glet
         self.body = body  # the frame's generator or coroutine; None for a call
+        #: The root's: it waits in the run's own context, and resumes in the
+        #: caller's; a call waits in a context of its own (entered in
+        #: ``glet``: ``engine._Scratch``), and resumes in it.
+        self.root = root
 
     def send(self, value: Any) -> Any:
         raise _Transfer(self, value, None)
@@ -107,7 +111,8 @@ def _serve(job: Any) -> Any:
             # our caller); idle in the pool meanwhile.
             glet = out.parked.glet
             glet.parent = me.parent
-            glet.gr_context = me.gr_context
+            if out.parked.root:
+                glet.gr_context = me.gr_context
             pool.append(me)
             hand = _Handoff(out.value, out.error)  # the error with its traceback: the child's frames
             out = None

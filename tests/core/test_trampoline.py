@@ -280,7 +280,8 @@ def test_close_of_body_that_yields_in_finally_is_raised_runtime_error():
     d = started(body)
     (error,) = d.close()
     assert type(error) is RuntimeError
-    assert "ignored GeneratorExit" in str(error)
+    assert "yielded in its cleanup after it was cancelled" in str(error)
+    assert "ignored GeneratorExit" in str(error.__cause__)
     assert log == ["finally"]
     assert d.done is True
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import dataclasses
 import threading
 
@@ -670,4 +671,69 @@ def test_a_childs_error_has_the_type_a_task_gives_on_every_path(client, path, ki
             client.run(_set_idle, always=False)
     else:
         got = compute(path, client, catches_kind(kind, child))
+    assert got == want
+
+
+# -- a context variable set in a call stays in it ----------------------------
+
+CV: contextvars.ContextVar[str] = contextvars.ContextVar("dask_coro_test_paths", default="unset")
+
+
+@coroutine
+def sets_plain(x):
+    CV.set(x)
+    return CV.get()
+
+
+@coroutine
+def sets_then_yields(x):
+    CV.set(x)
+    inner = yield sets_plain(x + "-inner")
+    return CV.get(), inner  # its own, kept from step to step; not its child's
+
+
+@coroutine
+async def sets_then_awaits(x):
+    CV.set(x)
+    inner = await sets_plain(x + "-inner")
+    return CV.get(), inner
+
+
+@coroutine
+def parent_of_setters():
+    CV.set("parent")
+    got = yield [sets_plain("a"), sets_then_yields("b"), sets_then_awaits("c"), sets_plain("d")]
+    return got, CV.get()
+
+
+def _sets_in_a_task(x):
+    CV.set(x)
+    return CV.get()
+
+
+def plain_parent_of_setters():
+    """The same program as a worker_client task: what its children set
+    never reaches it."""
+    CV.set("parent")
+    with worker_client() as c:
+        got = c.gather([c.submit(_sets_in_a_task, x, pure=False) for x in "abcd"])
+    return got, CV.get()
+
+
+@pytest.mark.parametrize("path", [*PATHS, "stolen"])
+def test_a_context_variable_set_in_a_call_stays_in_it(client, path):
+    """A ContextVar a call sets (a plain function, a generator or an async
+    body, on any of its steps) reaches neither its caller nor its siblings,
+    whether it ran inline or as a task, as in plain Dask; a body keeps what
+    it set from one step to the next."""
+    assert client.submit(plain_parent_of_setters, pure=False).result() == (list("abcd"), "parent")
+    want = (["a", ("b", "b-inner"), ("c", "c-inner"), "d"], "parent")
+    if path == "stolen":  # every inline call handed out to an idle thread
+        client.run(_set_idle, always=True)
+        try:
+            got = compute("inline", client, parent_of_setters())
+        finally:
+            client.run(_set_idle, always=False)
+    else:
+        got = compute(path, client, parent_of_setters())
     assert got == want
