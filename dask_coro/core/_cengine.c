@@ -54,7 +54,7 @@ static PyObject *ZERO, *NO_KWARGS;
 static PyObject *TRAMP, *FRAME, *IDLE, *CALL, *PARTIAL, *IS_OWN, *OWN_SEEN, *ANN_VAR;
 /* slot offsets */
 static Py_ssize_t F_BODY, F_FUNC, F_DONE, F_UP, F_AT, F_INDEX, F_SHAPE, F_LEAVES, F_RESULTS,
-    F_TODO, F_NEXT, F_REMOTE, F_SENT, F_SCOPE, F_ANN, F_IS_ASYNC, F_CTX;
+    F_TODO, F_NEXT, F_REMOTE, F_SENT, F_SCOPE, F_ANN, F_CTX;
 static Py_ssize_t C_FN, C_ARGS, C_KWARGS, C_NAME, C_INLINE, C_VALUE, C_ANN;
 static Py_ssize_t I_N, T_STOP;
 
@@ -399,7 +399,7 @@ spare_put(Spare *sp, PyObject *frame)
         return;
     }
     Py_ssize_t offs[] = {F_BODY, F_FUNC, F_UP, F_SHAPE, F_LEAVES, F_RESULTS, F_TODO,
-                         F_REMOTE, F_SCOPE, F_ANN, F_IS_ASYNC, F_CTX};
+                         F_REMOTE, F_SCOPE, F_ANN, F_CTX};
     for (size_t k = 0; k < sizeof(offs) / sizeof(offs[0]); k++)
         Py_CLEAR(SLOT(frame, offs[k]));
     sp->f[sp->n++] = frame;
@@ -515,6 +515,43 @@ scratch_new(Scratch *sc, PyObject *base)
 
 static PyObject *scratch_changed(Scratch *sc);
 
+/* How a body steps (engine._Scratch.step): the root in the run's own
+ * context, a body that changed a variable once in its own (entered itself:
+ * what it sets before a yield it resets after it), any other in the copy. */
+enum { IN_RUN, IN_OWN, IN_COPY };
+
+static int
+step_enter(Scratch *sc, int how, PyObject *ctx)
+{
+    if (how == IN_COPY)
+        return scratch_enter(sc, ctx);
+    if (scratch_leave(sc) < 0)
+        return -1;
+    if (how == IN_RUN)
+        return 0;
+    if (!PyContext_CheckExact(ctx)) {
+        PyErr_Format(PyExc_TypeError, "Frame.ctx must be a Context or None, not %R", ctx);
+        return -1;
+    }
+    return PyContext_Enter(ctx);
+}
+
+/* Leave a body's own context after its step (an error pending is kept). */
+static int
+own_leave(PyObject *ctx)
+{
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    int r = PyContext_Exit(ctx);
+    if (t != NULL) {
+        if (r < 0)
+            PyErr_WriteUnraisable(NULL);
+        PyErr_Restore(t, v, tb);
+        return 0;
+    }
+    return r;
+}
+
 /* After a step in the copy: NULL (no error set) if it changed nothing;
  * else the copy (a new reference), left, the stepped body's own now. NULL
  * with an error set on failure. */
@@ -591,16 +628,57 @@ typedef struct {
     PyObject *fctx;        /* owned, or NULL: with fresh, the call's context */
 } Exit;
 
+/* What steps() returns where it stopped having done something: a named
+ * result (``_cengine.Exit``, a struct sequence made once), the pure loop's
+ * locals by name. */
+static PyStructSequence_Field EXIT_FIELDS[] = {
+    {"code", "SLOW (go on from here), BREAK (step a body) or DONE (the root returned)"},
+    {"top", "the top frame"},
+    {"countdown", "calls left before cancelled() is asked"},
+    {"barren", "a look found nothing to hand out, no yield of calls since"},
+    {"method", "with BREAK: the step to take (a body's send or throw), or STEPPED"},
+    {"arg", "what to send or throw"},
+    {"out", "with STEPPED: what the step came to; with DONE: the root's value"},
+    {"ended", "with STEPPED: 0 (it yielded out), RETURNED or RAISED"},
+    {"fresh", "the position of the call whose body is stepped with no frame yet, or -1"},
+    {"body", "with fresh: that body"},
+    {"func", "with fresh: that call's function"},
+    {"ctx", "with fresh: that call's context (Frame.ctx)"},
+    {NULL, NULL},
+};
+static PyStructSequence_Desc EXIT_DESC = {
+    "dask_coro.core._cengine.Exit", "Where steps() stopped, and what the pure loop goes on with.",
+    EXIT_FIELDS, 12,
+};
+static PyTypeObject *EXIT_TYPE;
+
+static void exit_clear(Exit *e);
+
 static PyObject *
-exit_tuple(Exit *e)
+exit_result(Exit *e)
 {
+    PyObject *r = PyStructSequence_New(EXIT_TYPE);
+    if (r == NULL) {
+        exit_clear(e);
+        return NULL;
+    }
 #define OR_NONE(x) ((x) != NULL ? (x) : Py_NewRef(Py_None))
-    PyObject *r = Py_BuildValue("(iNnNNNNinNNN)", e->code, e->top, e->countdown,
-                                PyBool_FromLong(e->barren), OR_NONE(e->method),
-                                OR_NONE(e->arg), OR_NONE(e->out), e->ended, e->fresh,
-                                OR_NONE(e->body), OR_NONE(e->func), OR_NONE(e->fctx));
+    PyObject *v[12] = {PyLong_FromLong(e->code), e->top, PyLong_FromSsize_t(e->countdown),
+                       PyBool_FromLong(e->barren), OR_NONE(e->method), OR_NONE(e->arg),
+                       OR_NONE(e->out), PyLong_FromLong(e->ended), PyLong_FromSsize_t(e->fresh),
+                       OR_NONE(e->body), OR_NONE(e->func), OR_NONE(e->fctx)};
 #undef OR_NONE
     e->top = e->method = e->arg = e->out = e->body = e->func = e->fctx = NULL;
+    int bad = 0;
+    for (int k = 0; k < 12; k++) {
+        if (v[k] == NULL)
+            bad = 1;
+        PyStructSequence_SET_ITEM(r, k, v[k] != NULL ? v[k] : Py_NewRef(Py_None));
+    }
+    if (bad) {
+        Py_DECREF(r);
+        return NULL;
+    }
     return r;
 }
 
@@ -804,11 +882,22 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 Py_DECREF(value);
                 goto slow;
             }
-            Py_INCREF(body); /* before the stores: what they free may run Python code */
-            /* the root steps in the run's own context, the rest in a copy of theirs */
-            if ((up == Py_None ? scratch_leave(&sc) : scratch_enter(&sc, tctx)) < 0) {
+            int how = IN_RUN;
+            if (up != Py_None) {
+                PyObject *uctx = Py_TYPE(up) == (PyTypeObject *)FRAME ? SLOT(up, F_CTX) : NULL;
+                if (uctx == NULL) {
+                    Py_DECREF(value);
+                    goto slow;
+                }
+                how = tctx == uctx ? IN_COPY : IN_OWN;
+            }
+            /* held before the stores: what they free may run Python code */
+            Py_INCREF(body);
+            Py_INCREF(tctx);
+            if (step_enter(&sc, how, tctx) < 0) {
                 Py_DECREF(value);
                 Py_DECREF(body);
+                Py_DECREF(tctx);
                 goto error;
             }
             set_slot(top, F_LEAVES, EMPTY);
@@ -817,12 +906,29 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PySendResult rc = PyIter_Send(body, value, &y);
             Py_DECREF(value);
             Py_DECREF(body);
-            if (rc == PYGEN_RETURN) {
-                /* what it set goes with it */
+            /* the annotations it set at its yield, read in its context */
+            PyTypeObject *yt = rc == PYGEN_NEXT ? Py_TYPE(y) : NULL;
+            r = 0;
+            if (yt == &PyList_Type || yt == &PyTuple_Type)
+                r = ann_plain(&ann);
+            if (how == IN_OWN) {
+                if (own_leave(tctx) < 0)
+                    r = -1;
+            } else if (how == IN_COPY && rc != PYGEN_ERROR && r >= 0) {
+                /* what it set goes with it if it returned, else it is its own */
                 PyObject *took = scratch_took(&sc);
-                if (took == NULL && PyErr_Occurred())
-                    goto error;
-                Py_XDECREF(took);
+                if (took == NULL && PyErr_Occurred()) {
+                    r = -1;
+                } else if (took != NULL) {
+                    if (rc == PYGEN_NEXT)
+                        set_slot(top, F_CTX, took);
+                    Py_DECREF(took);
+                }
+            }
+            Py_DECREF(tctx);
+            if (r < 0)
+                goto error;
+            if (rc == PYGEN_RETURN) {
                 /* the body returned y: its frame goes, its call has the value */
                 Py_ssize_t n = PyList_GET_SIZE(stack);
                 if (!n || PyList_GET_ITEM(stack, n - 1) != top) {
@@ -878,23 +984,7 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     goto error;
                 goto leave;
             }
-            /* it yielded y: the annotations it set are read in its context */
-            PyTypeObject *yt = Py_TYPE(y);
-            r = 0;
-            if (yt == &PyList_Type || yt == &PyTuple_Type) {
-                r = ann_plain(&ann);
-                if (r < 0)
-                    goto error;
-            }
-            {
-                PyObject *took = scratch_took(&sc);
-                if (took == NULL && PyErr_Occurred())
-                    goto error;
-                if (took != NULL) {
-                    set_slot(top, F_CTX, took);
-                    Py_DECREF(took);
-                }
-            }
+            /* it yielded y */
             if (yt == &PyList_Type || yt == &PyTuple_Type) {
                 Py_ssize_t index = int_slot(top, F_INDEX);
                 /* else (not an int, or one a Py_ssize_t does not hold) the
@@ -1033,7 +1123,11 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         out = PyObject_Vectorcall(func, &PyTuple_GET_ITEM(cargs, 0), PyTuple_GET_SIZE(cargs),
                                   NULL);
         Py_CLEAR(cargs);
-        if (out != NULL) {
+        if (out != NULL && PyGen_CheckExact(out) && stack_top(stack) == top) {
+            /* its body's first step runs here, in the same copy: the call's
+             * context is its parent's unless the two changed it (below) */
+            Py_XSETREF(fctx, tctx);
+        } else if (out != NULL) {
             PyObject *took = scratch_took(&sc);
             if (took == NULL && PyErr_Occurred()) {
                 Py_DECREF(tctx);
@@ -1139,9 +1233,7 @@ steps(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     goto error;
                 goto leave_call;
             }
-            /* Its first step, here, in its context. */
-            if (scratch_enter(&sc, fctx) < 0)
-                goto error;
+            /* Its first step, here, in the copy the call ran in. */
             PySendResult rc = PyIter_Send(out, Py_None, &y);
             /* the annotations it set at its yield, read in its context */
             int plain_ann = 0;
@@ -1278,7 +1370,7 @@ leave:
     Py_XDECREF(out);
     Py_XDECREF(leaf);
     Py_XDECREF(func);
-    return exit_tuple(&e);
+    return exit_result(&e);
 error:
     {
         PyObject *t, *v, *tb;
@@ -1657,11 +1749,11 @@ static const char *const SETUP_NAMES[] = {"Trampoline", "Frame", "NOT_DONE", "PE
 /* Frame's slots: all of them, each with what its offset goes to. */
 static const char *const FRAME_SLOTS[] = {"body",   "func",    "done", "up",     "at",    "index",
                                           "shape",  "leaves",  "results", "todo", "next",
-                                          "remote", "sent",    "scope", "ann",   "is_async", "ctx"};
+                                          "remote", "sent",    "scope", "ann",   "ctx"};
 static Py_ssize_t *const FRAME_OFFSETS[] = {&F_BODY,   &F_FUNC,   &F_DONE,    &F_UP,
                                             &F_AT,     &F_INDEX,  &F_SHAPE,   &F_LEAVES,
                                             &F_RESULTS, &F_TODO,  &F_NEXT,    &F_REMOTE,
-                                            &F_SENT,   &F_SCOPE,  &F_ANN,     &F_IS_ASYNC, &F_CTX};
+                                            &F_SENT,   &F_SCOPE,  &F_ANN,     &F_CTX};
 #define NFRAME (sizeof(FRAME_SLOTS) / sizeof(FRAME_SLOTS[0]))
 
 /* setup(**engine's objects): what the loop shares with engine.py. Every
@@ -1779,7 +1871,7 @@ static PyMethodDef module_methods[] = {
     {"steps", (PyCFunction)(void (*)(void))steps, METH_FASTCALL,
      "steps(tramp, top, run, countdown, barren, stack, idle, call_type, annotations_now, "
      "own_annotations): Trampoline._steps's inner loop, the common case; returns None (it did "
-     "nothing) or (code, top, countdown, barren, method, arg, out, ended, fresh, body, func)"},
+     "nothing) or an Exit: where it stopped, by name"},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_VARARGS | METH_KEYWORDS,
      "setup(**objects of engine.py): whether a Context's layout is the one the loop reads"},
     {"setup_calls", (PyCFunction)(void (*)(void))setup_calls, METH_VARARGS | METH_KEYWORDS,
@@ -1856,7 +1948,13 @@ PyInit__cengine(void)
     for (int i = 0; i < NSMALL; i++)
         if ((SMALL[i] = PyLong_FromLong(i)) == NULL)
             return NULL;
-    if (PyModule_AddIntConstant(m, "SLOW", SLOW) < 0 ||
+    EXIT_TYPE = PyStructSequence_NewType(&EXIT_DESC);
+    if (EXIT_TYPE == NULL) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(m, "Exit", (PyObject *)EXIT_TYPE) < 0 ||
+        PyModule_AddIntConstant(m, "SLOW", SLOW) < 0 ||
         PyModule_AddIntConstant(m, "BREAK", BREAK) < 0 ||
         PyModule_AddIntConstant(m, "DONE", DONE) < 0 ||
         PyModule_AddObjectRef(m, "FunctionBase", (PyObject *)&FunctionBase_Type) < 0) {

@@ -41,9 +41,12 @@ made it: while ``parked`` is non-zero, every call into the trampoline must
 come from that thread. Code that never calls ``wait`` parks nothing and
 costs one greenlet switch per call into the trampoline.
 
-This module is the stepping: ``Trampoline._steps`` is kept whole, as trio's
-``Runner`` and distributed's ``WorkerState`` keep theirs, since a call per
-inline call would cost more than the call itself. What is not stepping lives
+This module is the stepping, and the reference for the compiled loop
+(``_cengine.c``), which takes the same named steps for the common case:
+``Trampoline._steps`` steps a body in the context the rules give it
+(``_Scratch.step``), makes a frame (``_frame``), sets up a yield (``_yield``,
+else ``_yielded``), runs the next inline call and delivers its value
+(``_deliver``). What is not stepping lives
 beside it, where the loop reaches it only off the hot path: ``calls.py``
 (what the engine needs of a call, ``Request``), ``stealing.py`` (which
 unstarted calls are handed out, and when; ``Idle``), ``counts.py`` (calls
@@ -55,6 +58,7 @@ loop calls them as before.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import types
 from collections.abc import Callable, Sequence
 from contextvars import Context, ContextVar, copy_context
@@ -131,7 +135,6 @@ class Frame:
 
     __slots__ = (
         "body",
-        "is_async",
         "func",
         "done",
         "up",
@@ -156,23 +159,21 @@ class Frame:
     todo: Sequence[int]  # positions to run inline
     next: int  # how many of ``todo`` started
 
-    def __init__(self, func: Any, up: Frame | None, at: int, body: Any) -> None:
-        self.body = body  # a generator or coroutine object; None once ended
-        self.is_async = type(body) is _COROUTINE
-        self.func = func
-        self.done = False
-        self.up = up
-        self.at = at
-        self.index = -1
-        self.scope: Scope[Any] | None = None
-        self.remote: Sequence[int] = _EMPTY
-        self.sent = 0
-        self.ann: Any = None
-        #: The context its body's steps run in (a copy of it, see ``_Scratch``):
-        #: None for the run's own (the root's), else a ``contextvars.Context``,
-        #: its parent's while it changed no context variable.
-        self.ctx: Context | None = up.ctx if up is not None else None
-        # The rest is set by each yield.
+    # The rest is set by its yields (``_frame`` makes a frame).
+    body: Any  # a generator or coroutine object; None once ended
+    func: Any
+    done: bool
+    up: Frame | None
+    at: int
+    index: int  # of the current yield
+    scope: Scope[Any] | None
+    remote: Sequence[int]
+    sent: int
+    ann: Any
+    #: The context its body steps in (``_Scratch``): None for the run's own
+    #: (the root's), else a ``contextvars.Context``: its parent's while its
+    #: body changed no context variable (it steps in a copy), else its own.
+    ctx: Context | None
 
     @property
     def label(self) -> str:
@@ -467,10 +468,10 @@ class Trampoline(Counting, Stealing):
                 if body is not None and not frame.done:
                     frame.done = True
                     try:
-                        if frame.ctx is None:
-                            body.close()
-                        else:  # its finally blocks see what it set
-                            frame.ctx.copy().run(body.close)
+                        # In its context, as its steps (``_Scratch``): its
+                        # finally blocks see what it set, and reset it.
+                        up = _ROOT if frame.up is None else frame.up.ctx
+                        _Scratch().step(frame.ctx, up, type(body).close, body)
                     except BaseException as e:
                         errors.append(_closing_error(frame, body, e))
                 if frame.scope is not None:
@@ -503,7 +504,7 @@ class Trampoline(Counting, Stealing):
         made = False
         if not stack:
             # The root is a plain function, waiting before it returned.
-            frame = Frame(self.name, None, 0, None)
+            frame = _frame(self.name, None, 0, None, None)
             frame.scope = self._root_scope
             made = True
         else:
@@ -515,36 +516,14 @@ class Trampoline(Counting, Stealing):
                 # A call of top's current yield is running (the one started
                 # last): it gets its frame now, as it would at its first yield.
                 pos = top.todo[top.next - 1]
-                frame = Frame(top.leaves[pos].__dask_coro_inline__, top, pos, None)
-                frame.ctx = copy_context()  # what the call changed so far is its own
+                # What the call changed so far is its own.
+                frame = _frame(top.leaves[pos].__dask_coro_inline__, top, pos, None, copy_context())
                 made = True
         if made:
             stack.append(frame)
         if type(value) is Request:
             value = value.value
-        vt = type(value)
-        call_type = self.call_type
-        if (
-            (vt is list or vt is tuple)
-            and all(
-                type(x) is call_type
-                and (x.__dask_coro_inline__ is not None or x.__dask_coro_value__ is not NOT_DONE)
-                for x in value
-            )
-            and self.annotated() is None
-        ):
-            # The common wait, set up as the loop sets up the common yield.
-            frame.ann = None
-            frame.index += 1
-            frame.shape = vt
-            frame.leaves = value
-            frame.results = [_PENDING] * len(value)
-            n = len(value)
-            frame.todo = _RANGES[n] if n < _NRANGES else tuple(range(n))
-            frame.next = 0
-            frame.remote = _EMPTY
-            frame.sent = 0
-        else:
+        if not self._yield(frame, value, self.annotations_now()):
             error = self._yielded(frame, value)
             if error is not None:
                 if made:
@@ -598,7 +577,7 @@ class Trampoline(Counting, Stealing):
         if stack:
             stack[0].body = body  # it waited, then returned a body to run
         else:
-            root = Frame(self.name, None, 0, body)
+            root = _frame(self.name, None, 0, body, None)
             root.scope = self._root_scope
             stack.append(root)
         return self._loop(body.send, None)
@@ -631,47 +610,45 @@ class Trampoline(Counting, Stealing):
         ``throw``); None: go on with the top frame's current yield.
 
         The one place bodies are stepped, and the hot path of fine-grained
-        recursion: a call that returns without yielding never gets a frame
-        (``fresh`` is its position in the top frame's yield while its first
-        step runs; that step is taken right where the call is made, and a
-        body that returns at once is recorded there), and no step object is
-        made per yield or return. With ``run`` (counting), the calls started
-        are counted in runs of one function: ``run`` is ``[func, n]``."""
+        recursion, in four named parts that the compiled loop follows too:
+        *step a body* (``_Scratch.step``: in the context the rules give it),
+        *set up its yield* (``_yield``, or ``_yielded`` for any yield but a
+        list or tuple of inline calls), *run the next inline call* (a call and
+        its body's first step, in a copy of its parent's context) and
+        *deliver* a value to the leaf that asked for it (``_deliver``). A call
+        that returns without yielding never gets a frame (``fresh`` is its
+        position in the top frame's yield while a step of its body runs here;
+        a body that yields gets one, ``_frame``), and no step object is made
+        per yield or return. With ``run`` (counting), the calls started are
+        counted in runs of one function: ``run`` is ``[func, n]``."""
         stack = self.stack
-        push = stack.append
         idle = self.idle
         call_type = self.call_type
         countdown = self.check_every
-        # The annotations in effect at a yield, and the run's own: a yield
-        # under others is set up by _yielded (every leaf remote).
-        ann_now = self.annotations_now
-        own = self.own_annotations
+        ann_now = self.annotations_now  # the annotations in effect at a yield
         barren = False  # a look found nothing to hand out, no yield of calls since
         top = stack[-1]
         fresh = -1  # >= 0: the body stepped is a call of top's leaf ``fresh``, no frame yet
         body: Any = None  # with fresh: that body, made by calling ``func``
         func: Any = None
+        fctx: Any = None  # with fresh: that call's context (``Frame.ctx``)
         out: Any = None
         ended = 0
         foreign = False  # the body stepped awaited something of an event loop
         fast = self.fast
-        # Calls, and bodies but the root's, step in a context of their own.
         scratch = _Scratch()
-        fctx: Any = None  # with fresh: the context of that call (its frame's, once it has one)
         while True:
             if method is not None:
                 # -- step a body: the one place ------------------------------
                 if method is not _STEPPED:
                     try:
                         if fresh >= 0:
-                            out = scratch.run(fctx, method, arg)
+                            out = scratch.step(fctx, top.ctx, method, arg)
                             if scratch.took is not None:
                                 fctx = scratch.took
-                        elif top.up is None:  # the root: in the run's own context
-                            scratch.ctx = None
-                            out = method(arg)
                         else:
-                            out = scratch.run(top.ctx, method, arg)
+                            up = top.up
+                            out = scratch.step(top.ctx, _ROOT if up is None else up.ctx, method, arg)
                             if scratch.took is not None:
                                 top.ctx = scratch.took
                     except StopIteration as stop:
@@ -712,21 +689,9 @@ class Trampoline(Counting, Stealing):
                 if not ended:
                     if fresh >= 0:
                         if stack[-1] is top:
-                            # Its first yield: it gets its frame (``Frame``, made here).
-                            new = _new_frame(Frame)
-                            new.body = body
-                            new.func = func
-                            new.done = False
-                            new.up = top
-                            new.at = fresh
-                            new.index = -1
-                            new.scope = None
-                            new.remote = _EMPTY
-                            new.sent = 0
-                            new.ann = None
-                            new.ctx = fctx
-                            top = new
-                            push(top)
+                            # Its first yield: it gets its frame.
+                            top = _frame(func, top, fresh, body, fctx)
+                            stack.append(top)
                         else:  # it waited in wait() before this yield: it has a frame
                             top = stack[-1]
                             top.body = body
@@ -734,32 +699,10 @@ class Trampoline(Counting, Stealing):
                         body = None
                     if foreign:
                         return self._await(top, out)
-                    # -- set up the yield ``out`` ----------------------------
-                    vt: type[Any] | None = type(out)
-                    if (vt is list or vt is tuple) and (
-                        (a := ann_now() if top.ctx is None else top.ctx.run(ann_now)) is own or not a
-                    ):
-                        # The common yield, set up here: inline calls only.
-                        for x in out:
-                            if type(x) is not call_type or (
-                                x.__dask_coro_inline__ is None
-                                and x.__dask_coro_value__ is NOT_DONE
-                            ):
-                                break
-                        else:
-                            n = len(out)
-                            top.index += 1
-                            top.shape = vt
-                            top.leaves = out
-                            top.results = [_PENDING] * n
-                            top.todo = _RANGES[n] if n < _NRANGES else tuple(range(n))
-                            top.next = 0
-                            vt = None
-                    if vt is not None:
-                        if top.ctx is None:
-                            error = self._yielded(top, out)
-                        else:  # what dask.annotate set in the body, read there
-                            error = top.ctx.run(self._yielded, top, out)
+                    # -- set up the yield ``out``, in its body's context ------
+                    ctx = top.ctx
+                    if not self._yield(top, out, ann_now() if ctx is None else ctx.run(ann_now)):
+                        error = self._yielded(top, out) if ctx is None else ctx.run(self._yielded, top, out)
                         if error is not None:  # the yield itself was bad
                             method, arg = top.body.throw, error
                             continue
@@ -796,36 +739,32 @@ class Trampoline(Counting, Stealing):
                         self._abandon(top)
                         method, arg = top.body.throw, out
                         continue
-                    top.results[at] = out
-                    leaf = top.leaves[at]
-                    leaf.__dask_coro_value__ = out
-                    leaf.__dask_coro_inline__ = None
+                    _deliver(top, at, out)
                     out = None
-            # -- go on with top's current yield: the next inline leaf, else
-            # wait for the remote ones, else resume it ----------------------
+            # -- go on with top's current yield: the next inline call, else
+            # wait for the remote leaves, else resume it ---------------------
             todo = top.todo
             end = len(todo)
             leaves = top.leaves
-            results = top.results
             while True:
                 if fast is not None:
                     # The compiled loop runs the common case. Where it stops,
                     # this iteration runs here (None: it did nothing; SLOW:
                     # it went on from here), or a body is stepped (BREAK),
                     # or the root returned (DONE). See accel.
-                    r = fast(self, top, run, countdown, barren, stack, idle, call_type, ann_now, own)
+                    r = fast(self, top, run, countdown, barren, stack, idle, call_type, ann_now, self.own_annotations)
                     if r is not None:
                         scratch.ctx = None  # it may have stepped the root
-                        top, countdown, barren = r[1], r[2], r[3]
-                        if r[0] == _FAST_BREAK:
-                            method, arg, out, ended, fresh, body, func, fctx = r[4:]
+                        top, countdown, barren = r.top, r.countdown, r.barren
+                        if r.code == _FAST_BREAK:
+                            method, arg, out, ended = r.method, r.arg, r.out, r.ended
+                            fresh, body, func, fctx = r.fresh, r.body, r.func, r.ctx
                             break
-                        if r[0] == _FAST_DONE:
-                            return Done(Returned(r[6]))
+                        if r.code == _FAST_DONE:
+                            return Done(Returned(r.out))
                         todo = top.todo
                         end = len(todo)
                         leaves = top.leaves
-                        results = top.results
                 i = top.next
                 if i >= end:
                     # -- top's yield is done: resume it ----------------------
@@ -839,6 +778,7 @@ class Trampoline(Counting, Stealing):
                         # its yield as any other; ``run()`` resumes it here.
                         return Stopped()
                     shape = top.shape
+                    results = top.results
                     value: Any
                     if shape is list:
                         value = results
@@ -861,63 +801,52 @@ class Trampoline(Counting, Stealing):
                     # The common case, stepped here: a generator with no
                     # scope, whose next step yields a list or tuple of inline
                     # calls, or returns.
+                    up = top.up
+                    ctx = top.ctx
                     try:
-                        if top.up is None:
-                            scratch.ctx = None
-                            y = top.body.send(value)
-                        else:
-                            y = scratch.run(top.ctx, top.body.send, value)
+                        if up is None or ctx is not up.ctx:  # the root, or a body with a context of its own
+                            y = scratch.step(ctx, _ROOT if up is None else up.ctx, top.body.send, value)
                             if scratch.took is not None:
-                                top.ctx = scratch.took
+                                ctx = top.ctx = scratch.took
+                        else:  # in a copy of its parent's (as ``_Scratch.step``, here)
+                            copy = scratch.ctx
+                            if copy is None or scratch.base is not ctx:
+                                copy = scratch.copy(ctx)
+                            y = copy.run(top.body.send, value)
+                            if copy != scratch.ref:
+                                ctx = top.ctx = copy
+                                scratch.ctx = None
                     except StopIteration as stop:
-                        value = stop.value
+                        scratch.ended()
                         stack.pop()
                         top.done = True
                         top.body = None
                         if not stack:
-                            return Done(Returned(value))
+                            return Done(Returned(stop.value))
                         at = top.at
                         top = stack[-1]
-                        leaf = top.leaves[at]
-                        leaf.__dask_coro_value__ = value
-                        leaf.__dask_coro_inline__ = None
+                        _deliver(top, at, stop.value)
                         todo = top.todo
                         end = len(todo)
                         leaves = top.leaves
-                        results = top.results
-                        results[at] = value
                         continue
                     except BaseException as e:
                         if self._closing:
                             raise  # unwinding a parked body (close)
+                        scratch.ended()
                         method, out, ended = _STEPPED, e, _RAISED
                         break
                     del value
-                    yt = type(y)
-                    if (yt is list or yt is tuple) and (
-                        (a := ann_now() if top.ctx is None else top.ctx.run(ann_now)) is own or not a
-                    ):
-                        for x in y:
-                            if type(x) is not call_type or (
-                                x.__dask_coro_inline__ is None
-                                and x.__dask_coro_value__ is NOT_DONE
-                            ):
-                                break
-                        else:
-                            n = len(y)
-                            top.index += 1
-                            top.shape = yt
-                            top.leaves = leaves = y
-                            top.results = results = [_PENDING] * n
-                            top.todo = todo = _RANGES[n] if n < _NRANGES else tuple(range(n))
-                            top.next = 0
-                            end = n
-                            continue
+                    if self._yield(top, y, ann_now() if ctx is None else ctx.run(ann_now)):
+                        todo = top.todo
+                        end = len(todo)
+                        leaves = top.leaves
+                        continue
                     method, out, ended = _STEPPED, y, 0
                     if type(out) is Request:
                         out = out.value
                     break
-                # -- the next inline leaf -----------------------------------
+                # -- the next inline call -----------------------------------
                 # A look that found nothing to hand out (every frame's calls
                 # started, but top's next) finds nothing until a yield of two
                 # or more calls: the next look comes at that yield's first.
@@ -948,7 +877,7 @@ class Trampoline(Counting, Stealing):
                             self._abandon(top)
                             method, arg = top.body.throw, done.error
                             break
-                        results[pos] = done
+                        top.results[pos] = done
                         continue
                     # Handed out meanwhile at another position (the same call
                     # object yielded twice, stolen there): wait for that task.
@@ -979,13 +908,23 @@ class Trampoline(Counting, Stealing):
                             self._started(run[0], run[1])
                         run[0] = func
                         run[1] = 1
+                # The call, and its body's first step, in one copy of top's
+                # context (``_Scratch``): the call's own if they changed it.
+                base = top.ctx
+                ctx = scratch.ctx
+                if ctx is None or scratch.base is not base:
+                    ctx = scratch.copy(base)
                 try:
-                    # In a context of its own: a copy of top's (``_Scratch``).
-                    out = scratch.run(top.ctx, func, *args)
-                    fctx = top.ctx if scratch.took is None else scratch.took
+                    if type(func) is _FUNCTION and func.__code__.co_flags & _MAKES_BODY:
+                        # A generator or async function: the call runs none of
+                        # its code (its body's steps run in ``ctx``).
+                        out = func(*args)
+                    else:
+                        out = ctx.run(_call, func, args)
                 except BaseException as e:
                     if self._closing:
                         raise  # unwinding a parked body (close)
+                    scratch.ended()
                     if self.child_error is not None:
                         e = self.child_error(e)
                     _fail(leaf, e)
@@ -996,79 +935,50 @@ class Trampoline(Counting, Stealing):
                     self._abandon(top)
                     method, arg = top.body.throw, e
                     break
-                if type(out) is _GENERATOR:
-                    if stack[-1] is not top:
-                        # It waited, then returned a body: run that in its frame.
-                        fresh, body = -1, None
-                        top = stack[-1]
-                        top.body = out
-                        method, arg = out.send, None
-                        break
+                if type(out) is _GENERATOR and stack[-1] is top:
                     # Its first step, here: most calls of fine-grained
                     # recursion return at once, with no frame and no trip
                     # through the step above; the rest mostly yield a list or
                     # tuple of inline calls, and get their frame here.
                     try:
-                        y = scratch.run(fctx, out.send, None)
-                        if scratch.took is not None:
-                            fctx = scratch.took
+                        y = ctx.run(out.send, None)
                     except StopIteration as stop:
+                        if ctx != scratch.ref:  # what it set goes with it
+                            scratch.ctx = None
                         if stack[-1] is not top:  # it waited in wait(), then returned
                             fresh, body, method = pos, out, _STEPPED
                             out, ended = stop.value, _RETURNED
                             break
-                        out = stop.value
-                        results[pos] = out
-                        leaf.__dask_coro_value__ = out
-                        leaf.__dask_coro_inline__ = None
+                        _deliver(top, pos, stop.value)
                         continue
                     except BaseException as e:
                         if self._closing:
                             raise  # unwinding a parked body (close)
+                        scratch.ended()
                         fresh, body, method = pos, out, _STEPPED
                         out, ended = e, _RAISED
                         break
-                    yt = type(y)
-                    if (
-                        (yt is list or yt is tuple)
-                        and stack[-1] is top
-                        and ((a := ann_now() if fctx is None else fctx.run(ann_now)) is own or not a)
-                    ):
-                        for x in y:
-                            if type(x) is not call_type or (
-                                x.__dask_coro_inline__ is None
-                                and x.__dask_coro_value__ is NOT_DONE
-                            ):
-                                break
-                        else:
-                            # Its frame (as made above), with this yield.
-                            new = _new_frame(Frame)
-                            new.body = out
-                            new.func = func
-                            new.done = False
-                            new.up = top
-                            new.at = pos
-                            new.index = 0
-                            new.scope = None
-                            new.remote = _EMPTY
-                            new.sent = 0
-                            new.ann = None
-                            new.ctx = fctx
-                            n = len(y)
-                            new.shape = yt
-                            new.leaves = leaves = y
-                            new.results = results = [_PENDING] * n
-                            new.todo = todo = _RANGES[n] if n < _NRANGES else tuple(range(n))
-                            new.next = 0
-                            end = n
-                            top = new
-                            push(new)
+                    if ctx != scratch.ref:  # it is the call's own now
+                        fctx = ctx
+                        scratch.ctx = None
+                    else:
+                        fctx = base
+                    if stack[-1] is top and (type(y) is list or type(y) is tuple):
+                        top = _frame(func, top, pos, out, fctx)
+                        stack.append(top)
+                        if self._yield(top, y, ann_now() if fctx is None else fctx.run(ann_now)):
+                            todo = top.todo
+                            end = len(todo)
+                            leaves = top.leaves
                             continue
+                        method, out, ended = _STEPPED, y, 0  # set up by ``_yielded``
+                        break
                     fresh, body, method = pos, out, _STEPPED
                     ended = 0
                     out = y.value if type(y) is Request else y
                     break
-                if type(out) is _COROUTINE:
+                fctx = scratch.taken(base)
+                if type(out) is _GENERATOR or type(out) is _COROUTINE:
                     if stack[-1] is not top:
                         # It waited, then returned a body: run that in its frame.
                         fresh, body = -1, None
@@ -1086,10 +996,33 @@ class Trampoline(Counting, Stealing):
                     todo = top.todo
                     end = len(todo)
                     leaves = top.leaves
-                    results = top.results
-                results[pos] = out
-                leaf.__dask_coro_value__ = out
-                leaf.__dask_coro_inline__ = None
+                _deliver(top, pos, out)
+
+    def _yield(self, frame: Frame, value: Any, ann: Any) -> bool:
+        """Set up ``frame``'s new yield ``value`` if it is the common one: a
+        list or tuple of inline calls (or calls computed already), made under
+        no annotations but the run's own (``ann``, those in effect at the
+        yield). False: it is not, nothing is set (``_yielded`` sets it up)."""
+        shape = type(value)
+        if (shape is not list and shape is not tuple) or (ann and ann is not self.own_annotations):
+            return False
+        call_type = self.call_type
+        for x in value:
+            if type(x) is not call_type or (
+                x.__dask_coro_inline__ is None and x.__dask_coro_value__ is NOT_DONE
+            ):
+                return False
+        n = len(value)
+        frame.index += 1
+        frame.shape = shape
+        frame.leaves = value
+        frame.results = [_PENDING] * n
+        frame.todo = _RANGES[n] if n < _NRANGES else tuple(range(n))
+        frame.next = 0
+        frame.remote = _EMPTY
+        frame.sent = 0
+        frame.ann = None
+        return True
 
     def _await(self, frame: Frame, obj: Any) -> Await:
         """``frame``'s body awaited ``obj`` of an event loop: the stack waits
@@ -1190,42 +1123,115 @@ class Trampoline(Counting, Stealing):
 
 
 class _Scratch:
-    """The context a call, or a body but the root's, steps in: each inline
-    call runs in a context of its own, a copy of its parent's taken when it
-    starts, kept by its body from step to step, so that what it sets in a
-    ``ContextVar`` never reaches its parent or its siblings (as a task's
-    does not reach the task that made it). A copy per call would cost more
-    than most calls: the steps run in one copy (``ctx``) of the base (``of``:
-    a frame's ``ctx``, or None for the run's own), as long as they change
-    nothing in it; a step that changed it takes it (``took``: it is the
-    stepped body's own context from then on) and the next step gets a new
-    copy. A frame's own context is never entered itself, only copies of it,
-    so it only changes when its body steps again."""
+    """The context a body steps in, and a call runs in. Each inline call
+    runs in a context of its own, a copy of its parent's taken when it
+    starts, so that what it sets in a ``ContextVar`` never reaches its parent
+    or its siblings (as a task's does not reach the task that made it); its
+    body's steps run in that context, the very one, so that a variable set
+    before a yield is reset after it (``with dask.annotate(...)`` around a
+    yield). The rules, by ``Frame.ctx``:
 
-    __slots__ = ("ctx", "of", "ref", "took")
+    - the root steps in the run's own context (``_ROOT`` as its parent's);
+    - a body that changed a variable once has a context of its own (its
+      ``ctx`` is not its parent's) and steps in it;
+    - a call, and a body that changed nothing yet (its ``ctx`` is its
+      parent's), run in a copy of that.
+
+    A copy per call would cost more than most calls: one copy (``ctx``) of
+    one base (``base``: a frame's ``ctx``, or None for the run's own) serves
+    every step that changes nothing in it; a step that changed it gives it
+    to the body stepped (``took``; ``taken``), and the next step gets a new
+    copy."""
+
+    __slots__ = ("ctx", "base", "ref", "took")
 
     def __init__(self) -> None:
         self.ctx: Context | None = None
-        self.of: Context | None = None
-        self.ref: Context | None = None  # the content of ``of`` (the run's: a copy)
+        self.base: Context | None = None
+        self.ref: Context | None = None  # what ``base`` holds (the run's: a copy)
         self.took: Context | None = None
 
-    def run(self, base: Context | None, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` in a context that has ``base``'s variables; ``took``
-        is it if ``fn`` changed one, else None."""
+    def copy(self, base: Context | None) -> Context:
+        """A new copy of ``base`` (None: of the run's own context) to step in."""
+        ref = self.ref = copy_context() if base is None else base
+        ctx = self.ctx = ref.copy()
+        self.base = base
+        return ctx
+
+    def taken(self, base: Context | None) -> Context | None:
+        """After steps in the copy of ``base`` that did not end their body:
+        the copy if they changed it (it is that body's from now on), else
+        ``base``."""
         ctx = self.ctx
-        if ctx is None or self.of is not base:
-            ref = self.ref = copy_context() if base is None else base
-            ctx = self.ctx = ref.copy()
-            self.of = base
+        if ctx is None or ctx == self.ref:
+            return base
+        self.ctx = None
+        return ctx
+
+    def ended(self) -> None:
+        """The call or body stepped in the copy ended: what it set goes with
+        it."""
+        ctx = self.ctx
+        if ctx is not None and ctx != self.ref:
+            self.ctx = None
+
+    def step(self, ctx: Context | None, up: Any, fn: Callable[[Any], Any], arg: Any) -> Any:
+        """``fn(arg)``, a step of a body whose context is ``ctx`` and whose
+        parent's is ``up`` (``_ROOT``: the root), by the rules above;
+        ``took`` is the copy it ran in if it changed it, else None."""
+        self.took = None
+        if up is _ROOT:
+            self.ctx = None  # the run's own may change: no copy of it stands
+            return fn(arg)
+        if ctx is not up:
+            if self.base is ctx:
+                self.ctx = None  # its own may change: no copy of it stands
+            return ctx.run(fn, arg)  # type: ignore[union-attr]
+        copy = self.ctx
+        if copy is None or self.base is not ctx:
+            copy = self.copy(ctx)
         try:
-            return ctx.run(fn, *args)
+            return copy.run(fn, arg)
         finally:
-            if ctx == self.ref:
-                self.took = None
-            else:
-                self.took = ctx
+            if copy != self.ref:
+                self.took = copy
                 self.ctx = None
+
+
+def _frame(func: Any, up: Frame | None, at: int, body: Any, ctx: Context | None) -> Frame:
+    """The one way a frame is made: ``body`` (None for a call that waits
+    before it has one) of the call of ``func`` at position ``at`` of its
+    parent ``up``'s current yield (None: the root), stepping in ``ctx`` (see
+    ``_Scratch``). Its yield is set up by its first (``_yield``/``_yielded``)."""
+    frame = _new_frame(Frame)
+    frame.body = body
+    frame.func = func
+    frame.done = False
+    frame.up = up
+    frame.at = at
+    frame.index = -1
+    frame.scope = None
+    frame.remote = _EMPTY
+    frame.sent = 0
+    frame.ann = None
+    frame.ctx = ctx
+    return frame
+
+
+def _deliver(frame: Frame, pos: int, value: Any) -> None:
+    """The call at position ``pos`` of ``frame``'s current yield returned
+    ``value``: its result, kept on the call too (``InlineCall``), so that a
+    call yielded again is not run again."""
+    frame.results[pos] = value
+    leaf = frame.leaves[pos]
+    leaf.__dask_coro_value__ = value
+    leaf.__dask_coro_inline__ = None
+
+
+def _call(func: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """``func(*args)``, for ``Context.run``, which takes no tuple of
+    arguments (``ctx.run(func, *args)`` costs more than this)."""
+    return func(*args)
 
 
 def _closing_error(frame: Frame, body: Any, error: BaseException) -> BaseException:
@@ -1264,6 +1270,9 @@ def current_trampoline() -> Trampoline | None:
 _PENDING: Any = object()
 _FOLD = 100  # levels of a frame name nested before it is folded
 _GENERATOR = types.GeneratorType
+_FUNCTION = types.FunctionType
+#: A function with these flags makes a body when called, and runs none of it.
+_MAKES_BODY = inspect.CO_GENERATOR | inspect.CO_COROUTINE
 _COROUTINE = types.CoroutineType
 _ONE = (0,)
 _NRANGES = 64
@@ -1271,6 +1280,8 @@ _NRANGES = 64
 _RANGES = [tuple(range(n)) for n in range(_NRANGES)]
 _STEPPED: Any = object()  # as ``method``: the body was stepped already, ``out`` is what came of it
 _new_frame = object.__new__
+#: As a step's parent's context: the root's (it steps in the run's own).
+_ROOT: Any = object()
 #: ``annotations`` when the caller gives none: a ContextVar nobody sets.
 _NO_ANNOTATIONS: Callable[[], Any] = ContextVar("dask_coro_no_annotations", default=None).get
 _RETURNED = 1

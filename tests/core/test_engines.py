@@ -351,7 +351,7 @@ engine_still_runs()
 print(" ".join(called))
 '''
     out = _survives(code)
-    assert set(out.split()) == {"FunctionBase", "fast_calls", "setup", "setup_calls", "steps"}
+    assert set(out.split()) == {"Exit", "FunctionBase", "fast_calls", "setup", "setup_calls", "steps"}
 
 
 def _outcome(fn):

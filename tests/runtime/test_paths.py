@@ -720,6 +720,45 @@ def plain_parent_of_setters():
     return got, CV.get()
 
 
+@coroutine
+def resets_after_a_yield(x):
+    token = CV.set(x)
+    inner = yield sets_plain(x + "-inner")
+    kept = CV.get()
+    CV.reset(token)  # ValueError unless in the very context it was set in
+    with dask.annotate(priority=1):  # a context manager around a yield
+        again = yield sets_plain(x + "-again")
+    return kept, inner, again
+
+
+@coroutine
+async def resets_after_an_await(x):
+    token = CV.set(x)
+    inner = await sets_plain(x + "-inner")
+    kept = CV.get()
+    CV.reset(token)
+    return kept, inner
+
+
+@coroutine
+def parent_of_resetters():
+    token = CV.set("parent")
+    got = yield [resets_after_a_yield("a"), resets_after_an_await("b"), resets_after_a_yield("c")]
+    kept = CV.get()
+    CV.reset(token)
+    return got, kept
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_context_variable_set_before_a_yield_is_reset_after_it(client, path):
+    """A body that sets a ContextVar before a yield (or an await) resets it
+    after, with the token it got (``with dask.annotate(...)`` around a yield
+    does): its steps run in the very context it set it in, on every path, as
+    a task's do."""
+    want = ([("a", "a-inner", "a-again"), ("b", "b-inner"), ("c", "c-inner", "c-again")], "parent")
+    assert compute(path, client, parent_of_resetters()) == want
+
+
 @pytest.mark.parametrize("path", [*PATHS, "stolen"])
 def test_a_context_variable_set_in_a_call_stays_in_it(client, path):
     """A ContextVar a call sets (a plain function, a generator or an async
