@@ -21,6 +21,7 @@ def test_there_are_notebooks():
         "quickstart.ipynb",
         "promise_search.ipynb",
         "shared_memory.ipynb",
+        "dynamic_programs.ipynb",
     }
 
 
