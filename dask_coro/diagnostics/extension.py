@@ -64,6 +64,16 @@ async def _report_calls(run: Run, reported: dict[str, tuple[int, int, int]]) -> 
         logger.debug("coroutine %r: reporting inline calls failed: %r", run.key, e)
 
 
+def _own_step(func: Any) -> bool:
+    """A step of dask_coro's own that the engine runs as a call in the body's
+    stack (``core.calls.InPlace``): a group's wait for its next child
+    (``_more``), a stream's emit or take. Not a function of the user's tree:
+    progress, the tree and the dashboard leave it out. A function of
+    ``dask_coro.examples`` is the user's (it stands for one)."""
+    module = getattr(func, "__module__", None) or ""
+    return module.startswith("dask_coro.") and module != "dask_coro.examples"
+
+
 def _send_calls(run: Run, reported: dict[str, tuple[int, int, int]]) -> None:
     """Send what changed in the counts of inline calls since ``reported``,
     by function name, to the scheduler's TreePlugin (installed before the run
@@ -75,8 +85,8 @@ def _send_calls(run: Run, reported: dict[str, tuple[int, int, int]]) -> None:
 
     totals: dict[str, tuple[int, int, int]] = {}
     for func, (started, done, failed) in run.trampoline.call_counts().items():
-        if func is evaluate:
-            continue  # a value computed in place: its calls are counted, not it
+        if func is evaluate or _own_step(func):
+            continue  # a value computed in place (its calls are counted), a step of ours
         name = funcname(func)
         s, d, f = totals.get(name, (0, 0, 0))
         totals[name] = (s + started, d + done, f + failed)

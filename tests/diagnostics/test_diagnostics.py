@@ -644,3 +644,45 @@ def test_trampoline_counts_only_when_asked():
     on = trampoline("fib", inline=True, count=True)
     on.start(fib.__wrapped__, (6,), {})
     assert on.call_counts() == {fib.__wrapped__: (fib_calls(6) - 1,) * 2 + (0,)}
+
+
+# -- dask_coro's own steps are not the user's functions ----------------------------
+
+
+@coroutine
+def page(i):
+    return [i * 3 + k for k in range(3)] if i < 4 else []
+
+
+@coroutine
+def numbers(n):
+    for i in range(n):
+        yield dask_coro.emit(i)
+    return n
+
+
+@coroutine
+def crawl_and_read(n):
+    seen = 0
+    with dask_coro.group(limit=2) as g:
+        g.spawn(page(1))
+        for _, links in g:  # each wait for the next child is a step of the group's
+            seen += 1
+            for link in links:
+                g.spawn(page(link))
+    total = sum(x for x in dask_coro.stream(numbers(n)))  # each emit and take: steps too
+    return seen, total
+
+
+@pytest.mark.inline
+def test_group_and_stream_steps_are_not_counted_as_functions(client):
+    """A group's wait for its next child (``_more``) and a stream's emits and
+    takes run in the body's stack as calls of the engine, but they are
+    dask_coro's own steps: neither progress() nor the tree (nor the dashboard,
+    which shows the same counts) lists them beside the user's functions."""
+    f = client.compute(crawl_and_read(5))
+    totals = dask_coro.progress(f, interval=0.05, file=io.StringIO())
+    assert f.result(timeout=60) == (7, 10)
+    user = {"page", "numbers", "crawl_and_read"}
+    assert set(totals["functions"]) <= user, totals["functions"]
+    assert set(dask_coro.tree(f).functions) <= user
