@@ -1,7 +1,8 @@
 """Every use of dask's private or undocumented API, in one place.
 
-Checked against dask 2026.8.0; ``tests/internals/test_internals.py`` pins each
-assumption, so a dask release that changes one fails a named test. Imports
+Checked against dask 2025.9.0 to 2026.8.0 (the supported window,
+docs/development.md); ``tests/internals/test_internals.py`` pins each assumption, so a
+dask release that changes one fails a named test. Imports
 dask only (no distributed): the pure core may use it.
 """
 

@@ -119,3 +119,38 @@ def test_the_compiled_engine_is_left_out_where_it_cannot_run(monkeypatch, capsys
     monkeypatch.setenv("DASK_CORO_REQUIRE_COMPILED", "1")
     with pytest.raises(RuntimeError, match="a free-threaded Python"):
         build.run()
+def test_the_oldest_constraints_pin_the_lower_bounds():
+    """CI's oldest job (.ci/run) installs with .ci/oldest-constraints.txt: it
+    pins exactly the lower bound pyproject.toml states of each dependency of
+    the project's own, so the job tests the oldest releases a user may get."""
+    bounds = {}
+    for requirement in PYPROJECT["project"]["dependencies"]:
+        name, _, low = requirement.partition(">=")
+        bounds[name.strip()] = low.strip()
+    pins = {}
+    for line in (ROOT / ".ci" / "oldest-constraints.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[name.strip()] = version.strip()
+    assert set(pins) == set(bounds) == {"dask", "distributed", "greenlet"}
+    for name, low in bounds.items():
+        # greenlet>=3.0 is pinned as 3.0.0
+        assert pins[name] == low or pins[name] == f"{low}.0", (name, pins[name], low)
+    assert bounds["dask"] == bounds["distributed"]  # distributed requires its own dask
+
+
+def test_the_classifiers_name_every_supported_python():
+    """requires-python's lower bound and the classifiers say the same Pythons,
+    those CI's pythons job runs (.ci/run)."""
+    low = PYPROJECT["project"]["requires-python"].removeprefix(">=")
+    classifiers = PYPROJECT["project"]["classifiers"]
+    minors = sorted(
+        int(c.rsplit(".", 1)[1]) for c in classifiers
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    )
+    assert f"3.{minors[0]}" == low
+    assert minors == list(range(minors[0], minors[-1] + 1))
+    ci = (ROOT / ".ci" / "run").read_text()
+    for minor in minors:
+        assert f"3.{minor}" in ci or minor == 11  # 3.11: the newest job's python3
