@@ -279,7 +279,7 @@ class Group:
             return child, value
         try:
             value.dask_coro_child = child
-            value.add_note(f"raised by {child!r}")
+            _add_note(value, f"raised by {child!r}")
         except (AttributeError, TypeError):
             pass
         raise value
@@ -425,3 +425,16 @@ def _log_lost(lost: list[tuple[str, BaseException]], why: str) -> None:
 
 def cancelled(child: Child) -> bool:
     return child.state == CANCELLED
+
+
+def _add_note(e: BaseException, note: str) -> None:
+    """``e.add_note(note)``; on Python 3.10, which has no ``add_note`` (PEP 678
+    is 3.11's), the ``__notes__`` list it fills, as the exceptiongroup
+    backport does: the note is there to read either way."""
+    add = getattr(e, "add_note", None)
+    if add is not None:
+        add(note)
+        return
+    notes = getattr(e, "__notes__", None)
+    e.__notes__ = [*notes, note] if isinstance(notes, list) else [note]
+
