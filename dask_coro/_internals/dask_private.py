@@ -73,7 +73,37 @@ def finalized_together(colls: list[Any]) -> tuple[Any, list[Any]]:
     from dask.core import flatten
 
     expr = FinalizeCompute(collections_to_expr(list(colls), optimize_graph=True)).optimize()
-    return expr, list(flatten(expr.__dask_keys__()))
+    keys = list(flatten(expr.__dask_keys__()))
+    if len(keys) == len(colls):
+        return expr, keys
+    # dask 2025.9.x and 2025.10.0 (fixed by dask/dask#12081, in 2025.11.0):
+    # _ExprSequence._simplify_down drops a collection backed by an expression
+    # (a dataframe) that comes before the first one backed by a graph (an
+    # array, a bag): dask.compute(df.a.sum(), arr.sum()) lost the first. The
+    # graph-backed ones go first then, and the keys back in the given order.
+    order = sorted(range(len(colls)), key=lambda i: not _graph_backed(colls[i]))
+    expr = FinalizeCompute(
+        collections_to_expr([colls[i] for i in order], optimize_graph=True)
+    ).optimize()
+    ordered = list(flatten(expr.__dask_keys__()))
+    if len(ordered) != len(colls):
+        raise RuntimeError(f"dask gave {len(ordered)} keys for {len(colls)} collections computed together")
+    keys = [None] * len(colls)
+    for pos, i in enumerate(order):
+        keys[i] = ordered[pos]
+    return expr, keys
+
+
+def _graph_backed(coll: Any) -> bool:
+    """Whether ``coll`` is backed by a graph (``HLGExpr``: an array, a bag, a
+    ``Delayed``) rather than an expression of its own (a dataframe)."""
+    from dask._expr import HLGExpr, HLGFinalizeCompute
+    from dask.base import collections_to_expr
+
+    return any(
+        isinstance(op, (HLGExpr, HLGFinalizeCompute, dict))
+        for op in collections_to_expr([coll], optimize_graph=True).operands
+    )
 
 
 def expression_graph(expr: Any) -> dict[Any, Any]:

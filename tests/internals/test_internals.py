@@ -157,6 +157,25 @@ def test_finalized_together_is_client_computes_expression_and_keys():
     assert sum(1 for k in graph if isinstance(k, tuple) and k[0].startswith("arange")) <= 4
 
 
+@pytest.mark.filterwarnings("ignore:Computing mixed collections:UserWarning")
+def test_finalized_together_keeps_a_dataframe_before_an_array():
+    # A collection backed by an expression (a dataframe) before one backed by
+    # a graph (an array, a bag): dask 2025.9.x and 2025.10.0 dropped the first
+    # from the expression (dask/dask#12081); every collection keeps its key,
+    # in the order given, and each computes to its own value.
+    da = pytest.importorskip("dask.array")
+    db = pytest.importorskip("dask.bag")
+    dd = pytest.importorskip("dask.dataframe")
+    pd = pytest.importorskip("pandas")
+    frame = dd.from_pandas(pd.DataFrame({"a": range(10)}), npartitions=2)
+    colls = [frame.a.sum(), da.ones(10, chunks=5).sum(), db.from_sequence([1, 2, 3], npartitions=2).map(lambda v: v * 2)]
+    expr, keys = dp.finalized_together(colls)
+    assert len(keys) == 3
+    graph = dp.expression_graph(expr)
+    got = get_sync(graph, keys)
+    assert (got[0], got[1], list(got[2])) == (45, 10.0, [2, 4, 6])
+
+
 def test_holds_any_finds_a_delayeds_task_in_a_collection_without_building_it():
     da = pytest.importorskip("dask.array")
     dd = pytest.importorskip("dask.dataframe")
