@@ -76,7 +76,7 @@ def finalized_together(colls: list[Any]) -> tuple[Any, list[Any]]:
     keys = list(flatten(expr.__dask_keys__()))
     if len(keys) == len(colls):
         return expr, keys
-    # dask 2025.9.x and 2025.10.0 (fixed by dask/dask#12081, in 2025.11.0):
+    # dask 2025.9.x (fixed by dask/dask#12081, in 2025.10.0):
     # _ExprSequence._simplify_down drops a collection backed by an expression
     # (a dataframe) that comes before the first one backed by a graph (an
     # array, a bag): dask.compute(df.a.sum(), arr.sum()) lost the first. The

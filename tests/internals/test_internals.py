@@ -160,7 +160,7 @@ def test_finalized_together_is_client_computes_expression_and_keys():
 @pytest.mark.filterwarnings("ignore:Computing mixed collections:UserWarning")
 def test_finalized_together_keeps_a_dataframe_before_an_array():
     # A collection backed by an expression (a dataframe) before one backed by
-    # a graph (an array, a bag): dask 2025.9.x and 2025.10.0 dropped the first
+    # a graph (an array, a bag): dask 2025.9.x dropped the first
     # from the expression (dask/dask#12081); every collection keeps its key,
     # in the order given, and each computes to its own value.
     da = pytest.importorskip("dask.array")
