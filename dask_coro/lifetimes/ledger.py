@@ -52,6 +52,12 @@ class Ledger:
         # Indexes, so that a worker or host leaving costs O(its own ids):
         self._sent_to: dict[str, set[str]] = {}  # worker -> ids in _sent to it
         self._on_host: dict[str, set[str]] = {}  # host -> ids in _origin there
+        # id -> the worker whose release call for it failed or hung last: once
+        # its own worker is gone, the next hand-out asks another worker of the
+        # host first (a worker that has just joined in a dead one's place may
+        # not answer yet; sorted first, it was asked again and again and the
+        # others never).
+        self._failed_on: dict[str, str] = {}
 
     # -- events in -----------------------------------------------------------
 
@@ -140,6 +146,7 @@ class Ledger:
             if self._sent.get(rid) == worker:
                 self._unsend(rid)
                 self._owed.add(rid)
+                self._failed_on[rid] = worker
 
     def host_emptied(self, host: str) -> list[str]:
         """The last worker of ``host`` is leaving: the ids it must release now.
@@ -170,6 +177,7 @@ class Ledger:
             del self._sent_to[to]
 
     def _drop_origin(self, rid: str) -> None:
+        self._failed_on.pop(rid, None)
         host = self._origin.pop(rid).host
         rids = self._on_host[host]
         rids.discard(rid)
@@ -188,10 +196,12 @@ class Ledger:
         out: dict[str, list[str]] = {}
         for rid in sorted(self._owed):
             origin = self._origin[rid]
+            here = by_host.get(origin.host)
             if origin.worker in workers:
-                to = origin.worker
-            elif by_host.get(origin.host):
-                to = by_host[origin.host][0]
+                to = origin.worker  # its own worker, while alive, whatever failed
+            elif here:
+                others = [w for w in here if w != self._failed_on.get(rid)]
+                to = (others or here)[0]
             else:
                 continue
             self._owed.discard(rid)

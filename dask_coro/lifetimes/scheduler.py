@@ -233,7 +233,12 @@ class LifetimesPlugin(SchedulerPlugin):
 
     async def _release(self, worker: str, rids: list[str]) -> None:
         try:
-            await self.scheduler.rpc(worker).dask_coro_release(rids=rids)
+            # Bounded: a call to a worker that has just joined in a dead one's
+            # place was seen to hang, the release never handed to another.
+            await asyncio.wait_for(
+                self.scheduler.rpc(worker).dask_coro_release(rids=rids),
+                get_timedelta("coro.lifetimes.close-timeout"),
+            )
         except asyncio.CancelledError:
             raise
         except Exception as e:

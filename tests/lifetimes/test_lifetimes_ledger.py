@@ -328,3 +328,21 @@ def test_shared_memory_goes_when_its_data_does_other_resources_when_forgotten():
     led.forget("k")
     assert led.owed == {"seg", "file"}
     led.data_gone("unknown")
+
+
+def test_an_orphans_failed_release_goes_to_another_worker_of_its_host():
+    """Its own worker gone, a release whose call to one worker of the host
+    failed (or hung) is handed to another one next, not to the same again:
+    the first worker sorted may be one that has just joined and does not
+    answer yet, and the others were never asked."""
+    led = Ledger()
+    led.tie("r", "k", A)
+    led.forget("k")
+    led.worker_left(A.worker)
+    others = {w: h for w, h in WORKERS.items() if w != A.worker}
+    others["tcp://10.0.0.1:3"] = A.host  # two live workers on A's host
+    first = led.assign(others)
+    ((to, ids),) = first.items()
+    led.failed(to, ids)
+    ((again, _),) = led.assign(others).items()
+    assert again != to
