@@ -485,6 +485,18 @@ def _cli_cluster(tmp_path, port, n_workers, run):
     return procs
 
 
+def _until_stored_and_running(tmp_path, folder: str, n: int, slow: int) -> None:
+    """Until the fast children are stored and the slow ones run (120 s at most)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        stored = list((tmp_path / "store").glob("runs/*/children/*"))
+        ran = _executions(folder)
+        if len(stored) == n - slow and all(str(i) in ran for i in range(n - slow, n)):
+            return
+        time.sleep(0.1)
+    assert len(stored) == n - slow, sorted(ran)
+
+
 def _kill(procs):
     for p in procs:
         p.send_signal(signal.SIGKILL)
@@ -515,14 +527,7 @@ def test_a_live_clients_durable_root_resumes_on_a_new_scheduler(tmp_path, monkey
             future = c.compute(run(n, folder, slow, dask_key_name="durable-live-client"))
             other = c.submit(sum, [1, 2])  # not a durable root: cancelled by the loss, as in distributed
             assert other.result(timeout=60) == 3
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                stored = list((tmp_path / "store").glob("runs/*/children/*"))
-                ran = _executions(folder)
-                if len(stored) == n - slow and all(str(i) in ran for i in range(n - slow, n)):
-                    break
-                time.sleep(0.1)
-            assert len(stored) == n - slow, sorted(ran)
+            _until_stored_and_running(tmp_path, folder, n, slow)
             _kill(procs)
             (tmp_path / "hold").unlink()
             procs = _cli_cluster(tmp_path, port, 2, 1)
@@ -563,14 +568,7 @@ def test_a_root_whose_worker_died_reads_its_lost_childrens_results_from_the_stor
             pids = c.run(os.getpid)
             root = pinned(n, folder, slow, doomed, other, dask_key_name="durable-worker-lost")
             future = c.compute(root, workers=[doomed], allow_other_workers=True)
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                stored = list((tmp_path / "store").glob("runs/*/children/*"))
-                ran = _executions(folder)
-                if len(stored) == n - slow and all(str(i) in ran for i in range(n - slow, n)):
-                    break
-                time.sleep(0.1)
-            assert len(stored) == n - slow, sorted(ran)
+            _until_stored_and_running(tmp_path, folder, n, slow)
             os.kill(pids[doomed], signal.SIGKILL)
             (tmp_path / "hold").unlink()
             assert future.result(timeout=120) == sum(i * i for i in range(n))
