@@ -83,7 +83,10 @@ def _unlink(name: str) -> None:
     if os.path.isdir(_SHM_DIR):
         import glob
 
-        for marker in glob.glob(os.path.join(_SHM_DIR, f"dask-coro.to-*.{glob.escape(name)}")):
+        pattern = f"dask-coro.to-*.{glob.escape(name)}"  # and one half made (``_marker_file``)
+        for marker in glob.glob(os.path.join(_SHM_DIR, pattern)) + glob.glob(
+            os.path.join(_SHM_DIR, pattern + ".*")
+        ):
             try:
                 os.unlink(marker)
             except FileNotFoundError:
@@ -358,8 +361,9 @@ class sending_to:
         for path in self.claimed:
             try:
                 if sent:
-                    with open(path, "w") as f:
-                        f.write("sent")
+                    # Replaced whole, never truncated then written: a marker
+                    # read empty would look like a dead sender's.
+                    os.replace(_marker_file(path, "sent"), path)
                 else:
                     os.unlink(path)
             except FileNotFoundError:
@@ -372,22 +376,34 @@ def _marker(origin: str, host: str) -> str:
     return os.path.join(_SHM_DIR, f"dask-coro.to-{host}.{origin}")
 
 
+def _marker_file(path: str, text: str) -> str:
+    """A new file beside ``path`` holding ``text``, to be put in its place
+    whole: a marker is never seen half written."""
+    tmp = f"{path}.{uuid.uuid4().hex[:8]}"
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return tmp
+
+
 def _create_marker(path: str) -> bool:
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        except FileExistsError:
-            if _marker_holds(path):
-                return False
+    tmp = _marker_file(path, str(os.getpid()))
+    try:
+        for _ in range(2):
             try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        return True
-    return False
+                os.link(tmp, path)  # atomic, and fails if a marker is there
+            except FileExistsError:
+                if _marker_holds(path):
+                    return False
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+                continue
+            return True
+        return False
+    finally:
+        os.unlink(tmp)
 
 
 def _marker_holds(path: str) -> bool:
@@ -506,9 +522,7 @@ def empty(shape: Any, dtype: Any = float, *, order: str = "C") -> ShmArray:
     """A new array in shared memory (zero-filled, as the OS gives new pages)."""
     dtype = np.dtype(dtype)
     if dtype.hasobject:
-        raise TypeError(
-            f"dtype {dtype} holds Python objects, which cannot live in shared memory"
-        )
+        raise TypeError(f"dtype {dtype} holds Python objects, which cannot live in shared memory")
     if order not in ("C", "F"):
         raise ValueError(f"order must be 'C' or 'F', got {order!r}")
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)

@@ -4,6 +4,7 @@ local lifetime, bad input. The cluster lifetimes are in test_shm_faults.py."""
 from __future__ import annotations
 
 import gc
+import os
 import pickle
 import subprocess
 import sys
@@ -228,3 +229,43 @@ def test_bad_input(args, kwargs, exc, match):
 def test_from_array_of_objects():
     with pytest.raises(TypeError, match="Python objects"):
         shm.from_array(np.array([object()]))
+
+
+def test_a_sending_marker_is_never_seen_half_written(tmp_path, monkeypatch):
+    """The marker that says "this host is being sent these bytes, or just
+    was" is read by the other workers of the host while its sender writes it.
+    Read empty it would look like a dead sender's, and the bytes would cross
+    to that host a second time (seen in CI on a loaded machine)."""
+    import threading
+
+    from dask_coro.lifetimes import shm as impl
+
+    monkeypatch.setattr(impl, "_SHM_DIR", str(tmp_path))
+    segment = type("Seg", (), {"origin": "dask-coro-0123"})()
+    path = impl._marker(segment.origin, "127.0.0.9")
+    stop = threading.Event()
+    seen_empty: list[int] = []
+
+    def reader():
+        while not stop.is_set():
+            try:
+                with open(path) as f:
+                    if f.read() == "":
+                        seen_empty.append(1)
+            except FileNotFoundError:
+                pass
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for _ in range(3000):
+            sending = impl.sending_to([segment], "127.0.0.9")
+            assert sending.claim()
+            sending.done(sent=True)
+            assert impl._marker_holds(path)
+            os.unlink(path)
+    finally:
+        stop.set()
+        t.join()
+    assert not seen_empty
+    assert os.listdir(tmp_path) == []
