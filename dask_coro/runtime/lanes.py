@@ -113,10 +113,19 @@ class _Seat:
     while it runs. Steps wait for seats in their tree's fair order
     (``Seats``)."""
 
-    __slots__ = ("seats", "lane", "key", "tree", "weight", "pause", "release", "got", "order", "since", "pausing")
+    __slots__ = (
+        "seats", "lane", "key", "tree", "weight", "pause", "release", "got", "order", "since", "pausing", "over",
+    )
 
     def __init__(
-        self, seats: Seats, lane: Lane, key: str, tree: Any, weight: float, pause: Callable[[], None] | None
+        self,
+        seats: Seats,
+        lane: Lane,
+        key: str,
+        tree: Any,
+        weight: float,
+        pause: Callable[[], None] | None,
+        over: bool = False,
     ):
         self.seats = seats
         self.lane = lane
@@ -129,6 +138,9 @@ class _Seat:
         self.order = 0  # when it asked (``Seats``: first come among equals)
         self.since = 0.0  # when it was seated
         self.pausing = False  # asked to pause, not yet given back
+        # Its task seceded: distributed counts it as holding no thread, so a
+        # thread it holds is one more than distributed sees (``Seats.over``).
+        self.over = over
 
     def take(self, started: threading.Event | None = None) -> None:
         """Hold a thread of the pool: wait for one, or, with ``started``,
@@ -158,6 +170,7 @@ class _Seat:
             started.set()
             return
         self.lane.held -= 1
+        self.over = True  # rejoined: distributed still counts the task seceded
         self.take(started)
 
     def done(self) -> None:
@@ -243,6 +256,11 @@ class Seats:
         self.pauses = 0
         #: The worker is closing (``close``): no step waits for a seat.
         self.closed = False
+        #: Threads held by steps of tasks that seceded (``_Seat.over``), and
+        #: who hears when that changes (from any thread): distributed counts
+        #: those threads free, and the worker tells the scheduler.
+        self.over = 0
+        self.on_over: Callable[[], None] | None = None
 
     # -- shares (under the lock) ---------------------------------------------
 
@@ -341,7 +359,11 @@ class Seats:
             self._asked.pop(seat, None)
             release = seat.release
             got = seat.got
+            if seat.over:
+                self.over += 1
         assert release is not None and got is not None
+        if seat.over and self.on_over is not None:
+            self.on_over()
         got.set()
         release.wait()
 
@@ -351,26 +373,27 @@ class Seats:
         while not got.wait(PATIENCE):
             self._preempt(seat.tree, seat)
 
-    def preempt_for(self, tree: Any, keys: set[str]) -> bool:
+    def preempt_for(self, tree: Any, keys: set[str]) -> str | None:
         """A task of ``tree`` waits in the worker's ready queue for a thread
         slot: ask a seated step of another tree, of a task in ``keys`` (those
-        holding a slot), to pause as ``wait`` would for a step of ``tree``
-        (whether one was asked). A task of the same tree waits: its tree has
-        the threads already, and a pause would only trade one of its steps
-        for another."""
+        holding a slot), to pause as ``wait`` would for a step of ``tree``;
+        the key of the step asked, or None. A task of the same tree waits:
+        its tree has the threads already, and a pause would only trade one
+        of its steps for another."""
         return self._preempt(tree, None, keys)
 
-    def _preempt(self, tree: Any, seat: _Seat | None, keys: set[str] | None = None) -> bool:
+    def _preempt(self, tree: Any, seat: _Seat | None, keys: set[str] | None = None) -> str | None:
         """Ask the seated step due to pause for a step (``seat``) or task of
         ``tree``: held at least ``SLICE``, its tree's virtual time the
         greatest and not below ``tree``'s (one ask at a time per waiting step;
-        with ``keys``, only a step of another tree, of a task in ``keys``)."""
+        with ``keys``, only a step of another tree, of a task in ``keys``); the
+        key of the step asked, or None."""
         with self._lock:
             if seat is not None and (seat.got is None or seat.got.is_set()):
-                return False
+                return None
             asked = self._asked.get(seat)
             if asked is not None and asked in self._seated:
-                return False  # the one asked has not given its seat back yet
+                return None  # the one asked has not given its seat back yet
             now = time.monotonic()
             mine = self._vtime(tree, now)
             worst: tuple[float, float] | None = None
@@ -387,12 +410,12 @@ class Seats:
                 if worst is None or rank > worst:
                     worst, victim = rank, other
             if victim is None:
-                return False
+                return None
             victim.pausing = True
             self._asked[seat] = victim
             self.pauses += 1
         victim.pause()  # type: ignore[misc]
-        return True
+        return victim.key
 
     def left(self, seat: _Seat) -> None:
         with self._lock:
@@ -404,6 +427,10 @@ class Seats:
             if share is not None:
                 share.seated -= 1
                 share.vtime += (time.monotonic() - seat.since) / share.weight
+            if seat.over:
+                self.over -= 1
+        if seat.over and self.on_over is not None:
+            self.on_over()
 
     def busy(self) -> bool:
         """Whether a step holds a thread of the pool here (cheap; no lock)."""
@@ -465,6 +492,7 @@ class Lanes:
         weight: float = 1.0,
         pause: Callable[[], None] | None = None,
         urgent: bool = False,
+        over: bool = False,
     ) -> Any:
         """``fn(*args)`` on ``lane`` as a step of task ``key`` (started at
         ``start``), holding a thread of the pool meanwhile: served in the
@@ -474,9 +502,10 @@ class Lanes:
         call. An ``urgent`` step (a body told its deadline passed) does not
         wait for a thread of the pool: it starts as a seceded step, one
         thread over the pool's size while it runs, as a seceded task's
-        thread is (a deadline that waited for a busy pool would not be one)."""
+        thread is (a deadline that waited for a busy pool would not be one).
+        ``over``: the task seceded (``_Seat.over``)."""
         return await asyncio.wrap_future(
-            lane.submit(self._seated, lane, key, start, fn, args, tree, weight, pause, urgent)
+            lane.submit(self._seated, lane, key, start, fn, args, tree, weight, pause, urgent, over)
         )
 
     def _seated(
@@ -490,8 +519,9 @@ class Lanes:
         weight: float,
         pause: Callable[[], None] | None,
         urgent: bool = False,
+        over: bool = False,
     ) -> Any:
-        seat = _Seat(self.seats, lane, str(key), str(key) if tree is None else tree, weight, pause)
+        seat = _Seat(self.seats, lane, str(key), str(key) if tree is None else tree, weight, pause, over)
         if urgent:
             seat.start_seceded()
         else:

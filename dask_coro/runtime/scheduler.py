@@ -44,6 +44,9 @@ NAME = "dask-coro-inline"
 IDLE = "dask_coro_idle"  # the push to a worker, and the RPC of poll mode
 SUBSCRIBE = "dask-coro-inline-subscribe"
 UNSUBSCRIBE = "dask-coro-inline-unsubscribe"
+#: A worker's threads that steps of seceded runs hold (``lanes.Seats.over``):
+#: distributed counts a seceded task as holding none.
+BUSY = "dask-coro-inline-busy"
 MODES = ("push", "poll")
 
 #: Longest wait between two looks at threads that stay idle with no new event.
@@ -72,6 +75,8 @@ class InlinePlugin(SchedulerPlugin):
         self.order: list[str] = []  # subscribed workers, round robin
         self.subscribed: set[str] = set()
         self.cursor = 0
+        #: Per worker, the threads steps of its seceded runs hold (``BUSY``).
+        self.busy: dict[str, int] = {}
         #: What the plugin did: ``subscribe``/``unsubscribe`` (stream messages
         #: received), ``push`` (messages sent), ``pushed`` (idle threads they
         #: announced), ``poll`` (RPCs answered), ``event`` (idle events seen
@@ -97,7 +102,11 @@ class InlinePlugin(SchedulerPlugin):
         add_handlers(
             scheduler,
             rpc={IDLE: self.handle_idle},
-            stream={SUBSCRIBE: self.handle_subscribe, UNSUBSCRIBE: self.handle_unsubscribe},
+            stream={
+                SUBSCRIBE: self.handle_subscribe,
+                UNSUBSCRIBE: self.handle_unsubscribe,
+                BUSY: self.handle_busy,
+            },
         )
         for op in ("long-running", "worker-status-change"):
             wrap_stream_handler(scheduler, op, self._then_event, "_dask_coro_inline")
@@ -111,7 +120,7 @@ class InlinePlugin(SchedulerPlugin):
 
     def handle_idle(self) -> int:
         self.counts["poll"] += 1
-        return idle_threads(self.scheduler)
+        return idle_threads(self.scheduler, self.busy)
 
     # -- push mode: subscriptions -------------------------------------------------
 
@@ -122,6 +131,22 @@ class InlinePlugin(SchedulerPlugin):
         self.subscribed.add(worker)
         self.order.append(worker)
         self._event()  # threads may be idle already
+
+    def handle_busy(self, worker: str, n: int = 0, **kwargs: Any) -> None:
+        """``worker``'s seceded runs hold ``n`` of its threads with their
+        steps: a thread distributed counts free is not (a run that waited
+        and resumed, or that paused for another tree, secedes for good).
+        Counted free, it made other runs hand calls out to threads that
+        would only queue them behind those steps."""
+        if worker not in self.scheduler.workers:
+            return
+        before = self.busy.get(worker, 0)
+        if n > 0:
+            self.busy[worker] = n
+        else:
+            self.busy.pop(worker, None)
+        if n < before:
+            self._event()
 
     def handle_unsubscribe(self, worker: str, **kwargs: Any) -> None:
         self.counts["unsubscribe"] += 1
@@ -162,6 +187,7 @@ class InlinePlugin(SchedulerPlugin):
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
         self._drop(worker)
+        self.busy.pop(worker, None)
 
     def _then_event(self, handler: Any) -> Any:
         def wrapped(**kwargs: Any) -> Any:
@@ -207,7 +233,7 @@ class InlinePlugin(SchedulerPlugin):
             return
         counted, self._counted = self._counted, False
         self.counts["check"] += 1
-        n = idle_threads(self.scheduler)
+        n = idle_threads(self.scheduler, self.busy)
         if n > 0 or counted:
             self._last = monotonic()
         # else: only tasks started since the last look, and no thread is idle

@@ -79,6 +79,7 @@ from .._internals.distributed.worker_state_machine import (
     worker_next_ready,
     worker_slots_full,
     worker_task_annotations,
+    worker_task_function,
     worker_task_priority,
     worker_task_state,
 )
@@ -98,18 +99,16 @@ from ..core.plan import Plan, plan_yield
 from ..core.scope import Scope
 from . import extensions
 from .aio import gathered, watch
-from .call import PLAIN, _reraise, trampoline
+from .call import PLAIN, CoroutineTask, _reraise, trampoline
 from .extensions import PARENT, Active, Extension, Run
 from .inplace import localizer
 from .lanes import PATIENCE, Lane, Lanes, weight_of
-from .scheduler import IDLE, MODES, SUBSCRIBE, UNSUBSCRIBE
+from .scheduler import BUSY, IDLE, MODES, SUBSCRIBE, UNSUBSCRIBE
 from .stealing import STEALING
 from .timings import TIMINGS, name_of, short_call
 
 if TYPE_CHECKING:
     from distributed import Client, Worker
-
-    from .call import CoroutineTask
 
 logger = logging.getLogger("dask_coro")
 
@@ -117,6 +116,15 @@ _RUNNING_STATES = ("executing", "long-running")
 #: The annotation that gives a child its tree and the tree's weight
 #: (``_Run._share``): the threads of a worker are shared fairly between trees.
 TREE = "dask_coro_tree"
+
+#: s between a change of the threads seceded runs hold and telling the
+#: scheduler what holds then (``_KeyWatcher._over_changed``).
+BUSY_DELAY = 0.002
+
+#: s a step paused for a coroutine task in the ready queue waits, at most,
+#: for that task's first step to ask for a thread (``_KeyWatcher.yielded``).
+YIELD_WAIT = 0.05
+
 _QUIET = 1.0  # s without an inline run before a worker stops hearing of idle threads
 # s a push is kept at least. A trampoline reads the count between inline
 # calls only, so a push held for less than one call lasts is never read: with
@@ -227,11 +235,75 @@ class _KeyWatcher(WorkerPlugin):
         self.lanes: Lanes | None = None  # made on first use (lanes.py)
         self.worker: Worker | None = None  # ours (``_watcher``)
         self.watching = False  # the ready queue is watched (``_queued``)
+        self.busy_due = False  # a BUSY message is due (``_over_changed``)
+        # A step paused for a coroutine task in the ready queue (its key, as
+        # a string) -> that task's key, and until when it waits for it.
+        self.yielding: dict[str, tuple[Key, float]] = {}
+        #: How those waits ended: its step asked first, it went, or time ran out.
+        self.yields = dict.fromkeys(("asked", "gone", "timeout"), 0)
+        self.busy_sent = 0  # what the last said
 
     def lanes_of(self, worker: Worker) -> Lanes:
         if self.lanes is None:
             self.lanes = Lanes(worker.state.nthreads, default_executor(worker))
+            loop = asyncio.get_running_loop()
+
+            def over_changed() -> None:  # on a lane's or a pool's thread
+                try:
+                    loop.call_soon_threadsafe(self._over_changed)
+                except RuntimeError:  # the loop closed: the worker is gone
+                    pass
+
+            self.lanes.seats.on_over = over_changed
         return self.lanes
+
+    async def yielded(self, key: Key) -> None:
+        """Run ``key`` paused for a coroutine task waiting in the ready queue
+        (``_queued``): before asking for a thread again, let that task's
+        first step ask for one first (or ``YIELD_WAIT`` pass). Else the
+        paused step, asking at once, took back the thread it gave, and the
+        task that took its slot waited for another step's pause (seen: a
+        small tree's root waited two leaves of a wide tree, not one)."""
+        waited = self.yielding.pop(str(key), None)
+        if waited is None or self.worker is None:
+            return
+        other, until = waited
+        while time() < until:
+            run = self.runs.get(other)
+            if run is not None and run.stepping:
+                self.yields["asked"] += 1  # its step asked (or is about to, on its lane)
+                return
+            if worker_task_state(self.worker, other) not in ("ready", "constrained", "executing"):
+                self.yields["gone"] += 1  # it went elsewhere, or ended
+                return
+            await asyncio.sleep(0.001)
+        self.yields["timeout"] += 1
+
+    def _over_changed(self) -> None:
+        """Steps of seceded runs took or gave back threads (``Seats.over``):
+        tell the scheduler, a few ms later with what holds then (a pause
+        gives a thread back and takes one again at once)."""
+        if not self.busy_due:
+            self.busy_due = True
+            asyncio.get_running_loop().call_later(BUSY_DELAY, self._send_busy)
+
+    def _send_busy(self) -> None:
+        self.busy_due = False
+        worker, lanes = self.worker, self.lanes
+        if worker is None or lanes is None:
+            return
+        n = lanes.seats.over
+        if n == self.busy_sent:
+            return
+        installed = self.installs.get(STEALING.name)
+        if installed is None or not installed.done() or installed.cancelled() or installed.exception():
+            return  # no scheduler plugin to tell: no run here hands calls out
+        try:
+            send_on_worker_stream(worker, {"op": BUSY, "n": n})
+        except Exception as e:  # the stream is closed: the worker is going
+            logger.debug("dask_coro busy threads not sent: %r", e)
+            return
+        self.busy_sent = n
 
     def teardown(self, worker: Worker) -> None:
         if self.lanes is not None:
@@ -376,7 +448,9 @@ class _KeyWatcher(WorkerPlugin):
             given = worker_task_annotations(worker, key).get(TREE)
             tree = str(key) if given is None else str(given[0])
             holding = {str(k) for k, run in self.runs.items() if not run.seceded}
-            lanes.seats.preempt_for(tree, holding)
+            asked = lanes.seats.preempt_for(tree, holding)
+            if asked is not None and isinstance(worker_task_function(worker, key), CoroutineTask):
+                self.yielding[asked] = (key, time() + YIELD_WAIT)
         asyncio.get_running_loop().call_later(PATIENCE, self._queued)
 
 
@@ -501,6 +575,7 @@ class _Run:
             return await lanes.run(
                 lane, self.key, self.start, self._on_lane, tramp, fn, args,
                 tree=self.tree, weight=self.weight, pause=self._pause, urgent=urgent,
+                over=self.seceded,
             )
         finally:
             self.stepping = False
@@ -708,6 +783,7 @@ class _Run:
                     tramp.stop = False
                     if not self.seceded:
                         self._secede()
+                    await watcher.yielded(self.key)
                     out = await self._step(tramp, tramp.run)
                     continue
                 if type(out) is Stopped or not self._alive():

@@ -158,7 +158,12 @@ async def test_a_root_queued_behind_inline_chains_gets_a_slot(c, s, a):
     assert await c.compute(small_tree()) == 2
     calls = await c.gather(wide)
     assert sum(calls) < 2 * 400, "the root waited for a whole chain"
-    assert a.plugins["dask-coro-key-watcher"].lanes.seats.pauses >= 1
+    watcher = a.plugins["dask-coro-key-watcher"]
+    assert watcher.lanes.seats.pauses >= 1
+    # The chain paused for the root let the root's first step ask for the
+    # thread it gave back before asking again itself: else it took it back
+    # at once, and the root waited for a second pause.
+    assert watcher.yields["asked"] >= 1, watcher.yields
 
 
 @gen_cluster(client=True, nthreads=[("", 1)], timeout=90)
@@ -179,3 +184,36 @@ async def test_a_trees_share_of_the_threads_grows_with_its_priority(c, s, a):
     first_high = STEPS.index("high")
     after = STEPS[first_high:]
     assert after.count("high") > 2 * after.count("low") > 0, (after.count("high"), after.count("low"))
+
+
+@coroutine
+def resumes_and_holds():
+    # Waits on the cluster (it secedes), then holds its thread again in a
+    # step of a seceded task, which distributed counts as holding none.
+    x = yield dask.delayed(lambda: 1, pure=False)()
+    FLAGS["holding"].set()
+    FLAGS["release"].wait(60)
+    return x
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], timeout=60)
+async def test_a_thread_a_resumed_run_holds_is_not_counted_idle(c, s, a):
+    """A run that waited secedes for good (distributed has no way back to a
+    slot); its later steps hold a thread all the same. The scheduler hears
+    of it and does not count that thread idle: counted idle, it made other
+    runs hand their calls out to a worker with no thread free, where they
+    queued behind those steps (a small tree's calls waited out a wide
+    tree's chains)."""
+    from dask_coro.runtime.scheduler import NAME
+
+    FLAGS.update({"holding": threading.Event(), "release": threading.Event()})
+    f = c.compute(resumes_and_holds())
+    await async_poll_for(lambda: FLAGS["holding"].is_set(), timeout=30)
+    assert s.tasks[f.key] in s.workers[a.address].long_running
+    await async_poll_for(lambda: NAME in s.plugins, timeout=30)
+    plugin = s.plugins[NAME]
+    await async_poll_for(lambda: plugin.handle_idle() == 0, timeout=10)
+    assert plugin.busy == {a.address: 1}
+    FLAGS["release"].set()
+    assert await f == 1
+    await async_poll_for(lambda: plugin.busy == {} and plugin.handle_idle() == 1, timeout=10)

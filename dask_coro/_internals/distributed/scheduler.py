@@ -78,21 +78,26 @@ def used_resources(scheduler: Any, worker: str) -> dict[str, float]:
     return dict(scheduler.workers[worker].used_resources)
 
 
-def idle_threads(scheduler: Any) -> int:
+def idle_threads(scheduler: Any, busy: dict[str, int] | None = None) -> int:
     """Free threads on running workers, less the tasks already waiting for one.
 
     A seceded (long-running) task holds no thread, as in distributed's own
-    ``_task_slots_available``. With queuing on (finite
-    ``Scheduler.WORKER_SATURATION``), ``Scheduler.idle_task_count`` holds
-    exactly the workers that have a free slot; else look at them all."""
+    ``_task_slots_available``; ``busy`` (worker address -> threads) are the
+    threads of a worker that such tasks took again without telling
+    distributed (a coroutine's step after it seceded), taken off its free
+    ones. With queuing on (finite ``Scheduler.WORKER_SATURATION``),
+    ``Scheduler.idle_task_count`` holds exactly the workers that have a free
+    slot; else look at them all."""
     if math.isinf(scheduler.WORKER_SATURATION):
         workers = scheduler.workers.values()
     else:
         workers = scheduler.idle_task_count
+    busy = busy or {}
     free = 0
     for ws in workers:
         if ws.status == Status.running:
-            free += max(0, ws.nthreads - (len(ws.processing) - len(ws.long_running)))
+            used = len(ws.processing) - len(ws.long_running) + busy.get(ws.address, 0)
+            free += max(0, ws.nthreads - used)
     return max(0, free - len(scheduler.queued) - len(scheduler.unrunnable))
 
 

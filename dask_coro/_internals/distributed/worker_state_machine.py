@@ -21,6 +21,13 @@ def worker_task_annotations(worker: Any, key: Key) -> dict[str, Any]:
     return dict(ts.annotations or {}) if ts is not None else {}
 
 
+def worker_task_function(worker: Any, key: Key) -> Any:
+    """The function of ``key``'s task on this worker (``WorkerTaskState.run_spec``,
+    a ``dask.Task``: its ``func``), or None (unknown key, no run_spec)."""
+    ts = worker.state.tasks.get(key)
+    return getattr(getattr(ts, "run_spec", None), "func", None)
+
+
 def worker_task_error(worker: Any, key: Key) -> BaseException | None:
     """The error ``key``'s task raised on this worker, if it is in state
     ``error`` there (``WorkerTaskState.exception``: a ``Serialize`` of the
