@@ -14,8 +14,9 @@ plugin is installed by the first coroutine that runs on a worker (or by
 ``--preload dask_coro``), so the page appears from then on; a page of the
 dashboard loaded before lists it after a reload.
 
-``GET coroutines``: the newest roots (``page.MAX_ROOTS``), each with its
-counts and its tasks by function. ``GET coroutines?key=<key>``: that task's
+``GET coroutines``: the groups and streams the scheduler heard of, with a
+plot of their totals over time, then the newest roots (``page.MAX_ROOTS``),
+each with its counts and its tasks by function. ``GET coroutines?key=<key>``: that task's
 tree; 404 with a message naming the key if no recorded tree holds it.
 """
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 import weakref
 from functools import partial
+from time import time
 from typing import Any
 
 from tornado import web
@@ -92,7 +94,10 @@ def _roots(plugin: Any) -> str:
         (answer, page.functions_of(answer, partial(plugin.book.subtree, answer["key"])))
         for answer in plugin.handle_progress(newest)
     ]
-    return page.render_roots(shown, len(roots))
+    now = time()
+    groups, streams = plugin.activity.rows(now)
+    activity = page.render_activity(groups, streams, plugin.activity.series(now))
+    return page.render_roots(shown, len(roots), activity)
 
 
 def _tree(plugin: Any, key: str) -> tuple[int, str]:

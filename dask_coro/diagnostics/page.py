@@ -3,7 +3,9 @@ Pure: ``TreePlugin``'s answers in, markup out; every key and name is escaped
 here, and nowhere else.
 
 Each root shows its state, its counts and its tasks by function; the page of
-one task (``coroutines?key=...``) shows its tree. The markup carries its data
+one task (``coroutines?key=...``) shows its tree. Above the roots: the groups
+(children by state) and streams (items produced, buffered, taken) the
+scheduler heard of (``activity.py``), and a plot of their totals over time. The markup carries its data
 in attributes (``data-key``, ``data-state``, ``data-function``) for scripts and
 tests that read the page.
 """
@@ -12,19 +14,25 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable, Iterable, Sequence
+from itertools import pairwise
 from typing import Any
 from urllib.parse import quote
 
 from dask.utils import format_time, key_split
 
+from .activity import GROUP_STATES
 from .book import DONE, FAILED
 
 MAX_ROOTS = 50  # the newest roots the list shows
 MAX_NODES = 500  # the nodes a task's page lists
+MAX_ROWS = 50  # the groups (and the streams) the list shows
 REFRESH_MS = 1000  # the page fetches its content again this often
 
 _FINISHED = (DONE, FAILED, "forgotten")
 _STATE_COLORS = {DONE: "#a6dba0", FAILED: "#f4a582", "processing": "#fee08b", "released": "#c2a5cf"}
+# A group's and a stream's states (``activity.py``) alike.
+_STATE_COLORS.update({"open": "#fee08b", "running": "#fee08b", "closed": "#a6dba0", "done": "#a6dba0",
+                      "failed": "#f4a582", "cancelled": "#c2a5cf"})
 
 Functions = dict[str, dict[str, int]]
 
@@ -118,9 +126,126 @@ def _root(answer: dict[str, Any], functions: Functions) -> str:
     )
 
 
-def render_roots(roots: Sequence[tuple[dict[str, Any], Functions]], total: int) -> str:
+# -- groups and streams ----------------------------------------------------------
+
+_GROUP_COLORS = {"done": "#a6dba0", "failed": "#f4a582", "cancelled": "#c2a5cf", "running": "#fee08b",
+                 "pending": "#e0e0e0"}
+_SERIES = (("children ended", "#1b7837"), ("items produced", "#2166ac"), ("items taken", "#d6604d"))
+
+
+def _bar(counts: Sequence[int]) -> str:
+    total = sum(counts)
+    if not total:
+        return ""
+    by = dict(zip(GROUP_STATES, counts, strict=True))
+    parts = "".join(
+        f'<span style="width: {100 * by[name] / total:.1f}%; background: {_GROUP_COLORS[name]}"></span>'
+        for name in ("done", "failed", "cancelled", "running", "pending") if by[name]
+    )
+    return f'<span class="dask-coro-bar">{parts}</span>'
+
+
+def render_groups(rows: Sequence[Any], limit: int = MAX_ROWS) -> str:
+    """The groups (``activity.GroupRow``), as ``Activity.rows`` orders them:
+    their children by state."""
+    if not rows:
+        return ""
+    out = []
+    for row in rows[:limit]:
+        cells = "".join(f'<td class="{name}">{int(c)}</td>' for name, c in zip(GROUP_STATES, row.counts, strict=True))
+        out.append(
+            f'<tr data-group="{_e(row.parent)}" data-index="{int(row.n)}" data-state="{_e(row.state)}">'
+            f'<td class="key">group {int(row.n)} of {_link(row.parent)}</td><td>{_state(row.state)}</td>'
+            f'<td class="limit">{"" if row.limit is None else int(row.limit)}</td>{cells}'
+            f"<td>{_bar(row.counts)}</td></tr>"
+        )
+    more = f"<p>and {len(rows) - limit} more group(s), not listed.</p>" if len(rows) > limit else ""
+    head = "".join(f"<th>{name}</th>" for name in GROUP_STATES)
+    return (
+        '<h3>Groups</h3><table class="dask-coro-groups"><thead><tr><th>group</th><th>state</th>'
+        f'<th>limit</th>{head}<th></th></tr></thead><tbody>{"".join(out)}</tbody></table>{more}'
+    )
+
+
+def render_streams(rows: Sequence[Any], limit: int = MAX_ROWS) -> str:
+    """The streams (``activity.StreamRow``): items produced (published),
+    buffered (published, not taken), taken."""
+    if not rows:
+        return ""
+    out = []
+    for row in rows[:limit]:
+        out.append(
+            f'<tr data-stream="{_e(row.producer)}" data-state="{_e(row.state)}">'
+            f'<td class="key">{_link(row.producer)}</td><td class="function">{_e(key_split(row.producer))}</td>'
+            f'<td>{_state(row.state)}</td><td class="produced">{int(row.produced)}</td>'
+            f'<td class="buffered">{int(row.buffered)}</td><td class="taken">{int(row.taken)}</td>'
+            f'<td class="buffer">{"" if row.buffer is None else int(row.buffer)}</td></tr>'
+        )
+    more = f"<p>and {len(rows) - limit} more stream(s), not listed.</p>" if len(rows) > limit else ""
+    return (
+        '<h3>Streams</h3><table class="dask-coro-streams"><thead><tr><th>producer</th><th>function</th>'
+        "<th>state</th><th>produced</th><th>buffered</th><th>taken</th><th>buffer</th></tr></thead>"
+        f'<tbody>{"".join(out)}</tbody></table>{more}'
+    )
+
+
+def render_plot(series: Sequence[tuple[float, int, int, int]], width: int = 640, height: int = 150) -> str:
+    """The totals over time (``Activity.series``) as an SVG step plot:
+    children of groups ended, stream items produced and taken."""
+    if len(series) < 2:
+        return ""
+    t0, t1 = series[0][0], series[-1][0]
+    span = max(t1 - t0, 1e-9)
+    top = max(max(s[1:]) for s in series) or 1
+    left, right, pad = 40, width - 10, 12
+    bottom = height - 20
+
+    def x(t: float) -> float:
+        return left + (right - left) * (t - t0) / span
+
+    def y(v: float) -> float:
+        return bottom - (bottom - pad) * v / top
+
+    lines, legend = [], []
+    for i, (name, color) in enumerate(_SERIES, start=1):
+        points = [f"{x(series[0][0]):.1f},{y(series[0][i]):.1f}"]
+        for before, now in pairwise(series):  # a step: flat until the change
+            points.append(f"{x(now[0]):.1f},{y(before[i]):.1f}")
+            points.append(f"{x(now[0]):.1f},{y(now[i]):.1f}")
+        lines.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{" ".join(points)}"/>')
+        slug = name.replace(" ", "-")
+        legend.append(
+            f'<span class="{slug}" style="color: {color}">&#9632; {name} '
+            f'<span class="total">{int(series[-1][i])}</span></span>'
+        )
+    axes = (
+        f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="#888"/>'
+        f'<line x1="{left}" y1="{pad}" x2="{left}" y2="{bottom}" stroke="#888"/>'
+        f'<text x="{left - 4}" y="{pad + 4}" text-anchor="end">{int(top)}</text>'
+        f'<text x="{left - 4}" y="{bottom}" text-anchor="end">0</text>'
+        f'<text x="{left}" y="{height - 4}">-{_e(format_time(span))}</text>'
+        f'<text x="{right}" y="{height - 4}" text-anchor="end">now</text>'
+    )
+    return (
+        f'<div class="dask-coro-plot" data-samples="{len(series)}"><p>{" · ".join(legend)}</p>'
+        f'<svg width="{width}" height="{height}" font-size="10" font-family="sans-serif">{axes}{"".join(lines)}</svg></div>'
+    )
+
+
+def render_activity(groups: Sequence[Any], streams: Sequence[Any], series: Sequence[tuple[float, int, int, int]]) -> str:
+    """The groups, the streams and the plot of their totals; nothing if
+    the scheduler heard of none."""
+    if not groups and not streams:
+        return ""
+    return f'<div class="dask-coro-activity">{render_plot(series)}{render_groups(groups)}{render_streams(streams)}</div>'
+
+
+def render_roots(
+    roots: Sequence[tuple[dict[str, Any], Functions]], total: int, activity: str = ""
+) -> str:
     """The list: ``roots`` are (``handle_progress`` answer, functions) of the
-    newest of ``total`` recorded roots, newest first."""
+    newest of ``total`` recorded roots, newest first; ``activity``
+    (``render_activity``) above them."""
     running = sum(1 for answer, _ in roots if answer["state"] not in _FINISHED)
     if not total:
         body = (
@@ -132,7 +257,7 @@ def render_roots(roots: Sequence[tuple[dict[str, Any], Functions]], total: int) 
         shown = f", the newest {len(roots)} shown" if len(roots) < total else ""
         body = f"<p>{total} root(s){shown}; {running} of them running.</p>"
         body += "".join(_root(answer, functions) for answer, functions in roots)
-    return f'<div class="dask-coro" data-roots="{total}"><h2>Coroutines</h2>{body}</div>'
+    return f'<div class="dask-coro" data-roots="{total}"><h2>Coroutines</h2>{activity}{body}</div>'
 
 
 def render_tree(answer: dict[str, Any], functions: Functions, limit: int = MAX_NODES) -> str:
@@ -189,6 +314,9 @@ _STYLE = """<style>
 .dask-coro-state { padding: 0 0.4em; border-radius: 3px; font-size: 0.8em; }
 .dask-coro-root h3 { font-family: monospace; margin-bottom: 0.2em; }
 #dask-coro-status { color: #888; font-size: 0.8em; padding: 0 1em; }
+.dask-coro-bar { display: inline-flex; width: 10em; height: 0.8em; background: #f4f4f4; }
+.dask-coro-bar span { display: inline-block; height: 100%; }
+.dask-coro-plot p { margin: 0.3em 0; font-size: 0.9em; }
 </style>"""
 
 # The page replaces its content with a fresh fragment from the same URL

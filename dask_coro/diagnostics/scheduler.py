@@ -8,6 +8,11 @@ The runner annotates every task a coroutine submits with
 annotations to ``SchedulerPlugin.update_graph``. States and compute times come
 from ``transition``. Calls run inline (no task) are counted by the workers,
 which send what changed on their stream (``CALLS_OP``, ``handle_calls``).
+
+Groups and streams, for the dashboard (``activity.Activity``): a worker
+sends a group's children by state (``GROUP_OP``, ``handle_group``);
+``StreamPlugin``, in this process, calls ``stream_progress`` and
+``stream_ended``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from .._internals.distributed.collections import drop_stale_queue_entries
 from .._internals.distributed.core import add_handlers
 from ..runtime.extensions import children_by_parent
 from . import dashboard
+from .activity import GROUP_OP, Activity
 from .book import CALLS_OP, TreeBook
 
 logger = logging.getLogger("dask_coro")
@@ -42,6 +48,7 @@ class TreePlugin(SchedulerPlugin):
 
     def __init__(self) -> None:
         self.book = TreeBook()
+        self.activity = Activity()
         self.scheduler: Any = None
         # Under distributed.scheduler.validate only: TaskStates that left
         # the queue other than to run, while something keeps them alive
@@ -60,7 +67,7 @@ class TreePlugin(SchedulerPlugin):
         add_handlers(
             scheduler,
             rpc={"dask_coro_tree": self.handle_tree, "dask_coro_progress": self.handle_progress},
-            stream={CALLS_OP: self.handle_calls},
+            stream={CALLS_OP: self.handle_calls, GROUP_OP: self.handle_group},
         )
         try:
             dashboard.install(scheduler, self.name)
@@ -98,6 +105,8 @@ class TreePlugin(SchedulerPlugin):
             ts = self.scheduler.tasks.get(key)  # a forgotten one is put back for plugins
             if ts is not None:
                 self._left_queue[key] = ts
+        if start == "processing" and key in self.activity.parents:
+            self.activity.parent_ended(key, finish, time())
         if not self.book.follows(key):
             return
         if finish == "forgotten":
@@ -142,6 +151,31 @@ class TreePlugin(SchedulerPlugin):
             self.book.calls(key, calls, time())
         except Exception:  # a bad message must not close the worker's stream
             logger.exception("dask_coro: bad inline-call counts for %r: %r", key, calls)
+
+    def handle_group(
+        self, key: Key, group: int, counts: list[int], limit: int | None = None, closed: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        """A worker's report of group ``group`` of the coroutine ``key``:
+        its children by state (``activity.GROUP_STATES``)."""
+        ts = self.scheduler.tasks.get(key)
+        if ts is None or ts.state != "processing":
+            # Sent before its parent's end, which came first: over.
+            if (key, group) not in self.activity.groups:
+                return
+            closed = True
+        try:
+            self.activity.group(key, group, counts, limit, closed, time())
+        except Exception:  # a bad message must not close the worker's stream
+            logger.exception("dask_coro: bad group counts for %r: %r", key, counts)
+
+    def stream_progress(self, producer: Key, produced: int, taken: int, buffer: int | None = None) -> None:
+        """Stream ``producer`` published ``produced`` items, its consumer took ``taken``."""
+        self.activity.stream(producer, produced, taken, time(), buffer)
+
+    def stream_ended(self, producer: Key, state: str | None) -> None:
+        """Stream ``producer``'s task ended in ``state`` (None: it runs again)."""
+        self.activity.stream_ended(producer, state, time())
 
     def _state(self, key: Key) -> str:
         ts = self.scheduler.tasks.get(key)

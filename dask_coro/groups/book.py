@@ -166,7 +166,7 @@ class GroupBook:
     """
 
     __slots__ = ("limit", "children", "queued", "started", "ready", "left", "replay", "replayed",
-                 "delivered", "closed")
+                 "delivered", "closed", "ended")
 
     def __init__(self, limit: int | None = None, replay: Iterable[int] = ()):
         check_limit(limit)
@@ -183,6 +183,9 @@ class GroupBook:
         #: Indices delivered by this run, in order (what a replay would need).
         self.delivered: list[int] = []
         self.closed = False
+        #: Children that ended done, failed, or cancelled before they ended
+        #: (``counts``).
+        self.ended = [0, 0, 0]
 
     def spawn(self, group: Any, obj: Any, stream: bool = False) -> tuple[Child, bool]:
         """A new child of ``obj`` (a stream child: delivered per item); True
@@ -208,6 +211,7 @@ class GroupBook:
         self.started -= 1
         child.state = DONE
         child.obj = None
+        self.ended[0 if ok else 1] += 1
         items = child.items
         if items is None:
             child.outcome = (ok, value)
@@ -300,6 +304,8 @@ class GroupBook:
             self.started -= 1
         elif state != DONE:
             return False
+        if state != DONE:
+            self.ended[2] += 1
         if state == DONE or child.items:
             self.ready = deque(c for c in self.ready if c is not child)
         child.state = CANCELLED
@@ -340,6 +346,13 @@ class GroupBook:
     def fill(self) -> list[Child]:
         """Queued children that may start now (after a cancel freed room)."""
         return [] if self.closed else self._fill()
+
+    def counts(self) -> list[int]:
+        """The children by state, each counted once: queued (over the limit),
+        started and not ended, ended done, ended failed (a stream child: by
+        its producer's end), cancelled before they ended. A child cancelled
+        after it ended, before it was delivered, counts as it ended."""
+        return [len(self.queued), self.started, *self.ended]
 
     def __len__(self) -> int:
         return self.left

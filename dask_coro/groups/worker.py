@@ -40,8 +40,11 @@ from typing import TYPE_CHECKING, Any
 from .. import _config
 from .._exceptions import BaseExceptionError
 from .._internals.distributed.client import future_settled, send_on_client_stream
+from .._internals.distributed.worker import scheduler_stream_open, send_on_worker_stream
 from ..core.engine import NOT_DONE
 from ..core.structure import Structure
+from ..diagnostics.activity import GROUP_OP, REPORT_INTERVAL
+from ..diagnostics.extension import TREE
 from ..durability.scheduler import GROUP_LOG
 from ..durable import order as durable_order
 from ..runtime.beside import Beside, run_beside
@@ -99,7 +102,11 @@ class WorkerBackend:
         # Set once the replay (what an earlier run of the parent was given)
         # and the deadline are known: the first take waits for it.
         self.ready: concurrent.futures.Future[None] = concurrent.futures.Future()
+        # The counts last sent to the dashboard's plugin, and the next look.
+        self.reported: tuple[list[int], bool] | None = None
+        self.report_timer: asyncio.TimerHandle | None = None
         self.loop.call_soon_threadsafe(self._spawn_task, self._prepare())
+        self.loop.call_soon_threadsafe(self._report)
 
     def check_stream(self, s: Any) -> None:
         self.group.place(s, "worker", getattr(s.backend, "run", None) is self.run)
@@ -189,6 +196,30 @@ class WorkerBackend:
         client = await self.run.submitting_client()
         msg = {"op": GROUP_LOG, "key": self.run.key, "group": self.ident[2], "index": index, "deadline": deadline}
         send_on_client_stream(client, msg)
+
+    def _report(self) -> None:
+        """Send the group's children by state to the scheduler's TreePlugin
+        (the dashboard's Coroutines page) if they changed since last sent:
+        every ``REPORT_INTERVAL`` while the group is open, and once it
+        closed (``_stop``), on the worker's stream, ahead of the parent's
+        end. Nothing if the tree is off (no plugin to hear it: a stream
+        message nobody handles would close the stream)."""
+        self.report_timer = None
+        if not self.run.installed(TREE.name):
+            return
+        g = self.group
+        with g.lock:
+            counts = g.book.counts()
+            closed = g.book.closed
+        worker = self.run.worker
+        if (counts, closed) != self.reported and scheduler_stream_open(worker):
+            self.reported = (counts, closed)
+            send_on_worker_stream(worker, {
+                "op": GROUP_OP, "key": self.run.key, "group": self.ident[2], "counts": counts,
+                "limit": g.book.limit, "closed": closed,
+            })
+        if not closed:
+            self.report_timer = self.loop.call_later(REPORT_INTERVAL, self._report)
 
     def _arm(self) -> None:
         deadline = self.group.deadline
@@ -452,6 +483,9 @@ class WorkerBackend:
         if closing and self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        if closing and self.report_timer is not None:
+            self.report_timer.cancel()
+            self._report()  # the last counts, closed
         # The body may wait in next() for these very children: once no
         # child is left it must hear so (``_take`` answers None), as a
         # group on the client does, whoever cancelled them (the body's

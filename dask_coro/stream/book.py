@@ -9,6 +9,10 @@ from typing import Any
 #: The op of a published item on the producer's worker's stream.
 PUBLISH = "dask-coro-stream-publish"
 
+#: The annotation that makes a coroutine task a stream's producer:
+#: ``{"buffer": n}``.
+ANNOTATION = "dask_coro_stream"
+
 #: Where a run keeps what it is as a producer (``Run.notes``).
 NOTE = "stream"
 

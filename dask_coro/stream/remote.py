@@ -29,7 +29,7 @@ from .._exceptions import DaskCoroError
 from .._internals.distributed.client import future_in_memory
 from .._internals.distributed.worker import send_on_worker_stream, store_own_data
 from ..runtime.extensions import Run
-from .book import NOTE, PUBLISH
+from .book import ANNOTATION, NOTE, PUBLISH
 
 logger = logging.getLogger("dask_coro")
 
@@ -45,9 +45,6 @@ SHARED = 1 << 20
 #: Segment names a producer ties ahead of the items that will need them (one
 #: round trip to the scheduler for several, while the body makes the next).
 AHEAD = 4
-
-#: The annotation that makes a coroutine task a stream's producer.
-ANNOTATION = "dask_coro_stream"
 
 _installed: dict[str, asyncio.Future[None]] = {}  # by client id
 

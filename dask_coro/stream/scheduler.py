@@ -12,6 +12,10 @@ until one is published or the producer's task ended. A producer with
 ``buffer`` items not taken waits here (``dask_coro_stream_room``) until the
 consumer asks for the next one, or the producer's task is released (its
 consumer let go of it: it is being cancelled).
+
+The dashboard's Coroutines page shows each stream's items published and
+taken: told to the tree's plugin (``TreePlugin.stream_progress``), in
+process, as they change, when the tree is on.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from .._internals.distributed.scheduler import (
     scheduler_plugin,
     send_to_worker,
 )
-from .book import ENDED, PUBLISH, Replay, StreamBook, item_key
+from ..diagnostics.scheduler import NAME as TREE
+from .book import ANNOTATION, ENDED, PUBLISH, Replay, StreamBook, item_key
 
 logger = logging.getLogger("dask_coro")
 
@@ -111,6 +116,17 @@ class StreamPlugin(SchedulerPlugin):
             return
         lifetimes.hand_over(shared, key, to, worker)
 
+    def _progress(self, key: Any, book: StreamBook) -> None:
+        """Tell the dashboard's plugin what ``key``'s stream published and
+        its consumer took (no plugin: the tree is off)."""
+        tree = scheduler_plugin(self.scheduler, TREE)
+        if tree is None:
+            return
+        ts = self.scheduler.tasks.get(key)
+        ann = ts.annotations.get(ANNOTATION) if ts is not None and ts.annotations else None
+        buffer = ann.get("buffer") if isinstance(ann, dict) else None
+        tree.stream_progress(key, book.published, book.taken, buffer)
+
     def _let_go(self, producer: Any, keys: list[Any]) -> None:
         if keys:
             self.scheduler.client_releases_keys(keys=keys, client=_holder(producer), stimulus_id="dask-coro-stream-taken")
@@ -156,6 +172,7 @@ class StreamPlugin(SchedulerPlugin):
         if shared:
             book.hosts[index] = get_address_host(worker)
             self._hand_over(shared, key, ik, worker)
+        self._progress(key, book)
         self._wake(key)
 
     async def next(
@@ -176,7 +193,10 @@ class StreamPlugin(SchedulerPlugin):
             # would make a stream's memory unbounded): its producer runs
             # again from its first item, under a key of its own.
             return {"keys": [], "ended": None, "values": None, "restart": book.taken}
+        taken = book.taken
         self._let_go(key, book.take(index, keep or ()))
+        if book.taken != taken:
+            self._progress(key, book)
         self._wake(key)  # a producer waiting for room
         while True:
             ready = book.ready(index)
@@ -215,6 +235,10 @@ class StreamPlugin(SchedulerPlugin):
             book.ended = finish
         elif start == "processing":
             book.ended = None  # released: run again (its worker died) or cancelled
+        if finish in ENDED or start == "processing":
+            tree = scheduler_plugin(self.scheduler, TREE)
+            if tree is not None:
+                tree.stream_ended(key, book.ended)
         if finish == "forgotten":
             del self.books[key]
             self._let_go(key, book.let_go())

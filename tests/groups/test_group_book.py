@@ -168,3 +168,21 @@ def test_cancelling_a_stream_child_drops_its_items():
     b.emitted(s, 2)
     assert b.cancel(s) is True  # its producer runs: to stop
     assert s.state == CANCELLED and not s.items and b.take() is None and len(b) == 0
+
+
+def test_counts_by_state_count_each_child_once():
+    # What the dashboard shows of a group: queued, started, done, failed,
+    # cancelled before it ended; one ended before it was cancelled keeps its end.
+    b = GroupBook(limit=2)
+    c = [b.spawn(None, i)[0] for i in range(6)]
+    b.spawn(None, "stream", stream=True)
+    assert b.counts() == [5, 2, 0, 0, 0]
+    b.finished(c[0], True, 0)
+    b.finished(c[1], False, ValueError("x"))
+    assert b.counts() == [3, 2, 1, 1, 0]
+    assert b.cancel(c[5]) is False  # queued
+    b.finished(c[2], True, 2)  # ended, never delivered
+    assert b.counts() == [1, 2, 2, 1, 1]
+    assert b.cancel_all() == [c[3], c[4]]  # started: cancelled; c[2] counts as done
+    assert b.counts() == [0, 0, 2, 1, 4]
+    assert sum(b.counts()) == len(b.children)
