@@ -10,9 +10,33 @@ import subprocess
 import sys
 import threading
 import time
+from typing import TypeVar
 
 from distributed import Client, SchedulerPlugin
 from distributed.utils_test import gen_cluster
+
+_B = TypeVar("_B", bound="Background")
+
+
+class Background:
+    """Work done by a daemon thread while in a ``with`` block: ``_run``, which
+    returns once ``self._stop`` is set (leaving the block sets it, then joins
+    the thread)."""
+
+    def __init__(self, name: str | None = None) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _B) -> _B:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def cluster(**kwargs):
