@@ -52,6 +52,25 @@ def cluster(**kwargs):
     return gen_cluster(client=True, client_kwargs={"set_as_default": False}, **kwargs)
 
 
+def inline_and_as_tasks(check, workers: int = 2):
+    """Two cluster tests of ``await check(client)``: one with coroutine calls
+    run inline (marked ``inline``) on one worker of one thread, one with them
+    as tasks on ``workers`` workers of one thread each. A module names them
+    ``test_x_inline, test_x_as_tasks = inline_and_as_tasks(_check_x)``."""
+    import pytest  # not at the top: scripts import this module
+
+    @pytest.mark.inline
+    @cluster(nthreads=[("", 1)])
+    async def inline(c, s, a):
+        await check(c)
+
+    @cluster(nthreads=[("", 1)] * workers)
+    async def as_tasks(c, s, *ws):
+        await check(c)
+
+    return inline, as_tasks
+
+
 class Recorder(SchedulerPlugin):
     """Records what the scheduler heard of.
 
