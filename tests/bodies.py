@@ -64,6 +64,18 @@ def yields_one_by_one(child, n):
     return total
 
 
+def first_items_one_by_one(child, n):
+    """For ``yield from`` in a body: yields ``child(i)`` for ``i < n``, one
+    at a time, letting go of each result before the next; the sum of their
+    first items."""
+    total = 0
+    for i in range(n):
+        a = yield child(i)
+        total += a[0]
+        del a
+    return total
+
+
 def cleared(*stores):
     """An autouse fixture that empties each of ``stores`` (a list, dict, set,
     or anything with ``clear()``: the module state in-process workers record

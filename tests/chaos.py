@@ -33,6 +33,7 @@ import dask
 import psutil
 from distributed import Client, LocalCluster, worker_client
 from distributed.core import Status
+from helpers import Background
 from workloads import fib, process_all_pure
 
 from dask_coro import coroutine
@@ -66,7 +67,7 @@ def _running_pids(cluster: LocalCluster) -> list[int]:
     return pids
 
 
-class Killer:
+class Killer(Background):
     """SIGKILLs a random worker process of ``cluster`` every ``low``-``high``
     seconds while in a ``with`` block; counts the kills.
 
@@ -94,8 +95,7 @@ class Killer:
         self.random = random.Random(seed)
         self.kills = 0
         self._since = 0  # kills since next_workload()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
 
     def _run(self) -> None:
         while not self._stop.wait(self.random.uniform(self.low, self.high)):
@@ -126,16 +126,8 @@ class Killer:
     def next_workload(self) -> None:
         self._since = 0
 
-    def __enter__(self) -> Killer:
-        self._thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-class WorkerMemory:
+class WorkerMemory(Background):
     """The resident memory of ``cluster``'s worker processes, sampled every
     ``interval`` s in a thread: ``peak()`` says the largest one process
     reached and the largest sum over the processes alive at one sample,
@@ -148,8 +140,7 @@ class WorkerMemory:
         self._lock = threading.Lock()
         self._procs: dict[int, psutil.Process] = {}
         self._one = self._sum = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
 
     def _sample(self) -> None:
         total = one = 0
@@ -181,14 +172,6 @@ class WorkerMemory:
         self._sample()
         with self._lock:
             return self._one, self._sum
-
-    def __enter__(self) -> WorkerMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 # -- the new workloads -------------------------------------------------------------

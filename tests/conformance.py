@@ -83,6 +83,7 @@ from collections import Counter, OrderedDict, namedtuple
 from typing import Any
 
 import dask
+from helpers import Background
 
 import dask_coro
 from dask_coro import coroutine, gather, result
@@ -1105,7 +1106,7 @@ def _force_beside(dask_worker: Any, on: bool) -> None:
     TIMINGS.force = True if on else None
 
 
-class _Pauser:
+class _Pauser(Background):
     """The paused path: every run of every worker of an in-process cluster
     asked to pause (``_Run._pause``, as a waiting step of a fairer tree
     asks; docs/running.md, fair progress between trees) about every
@@ -1114,25 +1115,16 @@ class _Pauser:
 
     def __init__(self, client: Any):
         self.workers = list(client.cluster.workers.values())
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._main, name="conformance-pauser", daemon=True)
+        super().__init__(name="conformance-pauser")
 
-    def _main(self) -> None:
+    def _run(self) -> None:
         from dask_coro.runtime.worker import _watcher
 
         watchers = [_watcher(w) for w in self.workers]
-        while not self.stop.wait(0.001):
+        while not self._stop.wait(0.001):
             for watcher in watchers:
                 for run in list(watcher.runs.values()):
                     run._pause()
-
-    def __enter__(self) -> _Pauser:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop.set()
-        self.thread.join()
 
 
 class Harness:

@@ -10,9 +10,33 @@ import subprocess
 import sys
 import threading
 import time
+from typing import TypeVar
 
 from distributed import Client, SchedulerPlugin
 from distributed.utils_test import gen_cluster
+
+_B = TypeVar("_B", bound="Background")
+
+
+class Background:
+    """Work done by a daemon thread while in a ``with`` block: ``_run``, which
+    returns once ``self._stop`` is set (leaving the block sets it, then joins
+    the thread)."""
+
+    def __init__(self, name: str | None = None) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _B) -> _B:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def cluster(**kwargs):
@@ -26,6 +50,25 @@ def cluster(**kwargs):
     is something the runner has to notice.
     """
     return gen_cluster(client=True, client_kwargs={"set_as_default": False}, **kwargs)
+
+
+def inline_and_as_tasks(check, workers: int = 2):
+    """Two cluster tests of ``await check(client)``: one with coroutine calls
+    run inline (marked ``inline``) on one worker of one thread, one with them
+    as tasks on ``workers`` workers of one thread each. A module names them
+    ``test_x_inline, test_x_as_tasks = inline_and_as_tasks(_check_x)``."""
+    import pytest  # not at the top: scripts import this module
+
+    @pytest.mark.inline
+    @cluster(nthreads=[("", 1)])
+    async def inline(c, s, a):
+        await check(c)
+
+    @cluster(nthreads=[("", 1)] * workers)
+    async def as_tasks(c, s, *ws):
+        await check(c)
+
+    return inline, as_tasks
 
 
 class Recorder(SchedulerPlugin):

@@ -11,6 +11,23 @@ class Layer:
     """Any weak-referenceable object stands in for a graph layer."""
 
 
+def cache_with(*renames: dict) -> tuple[ResultCache, list[Layer]]:
+    """A cache given, in one ``add``, a live layer for each of ``renames``
+    (original key -> renamed key): the cache, and those layers, held by the
+    caller alone."""
+    c = ResultCache()
+    layers = [Layer() for _ in renames]
+    c.add(list(zip(layers, renames)))
+    return c, layers
+
+
+def swept(c: ResultCache) -> list:
+    """``c.sweep()`` once the cycle collector ran: the renamed keys of the
+    layers that died, handed back."""
+    gc.collect()
+    return c.sweep()
+
+
 def test_empty():
     c = ResultCache()
     assert c.known == {}
@@ -19,50 +36,37 @@ def test_empty():
 
 
 def test_add_and_sweep_while_alive():
-    c = ResultCache()
-    layer = Layer()
-    c.add([(layer, {"a-orig": "a-new", "b-orig": "b-new"})])
+    c, [layer] = cache_with({"a-orig": "a-new", "b-orig": "b-new"})
     assert c.known == {"a-orig": "a-new", "b-orig": "b-new"}
-    gc.collect()
-    assert c.sweep() == []
+    assert swept(c) == []
     assert c.known == {"a-orig": "a-new", "b-orig": "b-new"}
     del layer
 
 
 def test_sweep_after_layer_dies():
-    c = ResultCache()
-    layer = Layer()
-    c.add([(layer, {"a-orig": "a-new", "b-orig": "b-new"})])
+    c, [layer] = cache_with({"a-orig": "a-new", "b-orig": "b-new"})
     del layer
-    gc.collect()
-    assert sorted(c.sweep()) == ["a-new", "b-new"]
+    assert sorted(swept(c)) == ["a-new", "b-new"]
     assert c.known == {}
     # Handed back once only.
     assert c.sweep() == []
 
 
 def test_only_dead_layers_are_swept():
-    c = ResultCache()
-    l1, l2 = Layer(), Layer()
-    c.add([(l1, {"x": "x-new"}), (l2, {"y": "y-new"})])
+    c, [l1, l2] = cache_with({"x": "x-new"}, {"y": "y-new"})
     del l1
-    gc.collect()
-    assert c.sweep() == ["x-new"]
+    assert swept(c) == ["x-new"]
     assert c.known == {"y": "y-new"}
     del l2
-    gc.collect()
-    assert c.sweep() == ["y-new"]
+    assert swept(c) == ["y-new"]
     assert c.known == {}
 
 
 def test_layer_in_reference_cycle_is_swept_after_gc():
-    c = ResultCache()
-    layer = Layer()
+    c, [layer] = cache_with({"k": "k-new"})
     layer.self = layer  # only the cycle collector frees it
-    c.add([(layer, {"k": "k-new"})])
     del layer
-    gc.collect()
-    assert c.sweep() == ["k-new"]
+    assert swept(c) == ["k-new"]
 
 
 def test_key_renamed_again_by_later_layer_is_not_swept():
@@ -74,12 +78,10 @@ def test_key_renamed_again_by_later_layer_is_not_swept():
     c.add([(new, {"k": "k-second"})])
     assert c.known == {"k": "k-second"}
     del old
-    gc.collect()
-    assert c.sweep() == []
+    assert swept(c) == []
     assert c.known == {"k": "k-second"}
     del new
-    gc.collect()
-    assert c.sweep() == ["k-second"]
+    assert swept(c) == ["k-second"]
     assert c.known == {}
 
 
@@ -100,22 +102,17 @@ def test_add_empty():
 
 
 def test_clear_returns_known_and_forgets():
-    c = ResultCache()
-    l1, l2 = Layer(), Layer()
-    c.add([(l1, {"a": "a-new"}), (l2, {"b": "b-new"})])
+    c, [l1, l2] = cache_with({"a": "a-new"}, {"b": "b-new"})
     assert sorted(c.clear()) == ["a-new", "b-new"]
     assert c.known == {}
     # Layers dying after clear do not bring anything back.
     del l1, l2
-    gc.collect()
-    assert c.sweep() == []
+    assert swept(c) == []
     assert c.clear() == []
 
 
 def test_clear_drops_pending_dead():
-    c = ResultCache()
-    layer = Layer()
-    c.add([(layer, {"a": "a-new"})])
+    c, [layer] = cache_with({"a": "a-new"})
     del layer
     gc.collect()
     assert c.clear() == ["a-new"]
@@ -125,10 +122,8 @@ def test_clear_drops_pending_dead():
 def test_cache_does_not_keep_layer_alive():
     import weakref
 
-    c = ResultCache()
-    layer = Layer()
+    c, [layer] = cache_with({"a": "a-new"})
     ref = weakref.ref(layer)
-    c.add([(layer, {"a": "a-new"})])
     del layer
     gc.collect()
     assert ref() is None

@@ -13,10 +13,18 @@ import dask_coro
 PKG = pathlib.Path(dask_coro.__file__).parent
 
 
-def run(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True
-    )
+def printed(code: str) -> str:
+    """What ``code`` (indented as a test writes it) prints, run by a fresh
+    interpreter that must exit cleanly."""
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def printed_with_distributed_blocked(code: str) -> str:
+    """``printed(code)`` in an interpreter where any import of distributed fails."""
+    return printed('import sys\nsys.modules["distributed"] = None  # any import of it now fails\n'
+                   + textwrap.dedent(code))
 
 
 CORE = sorted(p.stem for p in (PKG / "core").glob("*.py") if p.stem != "__init__")
@@ -28,10 +36,9 @@ def test_core_folder_is_known():
 
 
 def test_every_core_module_imports_with_distributed_blocked_and_starts_nothing():
-    r = run(
+    assert printed_with_distributed_blocked(
         f"""
-        import asyncio, importlib, sys, threading
-        sys.modules["distributed"] = None  # any import of it now fails
+        import asyncio, importlib, threading
         before = threading.active_count()
         for name in {CORE!r}:
             importlib.import_module("dask_coro.core." + name)
@@ -50,17 +57,12 @@ def test_every_core_module_imports_with_distributed_blocked_and_starts_nothing()
         assert not [m for m in sys.modules if m.startswith("tornado")]
         print("ok")
         """
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "ok"
+    ) == "ok"
 
 
 def test_pure_core_runs_a_coroutine_with_distributed_blocked():
-    r = run(
+    assert printed_with_distributed_blocked(
         """
-        import sys
-        sys.modules["distributed"] = None
-
         from dask_coro.core.cache import ResultCache
         from dask_coro.core.engine import Done, Returned, Trampoline
         from dask_coro.core.structure import Structure
@@ -87,17 +89,12 @@ def test_pure_core_runs_a_coroutine_with_distributed_blocked():
         assert c.sweep() == ["b"]
         print("ok")
         """
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "ok"
+    ) == "ok"
 
 
 def test_local_compute_with_distributed_blocked():
-    r = run(
+    assert printed_with_distributed_blocked(
         """
-        import sys
-        sys.modules["distributed"] = None
-
         import dask_coro
 
         @dask_coro.coroutine
@@ -122,19 +119,16 @@ def test_local_compute_with_distributed_blocked():
             raise AssertionError("no NotInTaskError")
         print("ok")
         """
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "ok"
+    ) == "ok"
 
 
 def test_local_compute_in_running_event_loop_with_distributed_blocked():
     # Regression: the worker-loop check must treat a blocked distributed
     # (sys.modules["distributed"] = None) as absent when an event loop runs in
     # the calling thread (Jupyter, asyncio.run).
-    r = run(
+    assert printed_with_distributed_blocked(
         """
-        import asyncio, sys
-        sys.modules["distributed"] = None
+        import asyncio
         import dask_coro
 
         @dask_coro.coroutine
@@ -147,28 +141,24 @@ def test_local_compute_in_running_event_loop_with_distributed_blocked():
         assert asyncio.run(main()) == [2, 2]
         print("ok")
         """
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "ok"
+    ) == "ok"
 
 
 def test_import_dask_coro_does_not_import_distributed():
-    r = run(
+    assert printed(
         """
         import sys
         import dask_coro
         print(sorted(m for m in sys.modules if m == "distributed" or m.startswith("distributed.")))
         """
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "[]"
+    ) == "[]"
 
 
 def test_local_driver_does_not_import_distributed():
     # dask's own ``compute()`` imports distributed to look for a client, so run
     # the graph with dask's sync scheduler directly: the in-process driver
     # itself must not need distributed.
-    r = run(
+    assert printed(
         """
         import sys
         from dask.local import get_sync
@@ -187,9 +177,7 @@ def test_local_driver_does_not_import_distributed():
         assert get_sync(dict(call.__dask_graph__()), call.key) == 3
         print("distributed" in sys.modules)
         """
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "False"
+    ) == "False"
 
 
 def _imported_modules(path: pathlib.Path) -> set[str]:

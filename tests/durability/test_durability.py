@@ -15,6 +15,7 @@ import uuid
 from collections import Counter
 
 import pytest
+from bodies import first_items_one_by_one
 from distributed import Future, Nanny, Worker, get_client, get_worker
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.utils_test import async_poll_for, captured_logger
@@ -741,11 +742,7 @@ def megabyte(i):
 
 @coroutine
 def streams_then_waits(n, folder):
-    total = 0.0
-    for i in range(n):
-        a = yield megabyte(i)
-        total += a[0]
-        del a
+    total = yield from first_items_one_by_one(megabyte, n)
     total += yield waits_for_go(-1, folder)
     return total
 

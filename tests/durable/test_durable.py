@@ -5,10 +5,10 @@ nobody gets in through the store; runs listed and forgotten."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -18,10 +18,11 @@ from pathlib import Path
 
 import dask
 import pytest
+from distributed import Client
 from distributed.utils_test import async_poll_for, captured_logger
 from filelog import append as _append
 from filelog import lines as _lines
-from helpers import cluster, dask_cli, recorder
+from helpers import cluster, dask_cli, free_port, recorder
 
 import dask_coro
 import dask_coro.durable.local
@@ -414,6 +415,14 @@ async def test_store_bytes_bounds_what_a_running_run_keeps_stored(c, s, a, b, tm
 # the whole cluster and the client lost: SIGKILL, then the program again
 
 
+def _assert_only_the_running_ran_again(folder: str, n: int, slow: int) -> None:
+    """Of ``n`` children, the ``n - slow`` fast ones, stored before the loss,
+    ran once (never again); the ``slow`` ones, running at the loss, twice."""
+    ran = _executions(folder)
+    assert {str(i): ran[str(i)] for i in range(n - slow)} == {str(i): 1 for i in range(n - slow)}
+    assert {str(i): ran[str(i)] for i in range(n - slow, n)} == {str(i): 2 for i in range(n - slow, n)}
+
+
 def _program(store, folder, n, slow) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE)])}
     return subprocess.Popen(
@@ -452,10 +461,7 @@ def test_a_run_killed_with_its_cluster_finishes_from_the_store(tmp_path):
     out, err = p.communicate(timeout=180)
     assert p.returncode == 0, err
     assert int(out.split()[-1]) == sum(i * i for i in range(n))
-    ran = _executions(folder)
-    # Stored before the loss: never run again. Running at the loss: run again.
-    assert {str(i): ran[str(i)] for i in range(n - slow)} == {str(i): 1 for i in range(n - slow)}
-    assert {str(i): ran[str(i)] for i in range(n - slow, n)} == {str(i): 2 for i in range(n - slow, n)}
+    _assert_only_the_running_ran_again(folder, n, slow)
     [info] = dask_coro.runs(store=store)
     assert (info.state, info.children) == ("finished", 0)
 
@@ -463,12 +469,6 @@ def test_a_run_killed_with_its_cluster_finishes_from_the_store(tmp_path):
 # --------------------------------------------------------------------------
 # the scheduler lost under a live client: SIGKILL, then a new scheduler at
 # the same address
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _cli_cluster(tmp_path, port, n_workers, run):
@@ -504,6 +504,39 @@ def _kill(procs):
         p.wait(timeout=30)
 
 
+class _LiveCluster:
+    """``_cli_cluster`` of two workers at a free port of 127.0.0.1; ``kill()``
+    SIGKILLs the scheduler and its workers, ``start_again()`` starts new ones
+    at the same address."""
+
+    def __init__(self, tmp_path):
+        self.tmp_path, self.port, self.runs = tmp_path, free_port(), 0
+        self.address = f"tcp://127.0.0.1:{self.port}"
+        self.procs = _cli_cluster(tmp_path, self.port, 2, self.runs)
+
+    def kill(self) -> None:
+        _kill(self.procs)
+
+    def start_again(self) -> None:
+        self.runs += 1
+        self.procs = _cli_cluster(self.tmp_path, self.port, 2, self.runs)
+
+
+@contextlib.contextmanager
+def _client_of_a_live_cluster(tmp_path, store: str):
+    """A client, with ``store`` as its durable store, of a ``_LiveCluster``
+    whose slow children wait while the file ``tmp_path/hold`` is there; the
+    scheduler and the workers are SIGKILLed at the end."""
+    (tmp_path / "hold").touch()
+    live = _LiveCluster(tmp_path)
+    try:
+        with dask.config.set({"coro.durability.store": store}), Client(live.address, timeout=60) as c:
+            c.wait_for_workers(2, timeout=60)
+            yield c, live
+    finally:
+        live.kill()
+
+
 @pytest.mark.timeout(240)
 def test_a_live_clients_durable_root_resumes_on_a_new_scheduler(tmp_path, monkeypatch):
     """The scheduler and its workers SIGKILLed once the fast children are
@@ -511,33 +544,23 @@ def test_a_live_clients_durable_root_resumes_on_a_new_scheduler(tmp_path, monkey
     new workers: the client, still alive, sends its durable root again when
     it reconnects and the user's Future gets the root's value. Children
     stored before the loss do not run again; those running at the loss do."""
-    from distributed import Client
     from durable_program import run
 
     store, folder = str(tmp_path / "store"), str(tmp_path)
     n, slow = 12, 3
     monkeypatch.setenv("DASK_CORO__DURABILITY__STORE", store)
     monkeypatch.setenv("DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION", "1.0")
-    (tmp_path / "hold").touch()
-    port = _free_port()
-    procs = _cli_cluster(tmp_path, port, 2, 0)
-    try:
-        with dask.config.set({"coro.durability.store": store}), Client(f"tcp://127.0.0.1:{port}", timeout=60) as c:
-            c.wait_for_workers(2, timeout=60)
-            future = c.compute(run(n, folder, slow, dask_key_name="durable-live-client"))
-            other = c.submit(sum, [1, 2])  # not a durable root: cancelled by the loss, as in distributed
-            assert other.result(timeout=60) == 3
-            _until_stored_and_running(tmp_path, folder, n, slow)
-            _kill(procs)
-            (tmp_path / "hold").unlink()
-            procs = _cli_cluster(tmp_path, port, 2, 1)
-            assert future.result(timeout=120) == sum(i * i for i in range(n))
-            assert other.status == "cancelled"
-    finally:
-        _kill(procs)
-    ran = _executions(folder)
-    assert {str(i): ran[str(i)] for i in range(n - slow)} == {str(i): 1 for i in range(n - slow)}
-    assert {str(i): ran[str(i)] for i in range(n - slow, n)} == {str(i): 2 for i in range(n - slow, n)}
+    with _client_of_a_live_cluster(tmp_path, store) as (c, live):
+        future = c.compute(run(n, folder, slow, dask_key_name="durable-live-client"))
+        other = c.submit(sum, [1, 2])  # not a durable root: cancelled by the loss, as in distributed
+        assert other.result(timeout=60) == 3
+        _until_stored_and_running(tmp_path, folder, n, slow)
+        live.kill()
+        (tmp_path / "hold").unlink()
+        live.start_again()
+        assert future.result(timeout=120) == sum(i * i for i in range(n))
+        assert other.status == "cancelled"
+    _assert_only_the_running_ran_again(folder, n, slow)
     [info] = dask_coro.runs(store=store)
     assert (info.key, info.state, info.children) == ("durable-live-client", "finished", 0)
 
@@ -551,32 +574,22 @@ def test_a_root_whose_worker_died_reads_its_lost_childrens_results_from_the_stor
     from the store instead of running again (without a store each ran twice
     here, computed again for the root's re-run); the slow ones, let go of
     with the root's first run, run again."""
-    from distributed import Client
     from durable_program import pinned
 
     store, folder = str(tmp_path / "store"), str(tmp_path)
     n, slow = 10, 2
     monkeypatch.setenv("DASK_CORO__DURABILITY__STORE", store)
     monkeypatch.setenv("DASK_CORO__DURABILITY__HOLD_CHILDREN", "false")
-    (tmp_path / "hold").touch()
-    port = _free_port()
-    procs = _cli_cluster(tmp_path, port, 2, 0)
-    try:
-        with dask.config.set({"coro.durability.store": store}), Client(f"tcp://127.0.0.1:{port}", timeout=60) as c:
-            c.wait_for_workers(2, timeout=60)
-            doomed, other = sorted(c.scheduler_info()["workers"])
-            pids = c.run(os.getpid)
-            root = pinned(n, folder, slow, doomed, other, dask_key_name="durable-worker-lost")
-            future = c.compute(root, workers=[doomed], allow_other_workers=True)
-            _until_stored_and_running(tmp_path, folder, n, slow)
-            os.kill(pids[doomed], signal.SIGKILL)
-            (tmp_path / "hold").unlink()
-            assert future.result(timeout=120) == sum(i * i for i in range(n))
-    finally:
-        _kill(procs)
-    ran = _executions(folder)
-    assert {str(i): ran[str(i)] for i in range(n - slow)} == {str(i): 1 for i in range(n - slow)}
-    assert {str(i): ran[str(i)] for i in range(n - slow, n)} == {str(i): 2 for i in range(n - slow, n)}
+    with _client_of_a_live_cluster(tmp_path, store) as (c, _):
+        doomed, other = sorted(c.scheduler_info()["workers"])
+        pids = c.run(os.getpid)
+        root = pinned(n, folder, slow, doomed, other, dask_key_name="durable-worker-lost")
+        future = c.compute(root, workers=[doomed], allow_other_workers=True)
+        _until_stored_and_running(tmp_path, folder, n, slow)
+        os.kill(pids[doomed], signal.SIGKILL)
+        (tmp_path / "hold").unlink()
+        assert future.result(timeout=120) == sum(i * i for i in range(n))
+    _assert_only_the_running_ran_again(folder, n, slow)
 
 
 # --------------------------------------------------------------------------
@@ -588,7 +601,7 @@ def s3_server():
     """The endpoint of a moto S3 server on 127.0.0.1, with a bucket ``runs``."""
     pytest.importorskip("s3fs")
     moto_server = pytest.importorskip("moto.server")
-    port = _free_port()
+    port = free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     try:

@@ -524,7 +524,7 @@ def test_releases_run_in_worker_processes_never_in_the_scheduler(cluster, client
 # nothing
 
 
-def gone_within(name: str, timeout: float) -> bool:
+def gone_within(name: str, timeout: float = DEADLINE) -> bool:
     """Whether segment ``name`` is unlinked within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while name in shm.segments():
@@ -804,15 +804,6 @@ def endless_plain_arrays():
         i += 1
 
 
-def _gone_within(name: str, timeout: float = DEADLINE) -> bool:
-    deadline = time.monotonic() + timeout
-    while name in shm.segments():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 @coroutine
 def reads_plain_arrays(folder: str, n: int, where: str):
     """Reads the stream, keeping a view of every third item: an item not kept
@@ -830,7 +821,7 @@ def reads_plain_arrays(folder: str, n: int, where: str):
         if i % 3 == 0:
             kept.append(a[:4])
         if i >= 2 and (i - 2) % 3:
-            let_go[i - 2] = _gone_within(seen[i - 2][1])
+            let_go[i - 2] = gone_within(seen[i - 2][1])
     return seen, kept, let_go, s.result
 
 

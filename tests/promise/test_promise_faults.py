@@ -19,6 +19,7 @@ gen_cluster's event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import uuid
@@ -102,13 +103,6 @@ def resolve_then_wait(promise: Promise, n: int, go: str, folder: str) -> str:
     return "resolver done"
 
 
-async def victim_of(s, nannies, key):
-    """The nanny whose worker is processing ``key``, and that worker's address."""
-    address = s.tasks[key].processing_on.address
-    (victim,) = [n for n in nannies if n.worker_address == address]
-    return victim, address
-
-
 async def kill(victim: Nanny, how: str) -> asyncio.Task | None:
     """Kill the worker of ``victim``: SIGKILL, or a close through its nanny
     (which waits for busy threads only after leaving the scheduler)."""
@@ -116,6 +110,38 @@ async def kill(victim: Nanny, how: str) -> asyncio.Task | None:
         os.kill(victim.process.process.pid, signal.SIGKILL)
         return None
     return asyncio.create_task(victim.kill(timeout=30))
+
+
+class Killer:
+    """Kills the worker of one of ``nannies`` (``kill``); ``closing``, a
+    close through the nanny still under way."""
+
+    def __init__(self, s, nannies) -> None:
+        self.s, self.nannies = s, nannies
+        self.closing: asyncio.Task | None = None
+
+    async def kill_the_worker_of(self, key, how: str) -> Nanny:
+        """Kill the worker processing ``key`` (``kill``), and wait until the
+        scheduler saw it leave: its nanny."""
+        address = self.s.tasks[key].processing_on.address
+        (victim,) = [n for n in self.nannies if n.worker_address == address]
+        self.closing = await kill(victim, how)
+        await async_poll_for(lambda: address not in self.s.workers, timeout=30)
+        return victim
+
+
+@contextlib.asynccontextmanager
+async def killing(c, s, nannies, go: str):
+    """A ``Killer`` of ``nannies``' workers for the block. Leaving it sets
+    the Event ``go`` that blocked resolvers wait on (whatever happened in
+    it), then waits for a close through a nanny to end."""
+    killer = Killer(s, nannies)
+    try:
+        yield killer
+    finally:
+        await Event(go, client=c).set()
+    if killer.closing is not None:
+        await killer.closing
 
 
 def assert_no_duplicate_targets(history: list) -> None:
@@ -152,23 +178,16 @@ async def test_resolver_worker_dies_before_resolving(c, s, a, b, tmp_path, how):
     resolver = dask.delayed(resolve_after_go)(p, n, go, folder)
     await asyncio.to_thread(p.resolve_with, resolver)
     out = c.compute(add(p, 1))
-    closing = None
-    try:
+    async with killing(c, s, (a, b), go) as killer:
         await async_poll_for(lambda: len(_lines(folder, "resolver")) == 1, timeout=30)
-        victim, address = await victim_of(s, (a, b), resolver.key)
+        victim = await killer.kill_the_worker_of(resolver.key, how)
         (survivor,) = [n for n in (a, b) if n is not victim]
-        closing = await kill(victim, how)
-        await async_poll_for(lambda: address not in s.workers, timeout=30)
         # The resolver runs again, on the worker that is left (the killed
         # one, restarted by its nanny, has a new address).
         await async_poll_for(lambda: len(_lines(folder, "resolver")) >= 2, timeout=30)
         assert _lines(folder, "resolver")[1] == survivor.worker_address
         assert not out.done()
         assert s.tasks[p.key].state == "waiting"
-    finally:
-        await Event(go, client=c).set()
-    if closing is not None:
-        await closing
     assert await value(out) == expected(n) + 1
     assert await value(c.compute(p)) == expected(n)
 
@@ -267,18 +286,11 @@ async def test_resolver_worker_dies_after_resolving(c, s, a, b, tmp_path, how, h
         resolver = dask.delayed(resolve_then_wait)(p, n, go, folder)
     await asyncio.to_thread(p.resolve_with, resolver)
     out = c.compute(add(p, 1))
-    closing = None
-    try:
+    async with killing(c, s, (a, b), go) as killer:
         await async_poll_for(lambda: len(_lines(folder, "resolved")) == 1, timeout=30)
         history = list(s.plugins[PLUGIN].history[p.key])
         assert history[0] == resolver.key and len(history) == 2
-        victim, address = await victim_of(s, (a, b), resolver.key)
-        closing = await kill(victim, how)
-        await async_poll_for(lambda: address not in s.workers, timeout=30)
-    finally:
-        await Event(go, client=c).set()
-    if closing is not None:
-        await closing
+        await killer.kill_the_worker_of(resolver.key, how)
     assert await value(out) == expected(n) + 1
     assert await value(c.compute(p)) == expected(n)
     if held:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dask
 import pytest
+from bodies import first_items_one_by_one
 from distributed import Event, SchedulerPlugin, Worker, wait
 from distributed.utils_test import async_poll_for, gen_cluster
 from filelog import append as _append
@@ -425,10 +426,7 @@ async def test_a_coroutine_child_goes_when_its_coroutine_resumes(c, s, a, tmp_pa
 
     @coroutine
     def loop(n, folder):
-        total = 0
-        for i in range(n):
-            x = yield big(i)
-            total += x[0]
+        total = yield from first_items_one_by_one(big, n)
         _append(folder, "done", "1")
         return total
 
@@ -450,10 +448,7 @@ async def test_children_held_for_their_coroutine_are_not_marked(c, s, a):
 
     @coroutine
     def loop(n):
-        total = 0
-        for i in range(n):
-            total += (yield big(i))[0]
-        return total
+        return (yield from first_items_one_by_one(big, n))
 
     assert await c.compute(loop(10)) == sum(range(10))
     assert s.plugins[NAME].released_early == 0 and not s.plugins[NAME].for_client

@@ -13,7 +13,7 @@ import dask
 import dask.bag as db
 import pytest
 from dask.delayed import Delayed
-from helpers import cluster
+from helpers import inline_and_as_tasks
 
 from dask_coro import coroutine
 
@@ -145,12 +145,4 @@ async def _on_cluster(c):
     assert await c.compute(inside_bag()) == await c.compute(_bag(delayed_call))
 
 
-@pytest.mark.inline
-@cluster(nthreads=[("", 1)])
-async def test_programs_on_a_cluster_inline(c, s, a):
-    await _on_cluster(c)
-
-
-@cluster(nthreads=[("", 1), ("", 1)])
-async def test_programs_on_a_cluster(c, s, a, b):
-    await _on_cluster(c)
+test_programs_on_a_cluster_inline, test_programs_on_a_cluster = inline_and_as_tasks(_on_cluster)

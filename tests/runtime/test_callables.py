@@ -24,7 +24,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import worker_client
-from helpers import cluster
+from helpers import inline_and_as_tasks
 
 from dask_coro import coroutine, result
 from dask_coro.examples import afib, fib, inc
@@ -334,34 +334,10 @@ async def _check_generator_values(c):
     assert await c.compute(consume_in_a_task("evens", 6)) == [0, 2, 4]
 
 
-@pytest.mark.inline
-@cluster(nthreads=[("", 1)])
-async def test_plain_callables_inline_on_a_cluster(c, s, a):
-    await _check_plain(c)
-
-
-@cluster(nthreads=[("", 1)])
-async def test_plain_callables_as_tasks_on_a_cluster(c, s, a):
-    await _check_plain(c)
-
-
-@pytest.mark.inline
-@cluster(nthreads=[("", 1)])
-async def test_bodies_inline_on_a_cluster(c, s, a):
-    await _check_bodies(c)
-
-
-@cluster(nthreads=[("", 1), ("", 1)])
-async def test_bodies_as_tasks_on_a_cluster(c, s, a, b):
-    await _check_bodies(c)
-
-
-@pytest.mark.inline
-@cluster(nthreads=[("", 1)])
-async def test_a_generator_value_inline_on_a_cluster(c, s, a):
-    await _check_generator_values(c)
-
-
-@cluster(nthreads=[("", 1)])
-async def test_a_generator_value_as_a_task_on_a_cluster(c, s, a):
-    await _check_generator_values(c)
+test_plain_callables_inline_on_a_cluster, test_plain_callables_as_tasks_on_a_cluster = inline_and_as_tasks(
+    _check_plain, workers=1
+)
+test_bodies_inline_on_a_cluster, test_bodies_as_tasks_on_a_cluster = inline_and_as_tasks(_check_bodies)
+test_a_generator_value_inline_on_a_cluster, test_a_generator_value_as_a_task_on_a_cluster = inline_and_as_tasks(
+    _check_generator_values, workers=1
+)

@@ -206,25 +206,24 @@ def xr_groupby():
     return dataset().groupby("time.hour").mean()
 
 
+def by_method(name: str, build, methods=("tasks", "p2p", None)) -> dict:
+    """A case of ``build(method)`` per method: ``name-tasks``, ``name-p2p``,
+    and ``name-default`` (None: the method dask picks)."""
+    return {f"{name}-{method or 'default'}": (build, method) for method in methods}
+
+
 CASES = {
-    "rechunk-tasks": (rechunk, "tasks"),
-    "rechunk-p2p": (rechunk, "p2p"),
-    "rechunk-default": (rechunk, None),
+    **by_method("rechunk", rechunk),
     "reductions": (reductions,),
     "map_blocks": (mapped_blocks,),
     "map_overlap": (mapped_overlap,),
     "linalg": (linalg,),
-    "merge-tasks": (merge, "tasks"),
-    "merge-p2p": (merge, "p2p"),
-    "merge-default": (merge, None),
+    **by_method("merge", merge),
     "groupby-agg": (groupby_agg,),
-    "groupby-split_out-p2p": (groupby_split_out, "p2p"),
-    "groupby-split_out-default": (groupby_split_out, None),
+    **by_method("groupby-split_out", groupby_split_out, ("p2p", None)),
     "value_counts-nunique": (value_counts_nunique,),
     "set_index": (set_index,),
-    "shuffle-tasks": (shuffle, "tasks"),
-    "shuffle-p2p": (shuffle, "p2p"),
-    "shuffle-default": (shuffle, None),
+    **by_method("shuffle", shuffle),
     "rolling": (rolling,),
     "quantile": (quantile,),
     "bag-groupby": (bag_groupby,),

@@ -19,6 +19,7 @@ import dask.array as da
 import dask.bag as db
 import numpy as np
 import pytest
+from bodies import cleared
 from dask.delayed import Delayed
 from helpers import places
 from workloads import total_and_data
@@ -194,14 +195,18 @@ def test_process_all_later_yield_of_data_reuses_result():
     assert total == sum(x + 1 for x in data)
 
 
+RAN: list[int] = []
+_clear = cleared(RAN)
+
+
+@coroutine
+def once(x):
+    """``x * 10``, each run recorded in ``RAN``: a call meant to run once."""
+    RAN.append(x)
+    return x * 10
+
+
 def test_same_call_yielded_in_two_yields_runs_once():
-    ran = []
-
-    @coroutine
-    def once(x):
-        ran.append(x)
-        return x * 10
-
     @coroutine
     def parent():
         x = once(4)
@@ -211,7 +216,7 @@ def test_same_call_yielded_in_two_yields_runs_once():
         return a, b, c
 
     assert parent().compute() == (40, 40, [40, 41])
-    assert ran == [4]
+    assert RAN == [4]
 
 
 def test_shared_dependency_within_one_yield_runs_once():
@@ -1017,13 +1022,6 @@ def test_inline_call_with_bad_argument_value_raises_at_the_yield():
 
 @pytest.mark.inline
 def test_call_computed_inline_is_not_computed_again_as_an_argument():
-    ran = []
-
-    @coroutine
-    def once(x):
-        ran.append(x)
-        return x * 10
-
     @dask.delayed
     def plus_one(v):
         return v + 1
@@ -1037,4 +1035,4 @@ def test_call_computed_inline_is_not_computed_again_as_an_argument():
         return a, b, d
 
     assert parent().compute() == (40, 41, 40)
-    assert ran == [4]
+    assert RAN == [4]
