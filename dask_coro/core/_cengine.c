@@ -515,7 +515,7 @@ scratch_new(Scratch *sc, PyObject *base)
 
 static PyObject *scratch_changed(Scratch *sc);
 
-/* How a body steps (engine._Scratch.step): the root in the run's own
+/* How a body steps (engine._Scratch.step_in): the root in the run's own
  * context, a body that changed a variable once in its own (entered itself:
  * what it sets before a yield it resets after it), any other in the copy. */
 enum { IN_RUN, IN_OWN, IN_COPY };

@@ -44,9 +44,10 @@ costs one greenlet switch per call into the trampoline.
 This module is the stepping, and the reference for the compiled loop
 (``_cengine.c``), which takes the same named steps for the common case:
 ``Trampoline._steps`` steps a body in the context the rules give it
-(``_Scratch.step``), makes a frame (``_frame``), sets up a yield (``_yield``,
-else ``_yielded``), runs the next inline call and delivers its value
-(``_deliver``). What is not stepping lives
+(``_Scratch.step_in``), makes a frame (``_frame``), sets up a yield
+(``_yield``, else ``_yielded``), runs the next inline call and delivers its
+value (``_deliver``); the hot paths take these steps written out (a Python
+call per step costs more than most inline calls). What is not stepping lives
 beside it, where the loop reaches it only off the hot path: ``calls.py``
 (what the engine needs of a call, ``Request``), ``stealing.py`` (which
 unstarted calls are handed out, and when; ``Idle``), ``counts.py`` (calls
@@ -58,7 +59,6 @@ loop calls them as before.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import types
 from collections.abc import Callable, Sequence
 from contextvars import Context, ContextVar, copy_context
@@ -471,7 +471,7 @@ class Trampoline(Counting, Stealing):
                         # In its context, as its steps (``_Scratch``): its
                         # finally blocks see what it set, and reset it.
                         up = _ROOT if frame.up is None else frame.up.ctx
-                        _Scratch().step(frame.ctx, up, type(body).close, body)
+                        _step_alone(frame.ctx, up, type(body).close, body)
                     except BaseException as e:
                         errors.append(_closing_error(frame, body, e))
                 if frame.scope is not None:
@@ -594,24 +594,26 @@ class Trampoline(Counting, Stealing):
     # -- the loop ------------------------------------------------------------
 
     def _loop(self, method: Callable[[Any], Any] | None, arg: Any) -> Outcome:
-        """Run the loop (``_steps``); with ``count``, add the calls it
-        started to ``calls`` when it stops."""
-        if self.calls is None:
-            return self._steps(method, arg, None)
-        run = [None, 0]
+        """Run the loop (``_steps``), back in the run's own context when it
+        stops; with ``count``, add the calls it started to ``calls`` then."""
+        scratch = _Scratch()
+        run = None if self.calls is None else [None, 0]
         try:
-            return self._steps(method, arg, run)
+            return self._steps(method, arg, run, scratch)
         finally:
-            if run[1]:
+            scratch.home()
+            if run is not None and run[1]:
                 self._started(run[0], run[1])
 
-    def _steps(self, method: Callable[[Any], Any] | None, arg: Any, run: list[Any] | None) -> Outcome:
+    def _steps(
+        self, method: Callable[[Any], Any] | None, arg: Any, run: list[Any] | None, scratch: _Scratch
+    ) -> Outcome:
         """``method(arg)`` steps the top frame's body (its ``send`` or
         ``throw``); None: go on with the top frame's current yield.
 
         The one place bodies are stepped, and the hot path of fine-grained
         recursion, in four named parts that the compiled loop follows too:
-        *step a body* (``_Scratch.step``: in the context the rules give it),
+        *step a body* (``_Scratch.step_in``: in the context the rules give it),
         *set up its yield* (``_yield``, or ``_yielded`` for any yield but a
         list or tuple of inline calls), *run the next inline call* (a call and
         its body's first step, in a copy of its parent's context) and
@@ -619,13 +621,19 @@ class Trampoline(Counting, Stealing):
         that returns without yielding never gets a frame (``fresh`` is its
         position in the top frame's yield while a step of its body runs here;
         a body that yields gets one, ``_frame``), and no step object is made
-        per yield or return. With ``run`` (counting), the calls started are
-        counted in runs of one function: ``run`` is ``[func, n]``."""
+        per yield or return. Where the hot path takes a step (a call's first
+        step, a generator resumed at a yield of inline calls), the step is
+        written out, not called: a Python call costs more than most inline
+        calls. Bodies step in the context ``scratch`` switched to, no
+        ``Context.run`` a step (``_Scratch``). With ``run`` (counting), the
+        calls started are counted in runs of one function: ``run`` is
+        ``[func, n]``."""
         stack = self.stack
         idle = self.idle
         call_type = self.call_type
         countdown = self.check_every
         ann_now = self.annotations_now  # the annotations in effect at a yield
+        own = self.own_annotations  # the run's own: a yield under others is set up by _yielded
         barren = False  # a look found nothing to hand out, no yield of calls since
         top = stack[-1]
         fresh = -1  # >= 0: the body stepped is a call of top's leaf ``fresh``, no frame yet
@@ -636,22 +644,19 @@ class Trampoline(Counting, Stealing):
         ended = 0
         foreign = False  # the body stepped awaited something of an event loop
         fast = self.fast
-        scratch = _Scratch()
         while True:
             if method is not None:
                 # -- step a body: the one place ------------------------------
                 if method is not _STEPPED:
                     try:
                         if fresh >= 0:
-                            out = scratch.step(fctx, top.ctx, method, arg)
-                            if scratch.took is not None:
-                                fctx = scratch.took
+                            scratch.step_in(fctx, top.ctx)
                         else:
                             up = top.up
-                            out = scratch.step(top.ctx, _ROOT if up is None else up.ctx, method, arg)
-                            if scratch.took is not None:
-                                top.ctx = scratch.took
+                            scratch.step_in(top.ctx, _ROOT if up is None else up.ctx)
+                        out = method(arg)
                     except StopIteration as stop:
+                        scratch.took()  # what it set goes with it
                         out = stop.value
                         ended = _RETURNED
                     except BaseException as e:  # a body may raise anything
@@ -662,6 +667,7 @@ class Trampoline(Counting, Stealing):
                             return e  # type: ignore[return-value]
                         if self._closing:
                             raise  # unwinding a parked body (close)
+                        scratch.took()
                         if (
                             type(e) is RuntimeError
                             and isinstance(arg, StopIteration)
@@ -674,6 +680,12 @@ class Trampoline(Counting, Stealing):
                         ended = _RAISED
                     else:
                         ended = 0
+                        took = scratch.took()
+                        if took is not None:  # the body's own from now on
+                            if fresh >= 0:
+                                fctx = took
+                            else:
+                                top.ctx = took
                         if type(out) is Request:
                             out = out.value
                         elif type(method.__self__) is _COROUTINE:  # type: ignore[attr-defined]
@@ -699,10 +711,13 @@ class Trampoline(Counting, Stealing):
                         body = None
                     if foreign:
                         return self._await(top, out)
-                    # -- set up the yield ``out``, in its body's context ------
-                    ctx = top.ctx
-                    if not self._yield(top, out, ann_now() if ctx is None else ctx.run(ann_now)):
-                        error = self._yielded(top, out) if ctx is None else ctx.run(self._yielded, top, out)
+                    # -- set up the yield ``out``, in its body's context (the
+                    # current one: the body was stepped in it) ----------------
+                    if not self._yield(top, out, ann_now()):
+                        error = self._yielded(top, out)
+                        took = scratch.took()
+                        if took is not None:  # what setting it up set is the body's
+                            top.ctx = took
                         if error is not None:  # the yield itself was bad
                             method, arg = top.body.throw, error
                             continue
@@ -717,6 +732,7 @@ class Trampoline(Counting, Stealing):
                     if fresh >= 0:
                         at, fresh, body = fresh, -1, None
                         if stack[-1] is not top:
+                            scratch.home()
                             self._call_ended()
                         if ended is _RAISED and run is not None:
                             self._failed(func)
@@ -725,6 +741,7 @@ class Trampoline(Counting, Stealing):
                         top.done = True
                         top.body = None
                         if top.scope is not None:
+                            scratch.home()
                             self._ended(top)
                         if not stack:
                             return Done(Raised(out) if ended is _RAISED else Returned(out))
@@ -733,6 +750,7 @@ class Trampoline(Counting, Stealing):
                         at = top.at
                         top = stack[-1]
                     if ended is _RAISED:
+                        scratch.home()
                         if self.child_error is not None:
                             out = self.child_error(out)
                         _fail(top.leaves[at], out)
@@ -751,14 +769,22 @@ class Trampoline(Counting, Stealing):
                     # The compiled loop runs the common case. Where it stops,
                     # this iteration runs here (None: it did nothing; SLOW:
                     # it went on from here), or a body is stepped (BREAK),
-                    # or the root returned (DONE). See accel.
-                    r = fast(self, top, run, countdown, barren, stack, idle, call_type, ann_now, self.own_annotations)
+                    # or the root returned (DONE). See accel. It starts in the
+                    # run's own context, and switches as the rules say.
+                    scratch.home()
+                    r = fast(self, top, run, countdown, barren, stack, idle, call_type, ann_now, own)
                     if r is not None:
-                        scratch.ctx = None  # it may have stepped the root
                         top, countdown, barren = r.top, r.countdown, r.barren
                         if r.code == _FAST_BREAK:
                             method, arg, out, ended = r.method, r.arg, r.out, r.ended
                             fresh, body, func, fctx = r.fresh, r.body, r.func, r.ctx
+                            if method is _STEPPED and not ended:
+                                # It stepped a body that yielded: set that up
+                                # here, in the body's context.
+                                if fresh >= 0:
+                                    scratch.step_in(fctx, top.ctx)
+                                else:
+                                    scratch.step_in(top.ctx, _ROOT if top.up is None else top.up.ctx)
                             break
                         if r.code == _FAST_DONE:
                             return Done(Returned(r.out))
@@ -792,6 +818,7 @@ class Trampoline(Counting, Stealing):
                     top.leaves = top.results = _EMPTY
                     top.ann = None
                     if top.scope is not None:
+                        scratch.home()
                         self._ended(top)
                         method, arg = top.body.send, value
                         break
@@ -801,23 +828,21 @@ class Trampoline(Counting, Stealing):
                     # The common case, stepped here: a generator with no
                     # scope, whose next step yields a list or tuple of inline
                     # calls, or returns.
+                    # In its context (``_Scratch.step_in``, written out).
                     up = top.up
                     ctx = top.ctx
+                    if up is None:
+                        scratch.home()
+                    elif ctx is not up.ctx:  # a context of its own
+                        if scratch.cur is not ctx:
+                            scratch.enter(ctx)  # type: ignore[arg-type]
+                    elif scratch.of is not ctx:  # a copy of its parent's
+                        scratch.copy(ctx)
                     try:
-                        if up is None or ctx is not up.ctx:  # the root, or a body with a context of its own
-                            y = scratch.step(ctx, _ROOT if up is None else up.ctx, top.body.send, value)
-                            if scratch.took is not None:
-                                ctx = top.ctx = scratch.took
-                        else:  # in a copy of its parent's (as ``_Scratch.step``, here)
-                            copy = scratch.ctx
-                            if copy is None or scratch.base is not ctx:
-                                copy = scratch.copy(ctx)
-                            y = copy.run(top.body.send, value)
-                            if copy != scratch.ref:
-                                ctx = top.ctx = copy
-                                scratch.ctx = None
+                        y = top.body.send(value)
                     except StopIteration as stop:
-                        scratch.ended()
+                        if scratch.of is not _NO_COPY and scratch.cur != scratch.ref:
+                            scratch.of = _NO_COPY  # what it set goes with it
                         stack.pop()
                         top.done = True
                         top.body = None
@@ -825,7 +850,11 @@ class Trampoline(Counting, Stealing):
                             return Done(Returned(stop.value))
                         at = top.at
                         top = stack[-1]
-                        _deliver(top, at, stop.value)
+                        value = stop.value
+                        top.results[at] = value
+                        leaf = top.leaves[at]
+                        leaf.__dask_coro_value__ = value
+                        leaf.__dask_coro_inline__ = None
                         todo = top.todo
                         end = len(todo)
                         leaves = top.leaves
@@ -833,15 +862,34 @@ class Trampoline(Counting, Stealing):
                     except BaseException as e:
                         if self._closing:
                             raise  # unwinding a parked body (close)
-                        scratch.ended()
+                        scratch.took()
                         method, out, ended = _STEPPED, e, _RAISED
                         break
+                    if scratch.of is not _NO_COPY and scratch.cur != scratch.ref:
+                        top.ctx = scratch.cur  # it changed the copy: its own now
+                        scratch.of = _NO_COPY
                     del value
-                    if self._yield(top, y, ann_now() if ctx is None else ctx.run(ann_now)):
-                        todo = top.todo
-                        end = len(todo)
-                        leaves = top.leaves
-                        continue
+                    # Its yield, when the common one (``_yield``, written out).
+                    yt = type(y)
+                    if (yt is list or yt is tuple) and ((a := ann_now()) is own or not a):
+                        for x in y:
+                            if type(x) is not call_type or (
+                                x.__dask_coro_inline__ is None and x.__dask_coro_value__ is NOT_DONE
+                            ):
+                                break
+                        else:
+                            n = len(y)
+                            top.index += 1
+                            top.shape = yt
+                            top.leaves = leaves = y
+                            top.results = [_PENDING] * n
+                            top.todo = todo = _RANGES[n] if n < _NRANGES else tuple(range(n))
+                            top.next = 0
+                            top.remote = _EMPTY
+                            top.sent = 0
+                            top.ann = None
+                            end = n
+                            continue
                     method, out, ended = _STEPPED, y, 0
                     if type(out) is Request:
                         out = out.value
@@ -874,6 +922,7 @@ class Trampoline(Counting, Stealing):
                     if done is not NOT_DONE:
                         if type(done) is Failed:
                             # It raised before: raised again at this yield.
+                            scratch.home()
                             self._abandon(top)
                             method, arg = top.body.throw, done.error
                             break
@@ -893,6 +942,7 @@ class Trampoline(Counting, Stealing):
                 countdown -= 1
                 if not countdown:
                     countdown = self.check_every
+                    scratch.home()  # the caller's code runs in the run's own context
                     if run is not None and run[1]:
                         # What call_counts reads, now and then while we run.
                         self._started(run[0], run[1])
@@ -911,20 +961,15 @@ class Trampoline(Counting, Stealing):
                 # The call, and its body's first step, in one copy of top's
                 # context (``_Scratch``): the call's own if they changed it.
                 base = top.ctx
-                ctx = scratch.ctx
-                if ctx is None or scratch.base is not base:
-                    ctx = scratch.copy(base)
+                if scratch.of is not base:
+                    scratch.copy(base)
                 try:
-                    if type(func) is _FUNCTION and func.__code__.co_flags & _MAKES_BODY:
-                        # A generator or async function: the call runs none of
-                        # its code (its body's steps run in ``ctx``).
-                        out = func(*args)
-                    else:
-                        out = ctx.run(_call, func, args)
+                    out = func(*args)
                 except BaseException as e:
                     if self._closing:
                         raise  # unwinding a parked body (close)
-                    scratch.ended()
+                    scratch.took()  # what it set goes with it
+                    scratch.home()
                     if self.child_error is not None:
                         e = self.child_error(e)
                     _fail(leaf, e)
@@ -941,43 +986,74 @@ class Trampoline(Counting, Stealing):
                     # through the step above; the rest mostly yield a list or
                     # tuple of inline calls, and get their frame here.
                     try:
-                        y = ctx.run(out.send, None)
+                        y = out.send(None)
                     except StopIteration as stop:
-                        if ctx != scratch.ref:  # what it set goes with it
-                            scratch.ctx = None
+                        if scratch.cur != scratch.ref:  # what it set goes with it
+                            scratch.of = _NO_COPY
                         if stack[-1] is not top:  # it waited in wait(), then returned
                             fresh, body, method = pos, out, _STEPPED
                             out, ended = stop.value, _RETURNED
                             break
-                        _deliver(top, pos, stop.value)
+                        value = stop.value
+                        top.results[pos] = value
+                        leaf.__dask_coro_value__ = value
+                        leaf.__dask_coro_inline__ = None
                         continue
                     except BaseException as e:
                         if self._closing:
                             raise  # unwinding a parked body (close)
-                        scratch.ended()
+                        scratch.took()
                         fresh, body, method = pos, out, _STEPPED
                         out, ended = e, _RAISED
                         break
-                    if ctx != scratch.ref:  # it is the call's own now
-                        fctx = ctx
-                        scratch.ctx = None
+                    if scratch.cur != scratch.ref:  # it is the call's own now
+                        fctx = scratch.cur
+                        scratch.of = _NO_COPY
                     else:
                         fctx = base
-                    if stack[-1] is top and (type(y) is list or type(y) is tuple):
-                        top = _frame(func, top, pos, out, fctx)
+                    yt = type(y)
+                    if stack[-1] is top and (yt is list or yt is tuple):
+                        # Its frame (``_frame``) and its yield, when the
+                        # common one (``_yield``), written out.
+                        new = _new_frame(Frame)
+                        new.body = out
+                        new.func = func
+                        new.done = False
+                        new.up = top
+                        new.at = pos
+                        new.index = -1
+                        new.scope = None
+                        new.remote = _EMPTY
+                        new.sent = 0
+                        new.ann = None
+                        new.ctx = fctx
+                        top = new
                         stack.append(top)
-                        if self._yield(top, y, ann_now() if fctx is None else fctx.run(ann_now)):
-                            todo = top.todo
-                            end = len(todo)
-                            leaves = top.leaves
-                            continue
+                        if (a := ann_now()) is own or not a:
+                            for x in y:
+                                if type(x) is not call_type or (
+                                    x.__dask_coro_inline__ is None and x.__dask_coro_value__ is NOT_DONE
+                                ):
+                                    break
+                            else:
+                                n = len(y)
+                                top.index = 0
+                                top.shape = yt
+                                top.leaves = leaves = y
+                                top.results = [_PENDING] * n
+                                top.todo = todo = _RANGES[n] if n < _NRANGES else tuple(range(n))
+                                top.next = 0
+                                end = n
+                                continue
                         method, out, ended = _STEPPED, y, 0  # set up by ``_yielded``
                         break
                     fresh, body, method = pos, out, _STEPPED
                     ended = 0
                     out = y.value if type(y) is Request else y
                     break
-                fctx = scratch.taken(base)
+                fctx = scratch.took()
+                if fctx is None:
+                    fctx = base
                 if type(out) is _GENERATOR or type(out) is _COROUTINE:
                     if stack[-1] is not top:
                         # It waited, then returned a body: run that in its frame.
@@ -992,6 +1068,7 @@ class Trampoline(Counting, Stealing):
                 if stack[-1] is not top:
                     # It waited in wait(), then returned; meanwhile other
                     # loops may have promoted top's later leaves.
+                    scratch.home()
                     self._call_ended()
                     todo = top.todo
                     end = len(todo)
@@ -1137,65 +1214,81 @@ class _Scratch:
     - a call, and a body that changed nothing yet (its ``ctx`` is its
       parent's), run in a copy of that.
 
-    A copy per call would cost more than most calls: one copy (``ctx``) of
-    one base (``base``: a frame's ``ctx``, or None for the run's own) serves
-    every step that changes nothing in it; a step that changed it gives it
-    to the body stepped (``took``; ``taken``), and the next step gets a new
-    copy."""
+    A copy per call would cost more than most calls, and so would entering
+    a context per step (``Context.run``). The loop runs in the context it
+    last switched its greenlet to (``cur``: ``gr_context`` of the running
+    greenlet is the thread's current context), and switches only when the
+    rules ask for another: one copy (``of``: a frame's ``ctx``, or None for
+    the run's own) serves every step that changes nothing in it; a step that
+    changed it (it is no longer equal to ``ref``, what it copies) gives it to
+    the body stepped (``took``), and the next step in a copy gets a new one.
+    The loop's bookkeeping reads no context variable, so it runs in
+    whichever context is current; what it calls of its caller
+    (``cancelled``, ``on_ended``, ``child_error``) runs in the run's own, as
+    does everything once the loop stops (``leave``)."""
 
-    __slots__ = ("ctx", "base", "ref", "took")
+    __slots__ = ("me", "own", "cur", "of", "ref")
 
     def __init__(self) -> None:
-        self.ctx: Context | None = None
-        self.base: Context | None = None
-        self.ref: Context | None = None  # what ``base`` holds (the run's: a copy)
-        self.took: Context | None = None
+        me = self.me = getcurrent()
+        own = me.gr_context
+        if own is None:
+            # No context in this greenlet yet: make the one a first set would.
+            copy_context()
+            own = me.gr_context
+        self.own: Context = own
+        self.cur: Context = own  # current: the run's own, a body's own, or the copy
+        self.of: Any = _NO_COPY  # the base ``cur`` is an unchanged copy of, else _NO_COPY
+        self.ref: Context | None = None  # what the copy holds (the run's: a copy of it)
 
-    def copy(self, base: Context | None) -> Context:
-        """A new copy of ``base`` (None: of the run's own context) to step in."""
-        ref = self.ref = copy_context() if base is None else base
-        ctx = self.ctx = ref.copy()
-        self.base = base
-        return ctx
+    def home(self) -> None:
+        """Switch to the run's own context (the loop stops, or calls its
+        caller's code)."""
+        if self.cur is not self.own:
+            self.me.gr_context = self.cur = self.own
+            self.of = _NO_COPY
 
-    def taken(self, base: Context | None) -> Context | None:
-        """After steps in the copy of ``base`` that did not end their body:
-        the copy if they changed it (it is that body's from now on), else
-        ``base``."""
-        ctx = self.ctx
-        if ctx is None or ctx == self.ref:
-            return base
-        self.ctx = None
-        return ctx
+    def enter(self, ctx: Context) -> None:
+        """Switch to a body's own context."""
+        self.me.gr_context = self.cur = ctx
+        self.of = _NO_COPY
 
-    def ended(self) -> None:
-        """The call or body stepped in the copy ended: what it set goes with
-        it."""
-        ctx = self.ctx
-        if ctx is not None and ctx != self.ref:
-            self.ctx = None
+    def copy(self, base: Context | None) -> None:
+        """Switch to a new copy of ``base`` (None: of the run's own context)."""
+        ref = self.ref = self.own.copy() if base is None else base
+        self.me.gr_context = self.cur = ref.copy()
+        self.of = base
 
-    def step(self, ctx: Context | None, up: Any, fn: Callable[[Any], Any], arg: Any) -> Any:
-        """``fn(arg)``, a step of a body whose context is ``ctx`` and whose
-        parent's is ``up`` (``_ROOT``: the root), by the rules above;
-        ``took`` is the copy it ran in if it changed it, else None."""
-        self.took = None
+    def step_in(self, ctx: Context | None, up: Any) -> None:
+        """Switch to where a step of a body whose context is ``ctx`` and
+        whose parent's is ``up`` (``_ROOT``: the root) runs, by the rules
+        above (the hot paths of ``_steps`` take this step written out)."""
         if up is _ROOT:
-            self.ctx = None  # the run's own may change: no copy of it stands
-            return fn(arg)
-        if ctx is not up:
-            if self.base is ctx:
-                self.ctx = None  # its own may change: no copy of it stands
-            return ctx.run(fn, arg)  # type: ignore[union-attr]
-        copy = self.ctx
-        if copy is None or self.base is not ctx:
-            copy = self.copy(ctx)
-        try:
-            return copy.run(fn, arg)
-        finally:
-            if copy != self.ref:
-                self.took = copy
-                self.ctx = None
+            self.home()
+        elif ctx is not up:
+            if self.cur is not ctx:
+                self.enter(ctx)  # type: ignore[arg-type]
+        elif self.of is not ctx:
+            self.copy(ctx)
+
+    def took(self) -> Context | None:
+        """After a step (or a call) in a copy: the copy if it changed it (the
+        stepped body's from now on; a call or body that ended takes what it
+        set with it), else None."""
+        if self.of is _NO_COPY or self.cur == self.ref:
+            return None
+        self.of = _NO_COPY
+        return self.cur
+
+
+def _step_alone(ctx: Context | None, up: Any, fn: Callable[[Any], Any], arg: Any) -> Any:
+    """``fn(arg)``, a step of a body outside the loop (closing it), in the
+    context the rules of ``_Scratch`` give it."""
+    if up is _ROOT:
+        return fn(arg)
+    if ctx is not up:
+        return ctx.run(fn, arg)  # type: ignore[union-attr]
+    return (copy_context() if ctx is None else ctx).copy().run(fn, arg)
 
 
 def _frame(func: Any, up: Frame | None, at: int, body: Any, ctx: Context | None) -> Frame:
@@ -1226,12 +1319,6 @@ def _deliver(frame: Frame, pos: int, value: Any) -> None:
     leaf = frame.leaves[pos]
     leaf.__dask_coro_value__ = value
     leaf.__dask_coro_inline__ = None
-
-
-def _call(func: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    """``func(*args)``, for ``Context.run``, which takes no tuple of
-    arguments (``ctx.run(func, *args)`` costs more than this)."""
-    return func(*args)
 
 
 def _closing_error(frame: Frame, body: Any, error: BaseException) -> BaseException:
@@ -1270,9 +1357,6 @@ def current_trampoline() -> Trampoline | None:
 _PENDING: Any = object()
 _FOLD = 100  # levels of a frame name nested before it is folded
 _GENERATOR = types.GeneratorType
-_FUNCTION = types.FunctionType
-#: A function with these flags makes a body when called, and runs none of it.
-_MAKES_BODY = inspect.CO_GENERATOR | inspect.CO_COROUTINE
 _COROUTINE = types.CoroutineType
 _ONE = (0,)
 _NRANGES = 64
@@ -1282,6 +1366,8 @@ _STEPPED: Any = object()  # as ``method``: the body was stepped already, ``out``
 _new_frame = object.__new__
 #: As a step's parent's context: the root's (it steps in the run's own).
 _ROOT: Any = object()
+#: As ``_Scratch.of``: the context current is no copy (the run's own, a body's own).
+_NO_COPY: Any = object()
 #: ``annotations`` when the caller gives none: a ContextVar nobody sets.
 _NO_ANNOTATIONS: Callable[[], Any] = ContextVar("dask_coro_no_annotations", default=None).get
 _RETURNED = 1

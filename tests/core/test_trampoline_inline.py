@@ -9,6 +9,8 @@ plain lists, passed as module state (everything runs in this thread).
 
 from __future__ import annotations
 
+import contextvars
+import threading
 from collections import namedtuple
 
 import dask
@@ -1111,3 +1113,101 @@ def test_calls_of_a_value_computed_in_place_are_still_stolen():
     out = t.start(sums.__wrapped__, (5,), {}, None)
     assert type(out) is Submit and not out.wait
     assert _handed(out) == [("evaluate", [4], ["CoroutineCall"])]
+
+
+# --------------------------------------------------------------------------
+# context variables: each call in a context of its own, the loop in the run's
+
+
+CV: contextvars.ContextVar[str] = contextvars.ContextVar("dask_coro_test_inline", default="unset")
+
+
+@coroutine
+def cv_sets(x):
+    CV.set(x)
+    return CV.get()
+
+
+@coroutine
+def cv_sets_at_once(x):
+    CV.set(x)
+    return CV.get()
+    yield  # a generator body that returns at its first step
+
+
+@coroutine
+def cv_reads():
+    return CV.get()
+
+
+@coroutine
+def cv_sets_then_yields(x):
+    CV.set(x)
+    got = yield [cv_reads(), cv_sets(x + "-child"), cv_reads()]
+    return CV.get(), got
+
+
+@coroutine
+def cv_sets_after_a_yield(x):
+    before = yield [cv_reads()]
+    CV.set(x)
+    return before, CV.get()
+
+
+def _cv_sets_then_waits(x):
+    CV.set(x)
+    got = dask_coro.result([cv_reads(), cv_sets(x + "-child"), cv_reads()])
+    return CV.get(), got
+
+
+@coroutine
+def cv_sets_then_waits(x):
+    return _cv_sets_then_waits(x)  # from a plain helper: the call parks in wait()
+
+
+@coroutine
+def cv_parent():
+    CV.set("parent")
+    first = yield [cv_sets("a"), cv_reads(), cv_sets_at_once("g"), cv_reads(), cv_sets_then_yields("b"),
+                   cv_reads(), cv_sets_then_waits("c"), cv_reads(), cv_sets("d")]
+    second = yield [cv_reads(), cv_sets_then_yields("e"), cv_sets_after_a_yield("h"), cv_reads()]
+    CV.set("parent-again")  # the root's own, between two yields: its children see it
+    third = yield (cv_reads(), cv_sets("f"), cv_reads())
+    return first, second, third, CV.get()
+
+
+CV_WANT = (
+    ["a", "parent", "g", "parent", ("b", ["b", "b-child", "b"]), "parent", ("c", ["c", "c-child", "c"]), "parent",
+     "d"],
+    ["parent", ("e", ["e", "e-child", "e"]), (["parent"], "h"), "parent"],
+    ("parent-again", "f", "parent-again"),
+    "parent-again",
+)
+
+
+def test_a_context_variable_a_call_sets_reaches_neither_its_parent_nor_its_siblings():
+    """Steps that change nothing share one copy of the parent's context; a
+    call that sets a variable (before a yield, or before it waits in a plain
+    helper) keeps it from step to step, and its next sibling starts again
+    from the parent's."""
+    out = contextvars.copy_context().run(lambda: start(cv_parent)[1])  # the root's sets stay there
+    assert returned(out) == CV_WANT
+
+
+def test_the_loop_leaves_its_caller_in_the_context_it_was_called_in():
+    """The root steps in the context the run was started in, and keeps what
+    it set there; nothing its calls set reaches it; when the run is done the
+    caller is back in that very context (a ``Context.run`` around the run
+    exits cleanly); in a thread that had no context before, the run's is
+    the one its loop's greenlet makes."""
+    before = CV.get()
+    ctx = contextvars.copy_context()
+    out = ctx.run(lambda: start(cv_parent)[1])
+    assert returned(out) == CV_WANT
+    assert ctx.get(CV) == "parent-again"
+    assert CV.get() == before
+    got = []
+    thread = threading.Thread(target=lambda: got.append(returned(start(cv_parent)[1])))
+    thread.start()
+    thread.join()
+    assert got == [CV_WANT]
