@@ -22,6 +22,7 @@ from .._internals.distributed.worker_state_machine import (
     local_data,
     worker_task_annotations,
     worker_task_error,
+    worker_task_gives_data,
 )
 from .local import RUN, WRITES, store_of_settings
 from .writes import BATCHES, FLUSH_TIMEOUT, window, write
@@ -48,8 +49,8 @@ class StoreWriter(WorkerPlugin):
         if worker is None:
             return
         root = worker_task_annotations(worker, key).get(RUN)
-        if root is None:
-            return
+        if root is None or worker_task_gives_data(worker, key):
+            return  # no run's, or a value given from the store (a resume): stored already
         if finish == "memory":
             found = local_data(worker, [key])
             if found is None:
