@@ -193,6 +193,11 @@ class _Local:
     def remove_tree(self, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
+    def remove_under(self, path: str, folders: tuple[str, ...]) -> None:
+        """Delete ``folders`` of directory ``path``."""
+        for folder in folders:
+            self.remove_tree(os.path.join(path, folder))
+
     def names(self, path: str) -> dict[str, int]:
         """Files in ``path`` (not temporary ones) and their sizes."""
         out = {}
@@ -282,6 +287,26 @@ class _Remote:
             self.fs.rm(path, recursive=True)
         except FileNotFoundError:
             pass
+
+    def remove_under(self, path: str, folders: tuple[str, ...]) -> None:
+        """Delete ``folders`` of directory ``path``: one listing of ``path``,
+        then one delete of what is in them (an object store deletes many
+        keys in one request)."""
+        self.fs.invalidate_cache(path)
+        try:
+            found = self.fs.find(path)
+        except FileNotFoundError:
+            return
+        prefixes = tuple(f"{path}/{folder}/" for folder in folders)
+        doomed = [p for p in found if p.startswith(prefixes)]
+        if doomed:
+            try:
+                self.fs.rm(doomed)
+            except FileNotFoundError:
+                pass
+        if self.protocol not in _OBJECT_STORES:  # directories of their own
+            for folder in folders:
+                self.remove_tree(f"{path}/{folder}")
 
     def names(self, path: str) -> dict[str, int]:
         self.fs.invalidate_cache(path)  # a listing cached (s3fs) would miss what was written since
@@ -664,10 +689,7 @@ class Store:
 
     def drop_children(self, root: Any) -> None:
         """Delete what a finished run stored for its children and groups."""
-        d = self.run_dir(root)
-        self.fs.remove_tree(self.fs.join(d, "children"))
-        self.fs.remove_tree(self.fs.join(d, "batches"))
-        self.fs.remove_tree(self.fs.join(d, "groups"))
+        self.fs.remove_under(self.run_dir(root), ("children", "batches", "groups"))
         self.forget_batches(root)
 
     def failed(self, root: Any) -> None:
