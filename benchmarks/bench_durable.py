@@ -2,7 +2,8 @@
 how soon a resumed run reaches its first new child.
 
 Run: python benchmarks/bench_durable.py [--n 1000] [--kb 1] [--big-n 100]
-     [--big-mb 10] [--resume-n 1000] [--store DIR] [--no-s3] [--quick]
+     [--big-mb 10] [--resume-n 1000] [--store DIR] [--no-s3] [--no-local]
+     [--no-big] [--quick]
 2 worker processes x 1 thread; each row for a local directory store and an
 S3-API store (a moto server this process starts; needs s3fs and
 moto[server], else that store is left out). Rows:
@@ -13,6 +14,7 @@ moto[server], else that store is left out). Rows:
   child, and fails; the same root is computed again: the time from its
   compute to the start of the new child (every stored child given from the
   store, none run).
+--no-local / --no-s3: the rows of one store only; --no-big: no big row.
 --quick: small sizes, to check that it runs.
 """
 
@@ -113,6 +115,8 @@ def main() -> None:
     p.add_argument("--resume-n", type=int, default=1000)
     p.add_argument("--store", help="a directory (or fsspec URL) to put the stores under (default: a temporary one)")
     p.add_argument("--no-s3", action="store_true", help="the local directory store only")
+    p.add_argument("--no-local", action="store_true", help="the S3-API store only")
+    p.add_argument("--no-big", action="store_true", help="no row of big children")
     p.add_argument("--quick", action="store_true")
     a = p.parse_args()
     if a.quick:
@@ -125,7 +129,7 @@ def main() -> None:
         n += 1
         return {"coro.durability.store": os.path.join(base, f"store{n}")}
 
-    backends = [("local directory", local)]
+    backends = [] if a.no_local else [("local directory", local)]
     s3 = None
     if not a.no_s3:
         try:
@@ -138,6 +142,8 @@ def main() -> None:
     rows = []
     try:
         sizes = (("small", a.n, int(a.kb * 1024), 1.3), ("big", a.big_n, int(a.big_mb * 2**20), 1.5))
+        if a.no_big:
+            sizes = sizes[:1]
         for label, count, nbytes, target in sizes:
             def run(client, count=count, nbytes=nbytes, label=label):
                 key = f"bench-{label}-{time.time_ns()}"

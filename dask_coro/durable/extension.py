@@ -4,11 +4,12 @@ With ``coro.durability.store`` set, every coroutine tree is a durable run,
 named by its root's key. A run's children carry the root's key (``RUN``),
 so the writer (``worker.py``, installed on every worker before the first
 coroutine runs) stores each one's value or error as it finishes. A run
-lists what its root's run stored when it starts, off the loop; before a
-yield's tasks are sent, those stored are given as values (``supplied``),
-never computed again. A root whose run finished gets its stored value and
+lists what its root's run stored when it starts, off the loop (a batched
+store's batches read then, together); before a yield's tasks are sent,
+those stored are given as values (``supplied``), never computed again. A root whose run finished gets its stored value and
 its body never runs; one that returns stores its value and drops its
-children; one that raises keeps them, for a run again.
+children; one that raises keeps them, for a run again. Either first has
+every worker write (or drop) its open batches of the run (``writes.py``).
 """
 
 from __future__ import annotations
@@ -51,15 +52,6 @@ def _listing(store: Store, root: Any, top: bool) -> tuple[Found | None, set[str]
             return found, set()
         store.started(root, meta)
     return None, store.stored_children(root)
-
-
-def _read(store: Store, root: Any, keys: list[Any]) -> dict[Any, Found]:
-    out = {}
-    for key in keys:
-        found = store.get_child(root, key)
-        if found is not None:
-            out[key] = found
-    return out
 
 
 class DurableRunsExtension(Extension):
@@ -115,7 +107,7 @@ class DurableRunsExtension(Extension):
         hits = [k for k in keys if store.child_name(k) in names and token_of(k) is not None]
         if not hits:
             return {}
-        found = await run.loop.run_in_executor(READS, _read, store, note.root, hits)
+        found = await run.loop.run_in_executor(READS, store.get_children, note.root, hits)
         return {k: Raised(f.value) if f.error else Returned(f.value) for k, f in found.items()}
 
     def computing(self, key: Any) -> None:
@@ -132,6 +124,13 @@ class DurableRunsExtension(Extension):
         if note.listing is not None and not note.listing.done():
             await asyncio.wait([note.listing])
         store = note.store
+        if store.batched:
+            # Every worker's open batches of the run written first (the run
+            # failed: its store complete for a run again) or dropped (it
+            # finished: nothing of it lands after its children are deleted).
+            from .writes import flush_everywhere
+
+            await flush_everywhere(run.client, note.root, drop=type(outcome) is Returned)
         if type(outcome) is Returned:
             await run.loop.run_in_executor(READS, store.finished, note.root, outcome.value)
         else:

@@ -80,6 +80,12 @@ def store_at(location: Any, secret: Any = None, options: Any = None) -> Store:
         return store
 
 
+def stores() -> list[Store]:
+    """The stores this process opened."""
+    with _LOCK:
+        return list(_STORES.values())
+
+
 def store_of_settings(store: Any = None) -> Store | None:
     """The store ``store`` names, else ``coro.durability.store``'s (None if
     it is null), with ``coro.durability.store-key`` and

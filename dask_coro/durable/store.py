@@ -7,12 +7,24 @@ layout::
     runs/<run>/run.json          the run's root key, state, start and end (JSON)
     runs/<run>/result            the root's value, once the run finished (an entry)
     runs/<run>/children/<child>  each child's value or error (an entry)
+    runs/<run>/batches/<batch>   an fsspec URL: children's entries written together (a batch)
     runs/<run>/groups/<group>    what a group delivered, in order, and its deadline (an entry)
 
 ``<run>`` and ``<child>`` are hashes of the root's key and the child's key.
 A write is atomic: a temporary file, then ``os.replace`` (fsspec: ``mv``,
 or one PUT on an object store), so a process killed mid-write leaves no
 torn entry under an entry's name.
+
+On an fsspec URL (``Store.batched``) a worker writes the small entries it
+has for a run within a short window as one object, a batch: ``BATCH``, the
+number of entries, each one's child name and length, then the entries one
+after the other, each one whole and authenticated on its own. A batch is
+read back whole (one listing of ``batches/``, the batches read together)
+and kept by the process that read it, for the run's lookups: one request
+per batch instead of one per child. A batch whose lengths do not add up to
+its size (torn, corrupt) is never used: its entries are computed again. A
+batch's name is its time, a random part and its number of entries (what
+``runs`` counts without reading it).
 
 An entry is ``MAGIC``, an HMAC-SHA256 of the rest, then the rest: a JSON
 header (the key, the token of its call, value or error) and a pickle. The
@@ -34,8 +46,10 @@ import secrets
 import shutil
 import stat
 import struct
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +60,15 @@ logger = logging.getLogger("dask_coro")
 
 MAGIC = b"DCSTORE1"
 _MAC = 32  # bytes of an HMAC-SHA256
+BATCH = b"DCBATCH1"
+_BATCH_ENTRY = struct.Struct("<32sQ")  # a child's name (``child_name``), its entry's length
+#: A batch holds entries of at most this size; a larger one is an object of its own.
+BATCH_ENTRY_BYTES = 1 << 20
+#: A batch holds at most this many entries, and about this many bytes.
+BATCH_ENTRIES = 1000
+BATCH_BYTES = 8 << 20
+#: The bytes of batches a process keeps read (``Store``), beyond the run it reads now.
+BATCH_CACHE_BYTES = 256 << 20
 _OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "memory"})
 #: The states of a run (``run.json``).
 STATES = ("running", "finished", "failed")
@@ -170,6 +193,11 @@ class _Local:
     def remove_tree(self, path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
+    def remove_under(self, path: str, folders: tuple[str, ...]) -> None:
+        """Delete ``folders`` of directory ``path``."""
+        for folder in folders:
+            self.remove_tree(os.path.join(path, folder))
+
     def names(self, path: str) -> dict[str, int]:
         """Files in ``path`` (not temporary ones) and their sizes."""
         out = {}
@@ -216,6 +244,24 @@ class _Remote:
         except FileNotFoundError:
             return None
 
+    def read_many(self, paths: list[str]) -> dict[str, bytes | None]:
+        """Several objects at once (s3fs: concurrently); None for one that is gone."""
+        if not paths:
+            return {}
+        found = self.fs.cat(paths, on_error="return")
+        if not isinstance(found, dict):  # one path whose name fsspec took as no list
+            found = {paths[0]: found}
+        out: dict[str, bytes | None] = {}
+        for path in paths:
+            data = found.get(path)
+            if isinstance(data, FileNotFoundError) or data is None:
+                out[path] = None
+            elif isinstance(data, BaseException):
+                raise data
+            else:
+                out[path] = data
+        return out
+
     def write(self, path: str, data: bytes | list[Any]) -> None:
         if isinstance(data, list):
             data = b"".join(data)  # one PUT of the whole entry
@@ -241,6 +287,26 @@ class _Remote:
             self.fs.rm(path, recursive=True)
         except FileNotFoundError:
             pass
+
+    def remove_under(self, path: str, folders: tuple[str, ...]) -> None:
+        """Delete ``folders`` of directory ``path``: one listing of ``path``,
+        then one delete of what is in them (an object store deletes many
+        keys in one request)."""
+        self.fs.invalidate_cache(path)
+        try:
+            found = self.fs.find(path)
+        except FileNotFoundError:
+            return
+        prefixes = tuple(f"{path}/{folder}/" for folder in folders)
+        doomed = [p for p in found if p.startswith(prefixes)]
+        if doomed:
+            try:
+                self.fs.rm(doomed)
+            except FileNotFoundError:
+                pass
+        if self.protocol not in _OBJECT_STORES:  # directories of their own
+            for folder in folders:
+                self.remove_tree(f"{path}/{folder}")
 
     def names(self, path: str) -> dict[str, int]:
         self.fs.invalidate_cache(path)  # a listing cached (s3fs) would miss what was written since
@@ -293,6 +359,17 @@ class Store:
         self.fs: _Local | _Remote = _Remote(location, options) if is_url(location) else _Local(location)
         self._secret = secret
         self._mac_key: bytes | None = None
+        # The batches this process read, per run directory (the latest used
+        # last): each batch's entries by child name (``_Batches``).
+        self._batches: OrderedDict[str, _Batches] = OrderedDict()
+        self._batches_lock = threading.Lock()
+
+    @property
+    def batched(self) -> bool:
+        """Whether a worker writes its small entries together, as batches
+        (an fsspec URL: one request instead of one per entry); a local
+        directory keeps each entry in a file of its own."""
+        return isinstance(self.fs, _Remote)
 
     def __repr__(self) -> str:
         return f"<Store {self.location!r}>"
@@ -366,12 +443,12 @@ class Store:
             mac.update(part)
         return [MAGIC + mac.digest(), *body]
 
-    def _unpack(self, data: bytes | bytearray, key: Any, token: str | None) -> Found | None:
+    def _unpack(self, data: bytes | bytearray | memoryview, key: Any, token: str | None) -> Found | None:
         """The outcome in ``data`` if it checks (its HMAC, then its key and
         token), else None with a warning naming ``key``; unpickled only
         once it checks."""
         why = None
-        if len(data) < len(MAGIC) + _MAC + 4 or not data.startswith(MAGIC):
+        if len(data) < len(MAGIC) + _MAC + 4 or data[: len(MAGIC)] != MAGIC:
             why = "it is not an entry (corrupt)"
         else:
             whole = memoryview(data)  # slices without copies
@@ -411,8 +488,13 @@ class Store:
         return _digest(key)
 
     def stored_children(self, root: Any) -> set[str]:
-        """The names (``child_name``) of the children stored for ``root``."""
-        return set(self.fs.names(self.fs.join("runs", _digest(root), "children")))
+        """The names (``child_name``) of the children stored for ``root``:
+        its entries, and those in its batches (listed afresh, the batches
+        not read yet read now and kept for ``get_child``)."""
+        names = set(self.fs.names(self.fs.join("runs", _digest(root), "children")))
+        if self.batched:
+            names.update(self._batches_of(root, fresh=True).names())
+        return names
 
     def put_child(self, root: Any, key: Any, value: Any, error: bool = False, *, again: bool = False) -> bool:
         """Store a child's value (or error) under ``root``'s run, unless it is
@@ -436,20 +518,132 @@ class Store:
         self.fs.write(path, parts)
         return sum(memoryview(p).nbytes for p in parts)
 
-    def get_child(self, root: Any, key: Any) -> Found | None:
-        """A child's stored outcome if there is one that checks (else None:
-        an entry that does not check is dropped, with a warning)."""
+    def pack_child(self, key: Any, value: Any, error: bool = False) -> list[bytes | memoryview] | None:
+        """A child's entry, as parts (``write_children``); None for a key
+        that is no child's."""
         token = token_of(key)
         if token is None:
             return None
-        path = self.child_path(root, key)
-        data = self.fs.read(path)
-        if data is None:
-            return None
-        found = self._unpack(data, key, token)
-        if found is None:
-            self.fs.remove(path)
-        return found
+        return self._pack_parts(key, token, value, error)
+
+    def write_children(self, root: Any, entries: list[tuple[Any, list[bytes | memoryview]]]) -> None:
+        """Write children's entries (``pack_child``) under ``root``'s run:
+        those up to ``BATCH_ENTRY_BYTES`` as batches (up to ``BATCH_ENTRIES``
+        entries and about ``BATCH_BYTES`` each, one request each), a larger
+        one as an object of its own. Each batch is written whole or not at
+        all (``write``): an entry is stored once its batch is."""
+        batch: list[tuple[str, list[bytes | memoryview], int]] = []
+        nbytes = 0
+        for key, parts in entries:
+            size = sum(memoryview(p).nbytes for p in parts)
+            if size > BATCH_ENTRY_BYTES:
+                self.fs.write(self.child_path(root, key), parts)
+                continue
+            if batch and (len(batch) >= BATCH_ENTRIES or nbytes + size > BATCH_BYTES):
+                self._write_batch(root, batch)
+                batch, nbytes = [], 0
+            batch.append((self.child_name(key), parts, size))
+            nbytes += size
+        if batch:
+            self._write_batch(root, batch)
+
+    def _write_batch(self, root: Any, batch: list[tuple[str, list[bytes | memoryview], int]]) -> None:
+        head = [BATCH, struct.pack("<I", len(batch))]
+        head += [_BATCH_ENTRY.pack(name.encode(), size) for name, _, size in batch]
+        parts: list[bytes | memoryview] = [b"".join(head)]
+        for _, entry, _ in batch:
+            parts += entry
+        name = f"{time.time_ns():020d}-{uuid.uuid4().hex[:12]}-{len(batch)}"
+        self.fs.write(self.fs.join(self.run_dir(root), "batches", name), parts)
+
+    def _batches_of(self, root: Any, fresh: bool) -> _Batches:
+        """The batches of ``root``'s run as this process read them; ``fresh``
+        (or none read yet): listed again, and the new ones read (together)."""
+        d = self.run_dir(root)
+        with self._batches_lock:
+            known = self._batches.get(d)
+            if known is not None:
+                self._batches.move_to_end(d)
+        if known is not None and not fresh:
+            return known
+        listed = self.fs.names(self.fs.join(d, "batches"))
+        with known.lock if known is not None else _NO_LOCK:
+            have = set(known.objects) if known is not None else set()
+        new = sorted(set(listed) - have)
+        read: dict[str, bytes | None] = {}
+        if new:
+            assert isinstance(self.fs, _Remote)
+            read = self.fs.read_many([self.fs.join(d, "batches", name) for name in new])
+        with self._batches_lock:
+            batches = self._batches.setdefault(d, _Batches())
+            self._batches.move_to_end(d)
+        with batches.lock:
+            for name in list(batches.objects):
+                if name not in listed:  # deleted (forgotten, or by another process)
+                    batches.drop(name)
+            for name in new:
+                data = read.get(self.fs.join(d, "batches", name))
+                if data is not None:
+                    batches.add(name, data, self)
+        self._trim(keep=d)
+        return batches
+
+    def _trim(self, keep: str) -> None:
+        """Batches of other runs let go of, the least recently used first,
+        while those kept exceed ``BATCH_CACHE_BYTES``."""
+        with self._batches_lock:
+            total = sum(b.nbytes for b in self._batches.values())
+            for d in list(self._batches):
+                if total <= BATCH_CACHE_BYTES:
+                    break
+                if d != keep:
+                    total -= self._batches.pop(d).nbytes
+
+    def forget_batches(self, root: Any) -> None:
+        """Let go of the batches of ``root``'s run this process read."""
+        with self._batches_lock:
+            self._batches.pop(self.run_dir(root), None)
+
+    def get_child(self, root: Any, key: Any) -> Found | None:
+        """A child's stored outcome if there is one that checks (else None:
+        an entry that does not check is dropped, with a warning)."""
+        return self.get_children(root, [key]).get(key)
+
+    def get_children(self, root: Any, keys: list[Any]) -> dict[Any, Found]:
+        """The stored outcomes of ``keys`` that check (``get_child``): from
+        the batches read (``stored_children``), the newest first, else their
+        own entries (read together)."""
+        out: dict[Any, Found] = {}
+        rest = []
+        batches = self._batches_of(root, fresh=False) if self.batched else None
+        for key in keys:
+            token = token_of(key)
+            if token is None:
+                continue
+            if batches is not None:
+                found = batches.get(self, key, token)
+                if found is not None:
+                    out[key] = found
+                    continue
+            rest.append(key)
+        if not rest:
+            return out
+        paths = {key: self.child_path(root, key) for key in rest}
+        read: dict[str, bytes | bytearray | None]
+        if isinstance(self.fs, _Remote) and len(rest) > 1:
+            read = dict(self.fs.read_many(list(paths.values())))
+        else:
+            read = {path: self.fs.read(path) for path in paths.values()}
+        for key, path in paths.items():
+            data = read.get(path)
+            if data is None:
+                continue
+            found = self._unpack(data, key, token_of(key))
+            if found is None:
+                self.fs.remove(path)
+            else:
+                out[key] = found
+        return out
 
     def group_path(self, root: Any, key: Any, group: int) -> str:
         return self.fs.join("runs", _digest(root), "groups", _digest((key, group)))
@@ -495,9 +689,8 @@ class Store:
 
     def drop_children(self, root: Any) -> None:
         """Delete what a finished run stored for its children and groups."""
-        d = self.run_dir(root)
-        self.fs.remove_tree(self.fs.join(d, "children"))
-        self.fs.remove_tree(self.fs.join(d, "groups"))
+        self.fs.remove_under(self.run_dir(root), ("children", "batches", "groups"))
+        self.forget_batches(root)
 
     def failed(self, root: Any) -> None:
         """The run of ``root`` raised: its children stay, for a run again."""
@@ -550,6 +743,7 @@ class Store:
             if meta is None:
                 continue
             children = self.fs.names(self.fs.join(d, "children"))
+            batches = self.fs.names(self.fs.join(d, "batches")) if self.batched else {}
             own = self.fs.names(d)
             state = meta.get("state")
             out.append(
@@ -558,8 +752,8 @@ class Store:
                     state=state if state in STATES else "running",
                     started=float(meta.get("started") or 0.0),
                     ended=meta.get("ended"),
-                    children=len(children),
-                    bytes=sum(children.values()) + sum(own.values()),
+                    children=len(children) + sum(_entries_in(name) for name in batches),
+                    bytes=sum(children.values()) + sum(batches.values()) + sum(own.values()),
                 )
             )
         out.sort(key=lambda r: r.started)
@@ -588,4 +782,126 @@ class Store:
         d = self.run_dir(root)
         there = self.fs.exists(self.fs.join(d, "run.json")) or self.fs.exists(d)
         self.fs.remove_tree(d)
+        self.forget_batches(root)
         return there
+
+
+def _entries_in(batch: str) -> int:
+    """The number of entries a batch's name says it holds (0: not a batch's name)."""
+    count = batch.rsplit("-", 1)[-1]
+    return int(count) if count.isdigit() else 0
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, *args: Any) -> None:
+        pass
+
+
+_NO_LOCK = _NoLock()
+
+
+class _Batches:
+    """The batches of one run a process read: each one's entries by child
+    name (a view of the batch, checked only when it is used), and the
+    reason for the names of a batch that is not used whole."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.objects: dict[str, int] = {}  # batch name -> its bytes
+        self.entries: dict[str, list[tuple[str, memoryview | str]]] = {}  # child name -> (batch, entry or why not)
+        self.nbytes = 0
+
+    def names(self) -> set[str]:
+        with self.lock:
+            return set(self.entries)
+
+    def add(self, name: str, data: bytes, store: Store) -> None:
+        """Batch ``name``'s entries (its bytes ``data``), the newest batch
+        first for each child; a batch whose lengths do not add up is used
+        for none of its children (a warning names it, and each child looked
+        up in it)."""
+        if name in self.objects:
+            return  # read by two lookups at once
+        found = _parse_batch(data)
+        if isinstance(found, str):
+            logger.warning(
+                "dask_coro: the batch %s of %s is not used, %s; its children are computed again",
+                name, store.location, found,
+            )
+        self.objects[name] = len(data)
+        self.nbytes += len(data)
+        for child, entry in (found if isinstance(found, list) else _names_in(data, found)):
+            self.entries.setdefault(child, []).append((name, entry))
+            self.entries[child].sort(key=lambda e: e[0], reverse=True)
+
+    def drop(self, name: str) -> None:
+        self.nbytes -= self.objects.pop(name, 0)
+        for child in list(self.entries):
+            kept = [e for e in self.entries[child] if e[0] != name]
+            if kept:
+                self.entries[child] = kept
+            else:
+                del self.entries[child]
+
+    def get(self, store: Store, key: Any, token: str) -> Found | None:
+        """``key``'s outcome from the newest of its entries that checks; one
+        that does not is warned of (naming ``key``) and not tried again."""
+        child = store.child_name(key)
+        with self.lock:
+            entries = list(self.entries.get(child, ()))
+        for batch, entry in entries:
+            if isinstance(entry, str):
+                found = None
+                logger.warning(
+                    "dask_coro: the stored entry of %r in %s is not used, %s; computing it again",
+                    key, store.location, entry,
+                )
+            else:
+                found = store._unpack(entry, key, token)
+            if found is not None:
+                return found
+            with self.lock:
+                kept = [e for e in self.entries.get(child, ()) if e != (batch, entry)]
+                if kept:
+                    self.entries[child] = kept
+                else:
+                    self.entries.pop(child, None)
+        return None
+
+
+def _parse_batch(data: bytes) -> list[tuple[str, memoryview]] | str:
+    """A batch's entries (child name, entry), or why it is not a batch."""
+    if not data.startswith(BATCH) or len(data) < len(BATCH) + 4:
+        return "it is not a batch (corrupt)"
+    (count,) = struct.unpack_from("<I", data, len(BATCH))
+    at = len(BATCH) + 4
+    end = at + count * _BATCH_ENTRY.size
+    if end > len(data):
+        return "it is torn (its entries are not all there)"
+    heads = [_BATCH_ENTRY.unpack_from(data, at + i * _BATCH_ENTRY.size) for i in range(count)]
+    if end + sum(size for _, size in heads) != len(data):
+        return "it is torn (its entries' lengths do not add up to its size)"
+    whole = memoryview(data)
+    out = []
+    for name, size in heads:
+        out.append((name.decode("ascii", "replace"), whole[end : end + size]))
+        end += size
+    return out
+
+
+def _names_in(data: bytes, why: str) -> list[tuple[str, str]]:
+    """The child names a batch that is not used lists, as far as it can be
+    read: each with why its entry is not used."""
+    if not data.startswith(BATCH) or len(data) < len(BATCH) + 4:
+        return []
+    (count,) = struct.unpack_from("<I", data, len(BATCH))
+    at = len(BATCH) + 4
+    count = min(count, (len(data) - at) // _BATCH_ENTRY.size)
+    reason = f"its batch {why}"
+    return [
+        (_BATCH_ENTRY.unpack_from(data, at + i * _BATCH_ENTRY.size)[0].decode("ascii", "replace"), reason)
+        for i in range(count)
+    ]

@@ -72,7 +72,8 @@ plugins are installed:
     (an outcome given ends the run with it: its body never runs), and with
     the keys of each yield's tasks before they are sent (each one given is
     sent as its value, or as a task raising its error, instead of its
-    task; the scheduler culls a task only those needed, unless the run
+    task, placed on the run's own worker, where its body reads it; the
+    scheduler culls a task only those needed, unless the run
     asks for it too, as it does for a ``Delayed`` a later yield may use).
     Where no extension overrides it, nothing is asked.
 ``async submitting(run, client, graph)``

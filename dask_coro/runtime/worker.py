@@ -921,7 +921,7 @@ class _Run:
         computed = list(dict.fromkeys(compute.outputs)) if compute is not None else []
         wanted = [k for k in Scope.wanted(plan.outputs, plan.keep, plan.graph) if k not in computed]
         if self.active.supplied and plan.graph:
-            await self._given_in(plan.graph)
+            await self._given_in(plan.graph, plan.annotations)
         new: dict[Key, Future] = {}
         ann = {**self._child_annotations(), **(annotations or {})}
         with submitting_as(self.key), dask.annotate(**ann):
@@ -1178,14 +1178,17 @@ class _Run:
         """Send the tasks of ``planned`` whose outcome an extension has already
         as that value (or a task raising that error), not as their tasks; the
         scheduler culls the tasks only they needed and nobody asks for."""
-        if await self._given_in(planned.graph):
+        if await self._given_in(planned.graph, planned.annotated):
             planned.message = None  # the graph changed since the lane serialized it
 
-    async def _given_in(self, graph: dict[Key, Any]) -> bool:
+    async def _given_in(self, graph: dict[Key, Any], annotated: dict[Key, dict[str, Any]]) -> bool:
         """Replace the tasks of ``graph`` whose outcome an extension has
-        (``_given``) by it; whether any was."""
+        (``_given``) by it, placed on this worker (``annotated``: each
+        task's annotations); whether any was."""
         given = await self._given(list(graph))
+        here = {"workers": [self.worker.address], "allow_other_workers": True}
         for key, outcome in given.items():
+            annotated[key] = {**annotated.get(key, {}), **here}
             if type(outcome) is Returned:
                 graph[key] = DataNode(key, outcome.value)
             else:

@@ -28,7 +28,7 @@ import dask_coro
 import dask_coro.durable.local
 from dask_coro import coroutine
 from dask_coro.core.keys import child_key, derive_key
-from dask_coro.durable.store import MAGIC, Store, StoreError
+from dask_coro.durable.store import BATCH, MAGIC, Store, StoreError
 
 HERE = Path(__file__).parents[1]  # tests/, where durable_program.py is
 
@@ -119,6 +119,67 @@ class _Opens:
 
     def __reduce__(self):
         return (open, (self.path, "w"))
+
+
+def _batch(entries) -> bytes:
+    """A batch as the store writes one: ``BATCH``, the number of entries,
+    each one's child name and length, then the entries."""
+    head = BATCH + struct.pack("<I", len(entries))
+    head += b"".join(struct.pack("<32sQ", name.encode(), len(e)) for name, e in entries)
+    return head + b"".join(e for _, e in entries)
+
+
+def _batches(s, root) -> list[str]:
+    return sorted(s.fs.fs.find(s.fs.join(s.run_dir(root), "batches")))
+
+
+def test_a_batchs_entries_read_back_and_a_forged_or_torn_one_is_never_unpickled(tmp_path):
+    s = Store(f"memory://batches-{tmp_path.name}", secret="s3cret")
+    assert s.batched and not Store(str(tmp_path / "st")).batched  # a local directory: one file per entry
+    s.started("root")
+    keys = [_child(i) for i in range(6)]
+    s.write_children("root", [(k, s.pack_child(k, {"i": i})) for i, k in enumerate(keys[:4])])
+    [batch] = _batches(s, "root")  # one object for the four entries
+    assert s.stored_children("root") == {s.child_name(k) for k in keys[:4]}
+    assert {k: f.value for k, f in s.get_children("root", keys).items()} == {k: {"i": i} for i, k in enumerate(keys[:4])}
+    [info] = s.runs()
+    assert info.children == 4 and info.bytes > s.fs.fs.size(batch)
+    # Someone who can write the store but has not its key, and a torn batch.
+    marker = tmp_path / "pwned"
+    evil = pickle.dumps(_Opens(str(marker)))
+    other = Store(str(tmp_path / "other"))
+    good = s.pack_child(keys[3], 3)
+    s.fs.fs.rm(batch)
+    names = [s.child_name(k) for k in keys]
+    s.fs.fs.pipe_file(s.fs.join(s.run_dir("root"), "batches", f"{1:020d}-a-3"), _batch([
+        (names[0], evil),  # a bare pickle
+        (names[1], MAGIC + bytes(32) + evil),  # a made-up HMAC
+        (names[2], other._pack(keys[2], keys[2][-16:], _Opens(str(marker)), False)),  # another key signed it
+    ]))
+    s.fs.fs.pipe_file(s.fs.join(s.run_dir("root"), "batches", f"{2:020d}-b-1"), _batch([(names[3], b"".join(good))])[:-1])
+    s.fs.fs.pipe_file(s.fs.join(s.run_dir("root"), "batches", f"{3:020d}-c-1"), _batch([(names[4], evil)]) + b"more")
+    reader = Store(f"memory://batches-{tmp_path.name}", secret="s3cret")  # another process: nothing read yet
+    with captured_logger("dask_coro") as log:
+        assert reader.stored_children("root") == set(names[:5])
+        assert reader.get_children("root", keys) == {}
+    assert not marker.exists()
+    warned = log.getvalue()
+    for k in keys[:5]:
+        assert repr(k) in warned  # each child of a forged entry or a torn batch named
+    assert warned.count("HMAC") == 2 and warned.count("is torn") >= 2
+    # Stored again in a newer batch: that one is used, the forged one not
+    # tried again (in another process, the newest first).
+    s.write_children("root", [(keys[0], s.pack_child(keys[0], "again"))])
+    with captured_logger("dask_coro") as log:
+        assert reader.stored_children("root") == {names[0]}
+        assert reader.get_child("root", keys[0]).value == "again"
+    assert log.getvalue() == ""
+    with captured_logger("dask_coro") as log:
+        fresh = Store(f"memory://batches-{tmp_path.name}", secret="s3cret")
+        assert fresh.get_child("root", keys[0]).value == "again"
+    assert repr(keys[0]) not in log.getvalue()
+    assert reader.forget("root")
+    assert reader.runs() == []
 
 
 def test_runs_are_listed_and_forgotten_and_a_finished_one_keeps_its_result_only(tmp_path):
@@ -636,6 +697,7 @@ def _s3_settings(endpoint, name):
 async def test_an_s3_store_resumes_a_run_and_refuses_forged_entries(c, s, a, b, tmp_path, s3_server):
     folder, marker = str(tmp_path), tmp_path / "pwned"
     settings = _s3_settings(s3_server, "resume")
+    settings["coro.durability.store-batch-window"] = 0  # each entry an object of its own
     with dask.config.set(settings):
         with pytest.raises(ValueError):
             await _compute(c, s, shifted(3, folder, 0, True, dask_key_name="run"))
@@ -662,3 +724,108 @@ async def test_an_s3_store_resumes_a_run_and_refuses_forged_entries(c, s, a, b, 
     assert not marker.exists()
     assert sorted(Counter(_lines(folder, "executions")).values()) == [1, 2, 2]  # the 2 forged: again
     assert log.getvalue().count("is not used") == 2
+
+
+@cluster()
+async def test_an_s3_stores_batches_resume_a_run_and_a_forged_or_torn_one_is_never_loaded(
+    c, s, a, b, tmp_path, s3_server
+):
+    folder, marker = str(tmp_path), tmp_path / "pwned"
+    r = recorder(s)
+    with dask.config.set(_s3_settings(s3_server, "batched")):
+        with pytest.raises(ValueError):
+            await _compute(c, s, shifted(3, folder, 0, True, dask_key_name="run"))
+        store = dask_coro.durable.local.store_of_settings()
+        objects = store.fs.fs.find(store.fs.join("runs"))
+        batches = [o for o in objects if "/batches/" in o]
+        assert batches and not [o for o in objects if "/children/" in o]  # no object per entry
+        # The run's end wrote every worker's open batch: all its children stored.
+        [info] = dask_coro.runs()
+        assert (info.key, info.state, info.children) == ("run", "failed", 3)
+        assert info.bytes == sum(store.fs.fs.size(o) for o in objects)
+        # A resume from the batches: nothing computed again, nor written again.
+        with pytest.raises(ValueError):
+            await _compute(c, s, shifted(3, folder, 0, True, dask_key_name="run"))
+        assert sorted(_lines(folder, "executions")) == ["0", "1", "2"]
+        assert store.fs.fs.find(store.fs.join("runs")) == objects
+        # Someone who can write the bucket but has not the store's key: one
+        # entry a bare pickle in a batch that adds up, one in a torn batch.
+        keys = sorted(set(r.ran("work")))
+        entries = {}
+        for o in batches:
+            data = store.fs.fs.cat_file(o)
+            (count,) = struct.unpack_from("<I", data, len(BATCH))
+            at = len(BATCH) + 4 + 40 * count
+            for i in range(count):
+                name, size = struct.unpack_from("<32sQ", data, len(BATCH) + 4 + 40 * i)
+                entries[name.decode()] = data[at : at + size]
+                at += size
+            store.fs.fs.rm_file(o)
+        names = [store.child_name(k) for k in keys]
+        d = store.fs.join(store.run_dir("run"), "batches")
+        evil = pickle.dumps(_Opens(str(marker)))
+        store.fs.fs.pipe_file(f"{d}/{1:020d}-a-2", _batch([(names[0], evil), (names[2], entries[names[2]])]))
+        store.fs.fs.pipe_file(f"{d}/{2:020d}-b-1", _batch([(names[1], entries[names[1]])])[:-1])
+        with captured_logger("dask_coro") as log:
+            assert await _compute(c, s, shifted(3, folder, 0, False, dask_key_name="run")) == [0, 10, 20]
+        [info] = dask_coro.runs()
+        assert (info.state, info.children) == ("finished", 0)
+        assert dask_coro.forget_run("run") and dask_coro.runs() == []
+    assert not marker.exists()
+    assert sorted(Counter(_lines(folder, "executions")).values()) == [1, 2, 2]  # the forged and the torn: again
+    warned = log.getvalue()
+    assert "not an entry" in warned and "is torn" in warned
+    for key in keys[:2]:
+        assert repr(key) in warned  # each warning names the child's key
+
+
+@pytest.mark.timeout(240)
+def test_a_worker_killed_before_its_batch_is_written_runs_those_children_again(tmp_path, monkeypatch, s3_server):
+    """The worker running the root SIGKILLed while the fast children it
+    finished wait in its open batch (a window of an hour: nothing written
+    before the run's end), the slow ones running on the other worker: the
+    root runs again there, finds none stored, and computes them again; its
+    value is right, and the run's end leaves it finished."""
+    from distributed import Client
+    from durable_program import pinned
+
+    folder = str(tmp_path)
+    n, slow = 8, 2
+    settings = {**_s3_settings(s3_server, "killed"), "coro.durability.store-batch-window": "1h"}
+    for name, value in settings.items():
+        monkeypatch.setenv("DASK_" + name.upper().replace(".", "__").replace("-", "_"), repr(value))
+    monkeypatch.setenv("DASK_CORO__DURABILITY__HOLD_CHILDREN", "false")
+    (tmp_path / "hold").touch()
+    port = _free_port()
+    procs = _cli_cluster(tmp_path, port, 2, 0)
+    try:
+        with dask.config.set(settings), Client(f"tcp://127.0.0.1:{port}", timeout=60) as c:
+            c.wait_for_workers(2, timeout=60)
+            doomed, other = sorted(c.scheduler_info()["workers"])
+            pids = c.run(os.getpid)
+            root = pinned(n, folder, slow, doomed, other, dask_key_name="durable-batch-lost")
+            future = c.compute(root, workers=[doomed], allow_other_workers=True)
+            deadline = time.monotonic() + 120
+            waiting = 0
+            while time.monotonic() < deadline:
+                waiting = c.run(_waiting_entries, workers=[doomed])[doomed]
+                if waiting == n - slow and all(str(i) in _executions(folder) for i in range(n)):
+                    break
+                time.sleep(0.1)
+            assert waiting == n - slow
+            store = dask_coro.durable.local.store_of_settings()
+            assert store.stored_children("durable-batch-lost") == set()  # none written yet
+            os.kill(pids[doomed], signal.SIGKILL)
+            (tmp_path / "hold").unlink()
+            assert future.result(timeout=120) == sum(i * i for i in range(n))
+            [info] = dask_coro.runs()
+    finally:
+        _kill(procs)
+    assert (info.key, info.state, info.children) == ("durable-batch-lost", "finished", 0)
+    assert _executions(folder) == {str(i): 2 for i in range(n)}  # the fast ones too: their batch was lost
+
+
+def _waiting_entries() -> int:
+    from dask_coro.durable.writes import BATCHES
+
+    return BATCHES.waiting()

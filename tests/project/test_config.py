@@ -31,6 +31,7 @@ EXPECTED = {
     "coro.durability.store-key": None,
     "coro.durability.store-options": None,
     "coro.durability.store-bytes": None,
+    "coro.durability.store-batch-window": "100ms",
     "coro.worker-release.enabled": False,
     "coro.lifetimes.retry-delay": "500ms",
     "coro.lifetimes.close-timeout": "10s",

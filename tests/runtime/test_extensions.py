@@ -457,6 +457,44 @@ class Supplier(Extension):
         return {k: Returned(41) for k in keys if str(k).startswith("outer-")}
 
 
+@coroutine
+def many_outer(folder, n):
+    xs = yield [dask.delayed(_outer)(folder, i) for i in range(n)]
+    return sum(xs)
+
+
+class WhereInMemory(SchedulerPlugin):
+    """The worker each key reached memory on."""
+
+    def __init__(self) -> None:
+        self.where: dict = {}
+
+    def transition(self, key, start, finish, *args, worker=None, **kwargs):
+        if finish == "memory" and worker is not None:
+            self.where[key] = worker
+
+
+@cluster()
+async def test_supplied_values_go_to_memory_on_the_worker_of_the_run_that_reads_them(c, s, a, b, tmp_path):
+    """Given values are placed on the run's own worker, where its body reads
+    them: not queued as tasks across the cluster (a round trip each on
+    another worker, then a transfer back)."""
+    folder, n = str(tmp_path), 10
+    where = WhereInMemory()
+    s.add_plugin(where)
+    register(Supplier())
+    try:
+        for w in (a, b):
+            where.where.clear()
+            root = many_outer(folder, n, dask_key_name=f"on-{w.name}")
+            assert await c.compute(root, workers=[w.address]) == 41 * n
+            given = [k for k in where.where if str(k).startswith("outer-")]
+            assert len(given) == n and {where.where[k] for k in given} == {w.address}
+    finally:
+        unregister(Supplier.name)
+    assert "outer" not in _lines(folder, "ran")
+
+
 @cluster(nthreads=[("", 1)])
 async def test_a_supplied_outcome_is_sent_as_a_value_and_its_task_never_runs(c, s, a, tmp_path):
     """A feature gives a yield's task its value before it is sent (the

@@ -28,6 +28,15 @@ def worker_task_function(worker: Any, key: Key) -> Any:
     return getattr(getattr(ts, "run_spec", None), "func", None)
 
 
+def worker_task_gives_data(worker: Any, key: Key) -> bool:
+    """Whether ``key``'s task on this worker only gives a value its graph
+    carried (its ``run_spec`` a ``DataNode``): nothing was computed."""
+    from ..dask_private import DataNode
+
+    ts = worker.state.tasks.get(key)
+    return ts is not None and isinstance(ts.run_spec, DataNode)
+
+
 def worker_task_error(worker: Any, key: Key) -> BaseException | None:
     """The error ``key``'s task raised on this worker, if it is in state
     ``error`` there (``WorkerTaskState.exception``: a ``Serialize`` of the
