@@ -98,15 +98,17 @@ def _unlink(name: str) -> None:
                 _posix().shm_unlink("/" + name)
             except FileNotFoundError:
                 pass
-    if os.path.isdir(_SHM_DIR):
-        import glob
-
-        pattern = f"dask-coro.to-*.{glob.escape(name)}"  # and one half made (``_marker_file``)
-        for marker in glob.glob(os.path.join(_SHM_DIR, pattern)) + glob.glob(
-            os.path.join(_SHM_DIR, pattern + ".*")
-        ):
+    try:
+        entries = os.listdir(_SHM_DIR)
+    except FileNotFoundError:
+        return
+    # ``_marker``, and one half made (``_marker_file``): one listing, not a
+    # glob per pattern (a release runs per item of a stream).
+    tail = "." + name
+    for entry in entries:
+        if entry.startswith("dask-coro.to-") and (entry.endswith(tail) or tail + "." in entry):
             try:
-                os.unlink(marker)
+                os.unlink(os.path.join(_SHM_DIR, entry))
             except FileNotFoundError:
                 pass
 

@@ -232,6 +232,30 @@ def test_success_releases_every_segment(client, tmp_path):
     assert_released(client, names)
 
 
+def test_a_release_removes_the_sending_markers_of_its_segment_only(client, tmp_path):
+    """A worker that died while sending a segment to another host left its
+    marker (``shm.sending_to``), whole or half made: the segment's release
+    removes them, and no other segment's."""
+    folder = str(tmp_path)
+    p = client.submit(make, folder, pure=False)
+    name = p.result(timeout=60).segment_name
+    other = f"{shm.PREFIX}{uuid.uuid4().hex[:16]}"
+    mine = [f"dask-coro.to-10.0.0.9.{name}", f"dask-coro.to-10.0.0.9.{name}.0badf00d"]
+    theirs = [f"dask-coro.to-10.0.0.9.{other}", f"dask-coro.to-10.0.0.9.{name}-c", f"dask-coro.to-10.0.0.9.{other}.0badf00d"]
+    for marker in mine + theirs:
+        with open(os.path.join("/dev/shm", marker), "w") as f:
+            f.write("sent")
+    try:
+        del p
+        assert_released(client, [name])
+        left = set(os.listdir("/dev/shm"))
+        assert not left & set(mine) and set(theirs) <= left, (mine, theirs)
+    finally:
+        for marker in mine + theirs:
+            if os.path.exists(os.path.join("/dev/shm", marker)):
+                os.unlink(os.path.join("/dev/shm", marker))
+
+
 def test_error_in_a_consumer(client, tmp_path):
     folder = str(tmp_path)
     p = client.submit(make, folder, pure=False)
