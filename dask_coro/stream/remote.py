@@ -236,11 +236,39 @@ def _publisher(p: Producer) -> concurrent.futures.ThreadPoolExecutor:
     return p.publisher
 
 
+def _digested(x: Any, xxhash: Any) -> Any:
+    """``x`` with its arrays in shared memory (contiguous: ``_share`` made
+    them) as their dtype, shape, strides and a hash of their bytes."""
+    import numpy as np
+
+    from ..lifetimes.shm import ShmArray
+
+    if type(x) is ShmArray and x._segment is not None:
+        flat = x.view(np.ndarray).ravel(order="K")  # no copy: contiguous
+        return ("dask-coro-shared-array", x.dtype.str, x.shape, x.strides, xxhash.xxh3_128_hexdigest(flat))
+    t = type(x)
+    if t is list or t is tuple:
+        return t(_digested(v, xxhash) for v in x)
+    if t is dict:
+        return {k: _digested(v, xxhash) for k, v in x.items()}
+    return x
+
+
+def _token(x: Any) -> str:
+    """The token of an item holding shared memory: its arrays hashed with
+    xxh3 (twice as fast as the xxh64 ``tokenize`` takes), if installed."""
+    try:
+        import xxhash
+    except ImportError:
+        return tokenize(x)
+    return tokenize(_digested(x, xxhash))
+
+
 def _publish_later(run: Run, x: Any, msg: dict[str, Any]) -> None:
     """On the publisher's thread: ``x``'s token, then ``_send``."""
     if msg["token"] is None:
         try:
-            msg["token"] = tokenize(x)
+            msg["token"] = _token(x) if msg.get("shared") else tokenize(x)
         except Exception:  # pragma: no cover - tokenize falls back to a random token itself
             logger.exception("stream %r: item %d could not be tokenized", run.key, msg["index"])
             msg["token"] = uuid.uuid4().hex
