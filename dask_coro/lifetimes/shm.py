@@ -33,9 +33,9 @@ NumPy is needed: the ``shm`` extra (``pip install ".[shm]"`` from a clone).
 
 from __future__ import annotations
 
-import fcntl
 import mmap
 import os
+import sys
 import threading
 import time
 import uuid
@@ -46,6 +46,11 @@ import numpy as np
 
 from .._exceptions import DaskCoroError
 from .handles import recipient_host, shm_as_handles
+
+if sys.platform.startswith("linux"):
+    import fcntl
+else:  # no segments given back (``Pool``), so no locks to take
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["PREFIX", "ShmArray", "empty", "from_array", "segments", "zeros"]
 
@@ -198,7 +203,8 @@ def _mapping(fd: int) -> None:
     mapping made from ``fd`` lives (a shared ``flock``: the mapping keeps a
     duplicate of ``fd``, and the lock with it). A pool copies a later item
     into a segment given back to it only if no process holds one (``Pool``)."""
-    fcntl.flock(fd, fcntl.LOCK_SH)
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_SH)
 
 
 def _open_new(name: str, nbytes: int) -> mmap.mmap:
@@ -293,7 +299,7 @@ class Pool:
         """Under ``_lock``, in ``_unlink``: rename segment ``name`` to one of
         our names not made yet (one still reserved: its release has not run);
         False if we cannot (closed, no such name, not on a file system)."""
-        if not self.open or not os.path.isdir(_SHM_DIR):
+        if not self.open or fcntl is None or not os.path.isdir(_SHM_DIR):
             return False
         target = next((n for n in self.names if n in _reserved), None)
         if target is None:
