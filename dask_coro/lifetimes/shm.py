@@ -99,6 +99,8 @@ def _unlink(name: str) -> None:
         _returned.pop(name, None)
         pool = _made_by.pop(name, None)
         if pool is None or not pool.give_back(name):
+            if pool is not None:
+                pool.forget(name)
             try:
                 _posix().shm_unlink("/" + name)
             except FileNotFoundError:
@@ -258,16 +260,21 @@ class Pool:
     tied to the producer's key again, and its pages stay allocated. The
     producer copies a later item of the same size into it only once no
     process maps it (an exclusive ``flock``: each mapping holds a shared one,
-    ``_mapping``); else it is unlinked then, and a new one made under its
-    name. Whoever still maps a released segment keeps reading what it held.
-    Making a segment costs far more than copying into one (the host zeroes
-    and frees its pages)."""
+    ``_mapping``) and no array of this process views it (the producer keeps
+    its own mapping, ``maps``: it is not mapped again); else it is unlinked
+    then, and a new one made under its name. Whoever still maps a released
+    segment keeps reading what it held. Making a segment costs far more than
+    copying into one (the host zeroes, maps and frees its pages)."""
 
     def __init__(self) -> None:
         self.names: list[str] = []  # tied, for items to come
         self.returned: list[str] = []  # given back, under names of ``names``
         self.open = True
         self.recycling = False  # a segment was given back
+        #: This process's mapping of each segment made from the pool, and a
+        #: descriptor of it (its shared lock's, ``_mapping``): a segment given
+        #: back is copied into again without being mapped again.
+        self.maps: dict[str, tuple[mmap.mmap, int]] = {}
 
     def add(self, names: list[str]) -> None:
         with _lock:
@@ -311,12 +318,22 @@ class Pool:
         except FileNotFoundError:
             return False
         self.names.remove(target)
+        entry = self.maps.pop(name, None)
+        if entry is not None:
+            self.maps[target] = entry
         _reserved.discard(target)
         _returned[target] = size
         _made_by[target] = self
         self.returned.append(target)
         self.recycling = True
         return True
+
+    def forget(self, name: str) -> None:
+        """Under ``_lock``: our mapping of ``name`` is not ours to copy into
+        any more (it stays while arrays view it)."""
+        entry = self.maps.pop(name, None)
+        if entry is not None:
+            os.close(entry[1])
 
     def close(self) -> None:
         """The producer ended: its segments are released as any other from
@@ -325,24 +342,58 @@ class Pool:
             self.open = False
             self.names.clear()
             self.returned.clear()
+            for name in list(self.maps):
+                self.forget(name)
 
 
-def _reopen(name: str, nbytes: int) -> _Segment | None:
-    """Under ``_lock``: segment ``name`` given back to a pool, mapped here
-    again, if it holds ``nbytes`` and no process maps it."""
+def _reuse(name: str, entry: tuple[mmap.mmap, int], nbytes: int) -> _Segment | None:
+    """Under ``_lock``: our mapping ``entry`` of segment ``name``, given back
+    to its pool, if it holds ``nbytes`` and nothing maps it but the pool: no
+    array over it in this process (the mapping referred to by the pool's
+    entry and this call only), and no other process's lock on it."""
+    mm = entry[0]
+    if len(mm) != max(nbytes, 1) or sys.getrefcount(mm) > 3:  # entry, mm, getrefcount's argument
+        return None
+    assert fcntl is not None  # given back on Linux only
+    try:
+        fcntl.flock(entry[1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return None
+    fcntl.flock(entry[1], fcntl.LOCK_SH)
+    return _Segment(name, mm, managed=True)
+
+
+def _reopen(name: str, nbytes: int) -> tuple[_Segment, int] | None:
+    """Under ``_lock``: segment ``name`` given back to a pool (not mapped by
+    it), mapped here again, if it holds ``nbytes`` and no process maps it;
+    and the descriptor holding our shared lock on it."""
     fd = _posix().shm_open("/" + name, os.O_RDWR, mode=0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return None  # mapped somewhere still
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if os.fstat(fd).st_size != max(nbytes, 1):
-            return None
+            raise BlockingIOError
         mm = mmap.mmap(fd, max(nbytes, 1), flags=_POPULATE)
         _mapping(fd)  # ours only now: exclusive until here
-    finally:
+    except BlockingIOError:  # mapped somewhere still, or of another size
         os.close(fd)
-    return _Segment(name, mm, managed=True)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return _Segment(name, mm, managed=True), fd
+
+
+def _open_kept(name: str, nbytes: int) -> tuple[mmap.mmap, int]:
+    """``_open_new``, keeping a descriptor (its shared lock's) for a pool."""
+    fd = _posix().shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    try:
+        os.ftruncate(fd, max(nbytes, 1))
+        _mapping(fd)
+        return mmap.mmap(fd, max(nbytes, 1)), fd
+    except BaseException:
+        os.close(fd)
+        _posix().shm_unlink("/" + name)
+        raise
 
 
 def copy_into(name: str, a: np.ndarray, pool: Pool | None = None) -> ShmArray | None:
@@ -356,12 +407,25 @@ def copy_into(name: str, a: np.ndarray, pool: Pool | None = None) -> ShmArray | 
     order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
     with _lock:  # not released while it is made: a release takes the lock
         segment = _prepared.pop(name, None)
+        kept: tuple[mmap.mmap, int] | None = None
         if name in _returned:
             del _returned[name]
-            try:
-                segment = _reopen(name, a.nbytes)
-            except FileNotFoundError:  # released by another process of the host (``release_abandoned``)
-                return None
+            entry = pool.maps.pop(name, None) if pool is not None else None
+            if entry is not None:
+                segment = _reuse(name, entry, a.nbytes)
+                if segment is None:
+                    os.close(entry[1])
+                else:
+                    kept = entry
+                del entry
+            else:
+                try:
+                    got = _reopen(name, a.nbytes)
+                except FileNotFoundError:  # released by another process of the host (``release_abandoned``)
+                    return None
+                if got is not None:
+                    segment, fd = got
+                    kept = (segment.mm, fd)
             if segment is None:
                 busy[0] += 1
                 # Still mapped somewhere, or of another size: unlinked (its
@@ -390,11 +454,17 @@ def copy_into(name: str, a: np.ndarray, pool: Pool | None = None) -> ShmArray | 
             if name not in _reserved:
                 return None
             _reserved.discard(name)
-            mm = _open_new(name, a.nbytes)
+            if pool is not None and fcntl is not None:
+                kept = _open_kept(name, a.nbytes)
+                mm = kept[0]
+            else:
+                mm = _open_new(name, a.nbytes)
             segment = _mapped[name] = _Segment(name, mm, managed=True)
             _managed.add(segment)
         if pool is not None:
             _made_by[name] = pool
+            if kept is not None:
+                pool.maps[name] = kept
     out = segment.array(a.shape, a.dtype, _strides(a.shape, a.dtype.itemsize, order), 0)
     out[...] = a
     return out

@@ -929,15 +929,13 @@ def test_a_stream_s_producer_copies_later_items_into_segments_given_back(client,
     assert_released(client, names)
 
 
-def test_a_segment_given_back_is_not_copied_into_while_a_process_maps_it(client, tmp_path):
-    """Client code keeps every item of a stream: each is let go of by the
-    stream as the next is asked for, and its segment given back to the
-    producer, but this process still maps it: the producer makes a new
-    segment for the next item instead of copying into it (an unlinked
+def _keeps_every_item(client: Client, where: str, n: int = 10) -> None:
+    """Client code keeps every item of a stream produced on ``where``: each
+    is let go of by the stream as the next is asked for, and its segment
+    given back to the producer, but still mapped here: the producer makes a
+    new segment for the next item instead of copying into it (an unlinked
     segment's pages stay with who maps them, a segment given back's too)."""
-    _, b = sorted(workers_now(client))
-    n = 10
-    with dask.annotate(workers=[b], allow_other_workers=False):
+    with dask.annotate(workers=[where], allow_other_workers=False):
         s = dask_coro.stream(emits_plain_arrays(n), buffer=1)
     items = []
     for item in s:
@@ -949,11 +947,26 @@ def test_a_segment_given_back_is_not_copied_into_while_a_process_maps_it(client,
         np.testing.assert_array_equal(x, _item(i))
     assert len({x.segment_name for _, x in items}) == n
     assert len({x.__array_interface__["data"][0] for _, x in items}) == n
-    reused, busy = client.run(_reused)[b]
+    reused, busy = client.run(_reused)[where]
     assert reused == 0 and busy > 0, (reused, busy)
     names = [x.segment_name for _, x in items]
     del items, x, s
     assert_released(client, names)
+
+
+def test_a_segment_given_back_is_not_copied_into_while_a_process_maps_it(client):
+    _, b = sorted(workers_now(client))
+    _keeps_every_item(client, b)
+
+
+def test_a_segment_given_back_is_not_copied_into_while_its_producer_s_process_maps_it():
+    """The same with the client in the producer's process (threads): the
+    producer's own mapping is what an item kept here views."""
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster, Client(cluster) as client:
+        _, b = sorted(workers_now(client))
+        _keeps_every_item(client, b)
 
 
 def _tied(dask_scheduler=None) -> list[str]:
