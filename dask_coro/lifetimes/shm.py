@@ -266,6 +266,10 @@ class Pool:
     segment keeps reading what it held. Making a segment costs far more than
     copying into one (the host zeroes, maps and frees its pages)."""
 
+    #: At most this many mappings kept (``maps``: each holds a descriptor):
+    #: a producer far ahead of its consumer (``buffer=None``) maps more.
+    KEEP = 32
+
     def __init__(self) -> None:
         self.names: list[str] = []  # tied, for items to come
         self.returned: list[str] = []  # given back, under names of ``names``
@@ -425,7 +429,10 @@ def copy_into(name: str, a: np.ndarray, pool: Pool | None = None) -> ShmArray | 
                     return None
                 if got is not None:
                     segment, fd = got
-                    kept = (segment.mm, fd)
+                    if pool is not None and len(pool.maps) < pool.KEEP:
+                        kept = (segment.mm, fd)
+                    else:  # the mapping's own duplicate keeps the lock
+                        os.close(fd)
             if segment is None:
                 busy[0] += 1
                 # Still mapped somewhere, or of another size: unlinked (its
@@ -454,7 +461,7 @@ def copy_into(name: str, a: np.ndarray, pool: Pool | None = None) -> ShmArray | 
             if name not in _reserved:
                 return None
             _reserved.discard(name)
-            if pool is not None and fcntl is not None:
+            if pool is not None and fcntl is not None and len(pool.maps) < pool.KEEP:
                 kept = _open_kept(name, a.nbytes)
                 mm = kept[0]
             else:

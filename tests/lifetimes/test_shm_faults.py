@@ -929,6 +929,33 @@ def test_a_stream_s_producer_copies_later_items_into_segments_given_back(client,
     assert_released(client, names)
 
 
+def _keep(n: int) -> int:
+    old, _shm_impl.Pool.KEEP = _shm_impl.Pool.KEEP, n
+    return old
+
+
+@coroutine
+def reads_without_a_buffer(n: int, where: str):
+    with dask.annotate(workers=[where], allow_other_workers=False):
+        s = dask_coro.stream(emits_plain_arrays(n))
+    return [(i, a.segment_name, bool(np.array_equal(a, _item(i)))) for i, a in s]
+
+
+def test_a_producer_far_ahead_keeps_a_few_of_its_mappings(client):
+    """A producer keeps its own mapping of at most ``Pool.KEEP`` segments
+    (each holds a descriptor); those past it are mapped again when given
+    back, and read the same."""
+    a, b = sorted(workers_now(client))
+    old = client.run(_keep, 2, workers=[b])[b]
+    try:
+        n = 16
+        got = client.compute(reads_without_a_buffer(n, b), workers=[a]).result(timeout=120)
+        assert [(i, equal) for i, _, equal in got] == [(i, True) for i in range(n)], got
+    finally:
+        client.run(_keep, old, workers=[b])
+    assert_released(client, [name for _, name, _ in got])
+
+
 def _keeps_every_item(client: Client, where: str, n: int = 10) -> None:
     """Client code keeps every item of a stream produced on ``where``: each
     is let go of by the stream as the next is asked for, and its segment
