@@ -8,7 +8,9 @@ the same host it maps the same memory, without a copy, and writes are seen by
 every process. A task whose result holds such an array (itself, a view of it,
 or inside a list, tuple or dict) keeps the segment alive as well. The segment
 is unlinked when the last key holding it is forgotten; processes that still map
-it keep their mapping until they drop their arrays.
+it keep their mapping until they drop their arrays. (A stream's item made from
+a ``Pool`` is given back to its producer instead, under a new name: reused only
+once no process maps it.)
 
 Outside a distributed worker (a local scheduler, plain Python) the segment
 lives as long as the arrays created in this process, and is unlinked when the
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 import threading
 import time
 import uuid
@@ -43,6 +46,11 @@ import numpy as np
 
 from .._exceptions import DaskCoroError
 from .handles import recipient_host, shm_as_handles
+
+if sys.platform.startswith("linux"):
+    import fcntl
+else:  # no segments given back (``Pool``), so no locks to take
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["PREFIX", "ShmArray", "empty", "from_array", "segments", "zeros"]
 
@@ -59,6 +67,15 @@ _managed: weakref.WeakSet[_Segment] = weakref.WeakSet()
 _reserved: set[str] = set()
 #: Segments made ahead under reserved names (``prepare``), not used yet.
 _prepared: dict[str, _Segment] = {}
+#: Segments made from a ``Pool``'s names, by name: a release of one run in
+#: this process gives it back to its pool (``_unlink``).
+_made_by: dict[str, Pool] = {}
+#: Segments given back to a pool under one of its names, by name: their size.
+_returned: dict[str, int] = {}
+#: Segments copied into again instead of made anew (``copy_into``), and
+#: given back but still mapped somewhere then.
+reused = [0]
+busy = [0]
 
 
 def _posix() -> Any:
@@ -72,23 +89,33 @@ def _posix() -> Any:
 def _unlink(name: str) -> None:
     """Release of a segment: unlink its name (and a sending marker a worker
     that died mid-send left for it: ``sending_to``). Idempotent. A name
-    reserved in this process and not made yet never will be (``copy_into``)."""
+    reserved in this process and not made yet never will be (``copy_into``).
+    A segment made from a pool that is still open in this process is given
+    back to it instead (``Pool``): renamed to one of its names not made yet,
+    so its name is gone as by an unlink, its pages are not."""
     with _lock:  # as one with ``prepare`` and ``copy_into``
         _reserved.discard(name)
         _prepared.pop(name, None)
-        try:
-            _posix().shm_unlink("/" + name)
-        except FileNotFoundError:
-            pass
-    if os.path.isdir(_SHM_DIR):
-        import glob
-
-        pattern = f"dask-coro.to-*.{glob.escape(name)}"  # and one half made (``_marker_file``)
-        for marker in glob.glob(os.path.join(_SHM_DIR, pattern)) + glob.glob(
-            os.path.join(_SHM_DIR, pattern + ".*")
-        ):
+        _returned.pop(name, None)
+        pool = _made_by.pop(name, None)
+        if pool is None or not pool.give_back(name):
+            if pool is not None:
+                pool.forget(name)
             try:
-                os.unlink(marker)
+                _posix().shm_unlink("/" + name)
+            except FileNotFoundError:
+                pass
+    try:
+        entries = os.listdir(_SHM_DIR)
+    except FileNotFoundError:
+        return
+    # ``_marker``, and one half made (``_marker_file``): one listing, not a
+    # glob per pattern (a release runs per item of a stream).
+    tail = "." + name
+    for entry in entries:
+        if entry.startswith("dask-coro.to-") and (entry.endswith(tail) or tail + "." in entry):
+            try:
+                os.unlink(os.path.join(_SHM_DIR, entry))
             except FileNotFoundError:
                 pass
 
@@ -173,10 +200,20 @@ def reserve(worker: Any, n: int) -> list[str]:
     return names
 
 
+def _mapping(fd: int) -> None:
+    """Mark the segment open at ``fd`` as mapped by this process while the
+    mapping made from ``fd`` lives (a shared ``flock``: the mapping keeps a
+    duplicate of ``fd``, and the lock with it). A pool copies a later item
+    into a segment given back to it only if no process holds one (``Pool``)."""
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+
+
 def _open_new(name: str, nbytes: int) -> mmap.mmap:
     fd = _posix().shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
     try:
         os.ftruncate(fd, max(nbytes, 1))  # zero-filled; mmap refuses length 0
+        _mapping(fd)
         return mmap.mmap(fd, max(nbytes, 1))
     except BaseException:
         _unlink(name)
@@ -197,8 +234,8 @@ def prepare(name: str, nbytes: int) -> None:
         fd = _posix().shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
     try:
         os.ftruncate(fd, size)
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        mm = mmap.mmap(fd, size, flags=flags)
+        _mapping(fd)
+        mm = mmap.mmap(fd, size, flags=_POPULATE)
     finally:
         os.close(fd)
     with _lock:
@@ -208,15 +245,209 @@ def prepare(name: str, nbytes: int) -> None:
         _managed.add(segment)
 
 
-def copy_into(name: str, a: np.ndarray) -> ShmArray | None:
+_POPULATE = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+
+
+class Pool:
+    """The segment names of one stream's producer in its process, tied to
+    its key (``reserve``, then ``tie.tie_names``): those not used yet, and
+    segments of its items given back.
+
+    A release of a segment made from the pool (``copy_into``), run in this
+    process while the pool is open, renames it to one of the pool's names
+    not made yet instead of unlinking it (``_unlink``): the item's name is
+    gone as after an unlink (a handle to it no longer maps), the segment is
+    tied to the producer's key again, and its pages stay allocated. The
+    producer copies a later item of the same size into it only once no
+    process maps it (an exclusive ``flock``: each mapping holds a shared one,
+    ``_mapping``) and no array of this process views it (the producer keeps
+    its own mapping, ``maps``: it is not mapped again); else it is unlinked
+    then, and a new one made under its name. Whoever still maps a released
+    segment keeps reading what it held. Making a segment costs far more than
+    copying into one (the host zeroes, maps and frees its pages)."""
+
+    #: At most this many mappings kept (``maps``: each holds a descriptor):
+    #: a producer far ahead of its consumer (``buffer=None``) maps more.
+    KEEP = 32
+
+    def __init__(self) -> None:
+        self.names: list[str] = []  # tied, for items to come
+        self.returned: list[str] = []  # given back, under names of ``names``
+        self.open = True
+        self.recycling = False  # a segment was given back
+        #: This process's mapping of each segment made from the pool, and a
+        #: descriptor of it (its shared lock's, ``_mapping``): a segment given
+        #: back is copied into again without being mapped again.
+        self.maps: dict[str, tuple[mmap.mmap, int]] = {}
+
+    def add(self, names: list[str]) -> None:
+        with _lock:
+            self.names.extend(names)
+
+    def __len__(self) -> int:
+        return len(self.names) + len(self.returned)
+
+    def unmade(self) -> int:
+        """Our names not made yet: what segments can be given back under."""
+        with _lock:
+            return sum(1 for name in self.names if name in _reserved)
+
+    def take(self, n: int) -> list[str]:
+        """``n`` names for the next items: segments given back first, then
+        those made ahead (``prepare``), then names not made yet (kept the
+        longest for segments to be given back under)."""
+        with _lock:
+            out = self.returned[:n]
+            del self.returned[:n]
+            k = n - len(out)
+            if k:
+                self.names.sort(key=lambda name: name in _reserved)  # stable: made ones first
+                out += self.names[:k]
+                del self.names[:k]
+            return out
+
+    def give_back(self, name: str) -> bool:
+        """Under ``_lock``, in ``_unlink``: rename segment ``name`` to one of
+        our names not made yet (one still reserved: its release has not run);
+        False if we cannot (closed, no such name, not on a file system)."""
+        if not self.open or fcntl is None or not os.path.isdir(_SHM_DIR):
+            return False
+        target = next((n for n in self.names if n in _reserved), None)
+        if target is None:
+            return False
+        path = os.path.join(_SHM_DIR, name)
+        try:
+            size = os.stat(path).st_size
+            os.rename(path, os.path.join(_SHM_DIR, target))
+        except FileNotFoundError:
+            return False
+        self.names.remove(target)
+        entry = self.maps.pop(name, None)
+        if entry is not None:
+            self.maps[target] = entry
+        _reserved.discard(target)
+        _returned[target] = size
+        _made_by[target] = self
+        self.returned.append(target)
+        self.recycling = True
+        return True
+
+    def forget(self, name: str) -> None:
+        """Under ``_lock``: our mapping of ``name`` is not ours to copy into
+        any more (it stays while arrays view it)."""
+        entry = self.maps.pop(name, None)
+        if entry is not None:
+            os.close(entry[1])
+
+    def close(self) -> None:
+        """The producer ended: its segments are released as any other from
+        now on (those given back with its key)."""
+        with _lock:
+            self.open = False
+            self.names.clear()
+            self.returned.clear()
+            for name in list(self.maps):
+                self.forget(name)
+
+
+def _reuse(name: str, entry: tuple[mmap.mmap, int], nbytes: int) -> _Segment | None:
+    """Under ``_lock``: our mapping ``entry`` of segment ``name``, given back
+    to its pool, if it holds ``nbytes`` and nothing maps it but the pool: no
+    array over it in this process (the mapping referred to by the pool's
+    entry and this call only), and no other process's lock on it."""
+    mm = entry[0]
+    if len(mm) != max(nbytes, 1) or sys.getrefcount(mm) > 3:  # entry, mm, getrefcount's argument
+        return None
+    assert fcntl is not None  # given back on Linux only
+    try:
+        fcntl.flock(entry[1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return None
+    fcntl.flock(entry[1], fcntl.LOCK_SH)
+    return _Segment(name, mm, managed=True)
+
+
+def _reopen(name: str, nbytes: int) -> tuple[_Segment, int] | None:
+    """Under ``_lock``: segment ``name`` given back to a pool (not mapped by
+    it), mapped here again, if it holds ``nbytes`` and no process maps it;
+    and the descriptor holding our shared lock on it."""
+    fd = _posix().shm_open("/" + name, os.O_RDWR, mode=0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.fstat(fd).st_size != max(nbytes, 1):
+            raise BlockingIOError
+        mm = mmap.mmap(fd, max(nbytes, 1), flags=_POPULATE)
+        _mapping(fd)  # ours only now: exclusive until here
+    except BlockingIOError:  # mapped somewhere still, or of another size
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return _Segment(name, mm, managed=True), fd
+
+
+def _open_kept(name: str, nbytes: int) -> tuple[mmap.mmap, int]:
+    """``_open_new``, keeping a descriptor (its shared lock's) for a pool."""
+    fd = _posix().shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    try:
+        os.ftruncate(fd, max(nbytes, 1))
+        _mapping(fd)
+        return mmap.mmap(fd, max(nbytes, 1)), fd
+    except BaseException:
+        os.close(fd)
+        _posix().shm_unlink("/" + name)
+        raise
+
+
+def copy_into(name: str, a: np.ndarray, pool: Pool | None = None) -> ShmArray | None:
     """A copy of ``a`` (its shape, dtype and C or Fortran order) in a new
     segment under the reserved ``name``, whose release the caller recorded
     and tied before (``reserve``): the segment is managed by the
-    cluster. None if that release ran meanwhile (its key was forgotten)."""
+    cluster. None if that release ran meanwhile (its key was forgotten).
+    With the ``pool`` ``name`` came from, a segment given back to it under
+    that name is copied into if it can be (``Pool``), and a release of the
+    new segment gives it back."""
     order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
     with _lock:  # not released while it is made: a release takes the lock
         segment = _prepared.pop(name, None)
-        if segment is not None and segment.size != max(a.nbytes, 1):
+        kept: tuple[mmap.mmap, int] | None = None
+        if name in _returned:
+            del _returned[name]
+            entry = pool.maps.pop(name, None) if pool is not None else None
+            if entry is not None:
+                segment = _reuse(name, entry, a.nbytes)
+                if segment is None:
+                    os.close(entry[1])
+                else:
+                    kept = entry
+                del entry
+            else:
+                try:
+                    got = _reopen(name, a.nbytes)
+                except FileNotFoundError:  # released by another process of the host (``release_abandoned``)
+                    return None
+                if got is not None:
+                    segment, fd = got
+                    if pool is not None and len(pool.maps) < pool.KEEP:
+                        kept = (segment.mm, fd)
+                    else:  # the mapping's own duplicate keeps the lock
+                        os.close(fd)
+            if segment is None:
+                busy[0] += 1
+                # Still mapped somewhere, or of another size: unlinked (its
+                # mappings keep what they read), and made anew.
+                _made_by.pop(name, None)
+                try:
+                    _posix().shm_unlink("/" + name)
+                except FileNotFoundError:  # pragma: no cover - released under our lock
+                    return None
+                _reserved.add(name)
+            else:
+                reused[0] += 1
+                _mapped[name] = segment
+                _managed.add(segment)
+        elif segment is not None and segment.size != max(a.nbytes, 1):
             # Made ahead for another size: made again (a copy taken of the
             # item's size, not the prediction's).
             _mapped.pop(name, None)
@@ -230,9 +461,17 @@ def copy_into(name: str, a: np.ndarray) -> ShmArray | None:
             if name not in _reserved:
                 return None
             _reserved.discard(name)
-            mm = _open_new(name, a.nbytes)
+            if pool is not None and fcntl is not None and len(pool.maps) < pool.KEEP:
+                kept = _open_kept(name, a.nbytes)
+                mm = kept[0]
+            else:
+                mm = _open_new(name, a.nbytes)
             segment = _mapped[name] = _Segment(name, mm, managed=True)
             _managed.add(segment)
+        if pool is not None:
+            _made_by[name] = pool
+            if kept is not None:
+                pool.maps[name] = kept
     out = segment.array(a.shape, a.dtype, _strides(a.shape, a.dtype.itemsize, order), 0)
     out[...] = a
     return out
@@ -281,6 +520,7 @@ def _map(name: str, managed: bool, origin: str | None = None) -> _Segment:
             return segment
         fd = _posix().shm_open("/" + name, os.O_RDWR, mode=0o600)
         try:
+            _mapping(fd)
             mm = mmap.mmap(fd, os.fstat(fd).st_size)
         finally:
             os.close(fd)
@@ -456,6 +696,7 @@ def _host_copy(origin: str, data: Any) -> _Segment | None:
     fd = posix.shm_open("/" + tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
     try:
         os.ftruncate(fd, size)
+        _mapping(fd)
         mm = mmap.mmap(fd, size)
         mm[: len(data)] = data
         # Recorded before it exists under its name: a worker dying now leaves

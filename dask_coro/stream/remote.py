@@ -76,8 +76,9 @@ class Producer:
         self.buffer = buffer
         self.index = 0
         self.taken = 0
-        #: Segment names tied to the producer's key, for items to come.
-        self.spare: list[str] = []
+        #: Segment names tied to the producer's key, for items to come, and
+        #: segments of items given back (``lifetimes.shm.Pool``).
+        self.pool: Any = None
         #: The size of the last array the producer shared (what it makes
         #: the segments ahead for).
         self.size = 0
@@ -133,13 +134,13 @@ class _Released(Exception):
 
 
 def _share(x: Any, names: list[str], p: Producer) -> Any:
-    """``x`` with its shareable arrays copied into new segments of those
+    """``x`` with its shareable arrays copied into the segments of those
     ``names`` (taken from the list, in order)."""
     if _shareable(x):
         from ..lifetimes.shm import copy_into
 
         p.size = x.nbytes
-        out = copy_into(names.pop(0), x)
+        out = copy_into(names.pop(0), x, p.pool)
         if out is None:
             raise _Released
         return out
@@ -158,17 +159,21 @@ def _reserve(run: Run, p: Producer, n: int) -> None:
     from ..lifetimes.tie import tie_names
 
     names = reserve(run.worker, n)
+    # Half of them are made ahead, the others kept for the segments of items
+    # given back (``Pool``); once one was, later items are copied into those:
+    # none is made ahead any more.
+    ahead = [] if p.pool.recycling or not p.size else names[: n // 2]
     size = p.size
 
     async def tie() -> list[str] | None:
         if not await tie_names(run.worker, run.key, names):
             return None
-        if size:
+        if ahead:
             # Made ahead of the items, of the last one's size, in a thread
             # while the body makes them: the emit only copies.
             from ..lifetimes.shm import prepare
 
-            for name in names:
+            for name in ahead:
                 await asyncio.to_thread(prepare, name, size)
         return names
 
@@ -179,20 +184,26 @@ async def _names(run: Run, p: Producer, n: int) -> list[str] | None:
     """On the run's lane: ``n`` segment names tied to the producer's key
     (a segment is tied before it exists: a worker dying at any moment leaves
     nothing nobody releases); None if that key is forgotten (the producer is
-    being cancelled). The next ones are asked for ahead."""
+    being cancelled). The next ones are asked for ahead: a release of an item's
+    segment in this process gives it back under one of them (``Pool``)."""
+    if p.pool is None:
+        from ..lifetimes.shm import Pool
+
+        p.pool = Pool()
+    pool = p.pool
     while True:
-        if p.pending is not None and (p.pending.done() or len(p.spare) < n):
+        if p.pending is not None and (p.pending.done() or len(pool) < n):
             names = await asyncio.wrap_future(p.pending)
             p.pending = None
             if names is None:
                 return None
-            p.spare.extend(names)
-        if len(p.spare) >= n:
+            pool.add(names)
+        if len(pool) >= n:
             break
-        _reserve(run, p, n - len(p.spare) + AHEAD)
-    out, p.spare = p.spare[:n], p.spare[n:]
-    if p.pending is None and len(p.spare) < AHEAD:
-        _reserve(run, p, AHEAD)
+        _reserve(run, p, n - len(pool) + 2 * AHEAD)
+    out = pool.take(n)
+    if p.pending is None and pool.unmade() < AHEAD:
+        _reserve(run, p, 2 * AHEAD)
     return out
 
 
@@ -222,11 +233,39 @@ def _publisher(p: Producer) -> concurrent.futures.ThreadPoolExecutor:
     return p.publisher
 
 
+def _digested(x: Any, xxhash: Any) -> Any:
+    """``x`` with its arrays in shared memory (contiguous: ``_share`` made
+    them) as their dtype, shape, strides and a hash of their bytes."""
+    import numpy as np
+
+    from ..lifetimes.shm import ShmArray
+
+    if type(x) is ShmArray and x._segment is not None:
+        flat = x.view(np.ndarray).ravel(order="K")  # no copy: contiguous
+        return ("dask-coro-shared-array", x.dtype.str, x.shape, x.strides, xxhash.xxh3_128_hexdigest(flat))
+    t = type(x)
+    if t is list or t is tuple:
+        return t(_digested(v, xxhash) for v in x)
+    if t is dict:
+        return {k: _digested(v, xxhash) for k, v in x.items()}
+    return x
+
+
+def _token(x: Any) -> str:
+    """The token of an item holding shared memory: its arrays hashed with
+    xxh3 (twice as fast as the xxh64 ``tokenize`` takes), if installed."""
+    try:
+        import xxhash
+    except ImportError:
+        return tokenize(x)
+    return tokenize(_digested(x, xxhash))
+
+
 def _publish_later(run: Run, x: Any, msg: dict[str, Any]) -> None:
     """On the publisher's thread: ``x``'s token, then ``_send``."""
     if msg["token"] is None:
         try:
-            msg["token"] = tokenize(x)
+            msg["token"] = _token(x) if msg.get("shared") else tokenize(x)
         except Exception:  # pragma: no cover - tokenize falls back to a random token itself
             logger.exception("stream %r: item %d could not be tokenized", run.key, msg["index"])
             msg["token"] = uuid.uuid4().hex
@@ -237,6 +276,8 @@ async def published(run: Run) -> None:
     """On the worker's loop, as the run ends: every item the producer emitted
     is published (on the worker's stream, ahead of its task's end)."""
     p: Producer | None = run.notes.get(NOTE)
+    if p is not None and p.pool is not None:
+        p.pool.close()
     if p is None or p.publisher is None:
         return
     if p.last is not None:
@@ -248,6 +289,8 @@ def let_go_of_publisher(run: Run) -> None:
     """The run was cancelled: its items not published yet are dropped (the
     scheduler lets go of them as it hears of them)."""
     p: Producer | None = run.notes.get(NOTE)
+    if p is not None and p.pool is not None:
+        p.pool.close()
     if p is not None and p.publisher is not None:
         p.publisher.shutdown(wait=False)
 

@@ -232,6 +232,30 @@ def test_success_releases_every_segment(client, tmp_path):
     assert_released(client, names)
 
 
+def test_a_release_removes_the_sending_markers_of_its_segment_only(client, tmp_path):
+    """A worker that died while sending a segment to another host left its
+    marker (``shm.sending_to``), whole or half made: the segment's release
+    removes them, and no other segment's."""
+    folder = str(tmp_path)
+    p = client.submit(make, folder, pure=False)
+    name = p.result(timeout=60).segment_name
+    other = f"{shm.PREFIX}{uuid.uuid4().hex[:16]}"
+    mine = [f"dask-coro.to-10.0.0.9.{name}", f"dask-coro.to-10.0.0.9.{name}.0badf00d"]
+    theirs = [f"dask-coro.to-10.0.0.9.{other}", f"dask-coro.to-10.0.0.9.{name}-c", f"dask-coro.to-10.0.0.9.{other}.0badf00d"]
+    for marker in mine + theirs:
+        with open(os.path.join("/dev/shm", marker), "w") as f:
+            f.write("sent")
+    try:
+        del p
+        assert_released(client, [name])
+        left = set(os.listdir("/dev/shm"))
+        assert not left & set(mine) and set(theirs) <= left, (mine, theirs)
+    finally:
+        for marker in mine + theirs:
+            if os.path.exists(os.path.join("/dev/shm", marker)):
+                os.unlink(os.path.join("/dev/shm", marker))
+
+
 def test_error_in_a_consumer(client, tmp_path):
     folder = str(tmp_path)
     p = client.submit(make, folder, pure=False)
@@ -853,6 +877,116 @@ def test_a_stream_hands_plain_arrays_through_shared_memory_and_lets_them_go(clie
     assert_released(client, names)
 
 
+def _inode(name: str) -> int:
+    return os.stat(os.path.join("/dev/shm", name)).st_ino
+
+
+@coroutine
+def reads_and_lets_go(folder: str, n: int, where: str):
+    """Reads the stream keeping nothing: each item's segment (its name, and
+    the file under it), and whether it holds the item; each item is let go
+    of, its name gone, before the next is asked for."""
+    with dask.annotate(workers=[where], allow_other_workers=False):
+        s = dask_coro.stream(emits_plain_arrays(n), buffer=1)
+    seen = []
+    for i, a in s:
+        _append(folder, "segments", a.segment_name)
+        seen.append((a.segment_name, _inode(a.segment_name), bool(np.array_equal(a, _item(i)))))
+        if i >= 2:
+            assert _gone_within(seen[i - 2][0])
+    return seen
+
+
+def _reused() -> tuple[int, int]:
+    return _shm_impl.reused[0], _shm_impl.busy[0]
+
+
+def test_a_stream_s_producer_copies_later_items_into_segments_given_back(client, tmp_path):
+    """An item let go of gives its segment back to its producer (renamed:
+    its own name is gone as after an unlink), which copies a later item into
+    it instead of making a new one (a new one's pages cost more to allocate
+    and free than to copy into)."""
+    folder = str(tmp_path)
+    a, b = sorted(workers_now(client))
+    n = 12
+    seen = client.compute(reads_and_lets_go(folder, n, b), workers=[a], allow_other_workers=False).result(timeout=120)
+    assert all(equal for *_, equal in seen), seen
+    names = [name for name, *_ in seen]
+    assert len(set(names)) == n, names  # a name per item, however its segment was made
+    inodes = [inode for _, inode, _ in seen]
+    assert len(set(inodes)) < n, inodes  # some segments held several items, one after another
+    reused, _ = client.run(_reused)[b]
+    assert reused == n - len(set(inodes)), (reused, inodes)
+    assert_released(client, names)
+
+
+def _keep(n: int) -> int:
+    old, _shm_impl.Pool.KEEP = _shm_impl.Pool.KEEP, n
+    return old
+
+
+@coroutine
+def reads_without_a_buffer(n: int, where: str):
+    with dask.annotate(workers=[where], allow_other_workers=False):
+        s = dask_coro.stream(emits_plain_arrays(n))
+    return [(i, a.segment_name, bool(np.array_equal(a, _item(i)))) for i, a in s]
+
+
+def test_a_producer_far_ahead_keeps_a_few_of_its_mappings(client):
+    """A producer keeps its own mapping of at most ``Pool.KEEP`` segments
+    (each holds a descriptor); those past it are mapped again when given
+    back, and read the same."""
+    a, b = sorted(workers_now(client))
+    old = client.run(_keep, 2, workers=[b])[b]
+    try:
+        n = 16
+        got = client.compute(reads_without_a_buffer(n, b), workers=[a]).result(timeout=120)
+        assert [(i, equal) for i, _, equal in got] == [(i, True) for i in range(n)], got
+    finally:
+        client.run(_keep, old, workers=[b])
+    assert_released(client, [name for _, name, _ in got])
+
+
+def _keeps_every_item(client: Client, where: str, n: int = 10) -> None:
+    """Client code keeps every item of a stream produced on ``where``: each
+    is let go of by the stream as the next is asked for, and its segment
+    given back to the producer, but still mapped here: the producer makes a
+    new segment for the next item instead of copying into it (an unlinked
+    segment's pages stay with who maps them, a segment given back's too)."""
+    with dask.annotate(workers=[where], allow_other_workers=False):
+        s = dask_coro.stream(emits_plain_arrays(n), buffer=1)
+    items = []
+    for item in s:
+        items.append(item)
+        if len(items) >= 3:  # let go of (with the request for the one before)
+            assert _gone_within(items[-3][1].segment_name)
+    assert [i for i, _ in items] == list(range(n))
+    for i, x in items:
+        np.testing.assert_array_equal(x, _item(i))
+    assert len({x.segment_name for _, x in items}) == n
+    assert len({x.__array_interface__["data"][0] for _, x in items}) == n
+    reused, busy = client.run(_reused)[where]
+    assert reused == 0 and busy > 0, (reused, busy)
+    names = [x.segment_name for _, x in items]
+    del items, x, s
+    assert_released(client, names)
+
+
+def test_a_segment_given_back_is_not_copied_into_while_a_process_maps_it(client):
+    _, b = sorted(workers_now(client))
+    _keeps_every_item(client, b)
+
+
+def test_a_segment_given_back_is_not_copied_into_while_its_producer_s_process_maps_it():
+    """The same with the client in the producer's process (threads): the
+    producer's own mapping is what an item kept here views."""
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+    ) as cluster, Client(cluster) as client:
+        _, b = sorted(workers_now(client))
+        _keeps_every_item(client, b)
+
+
 def _tied(dask_scheduler=None) -> list[str]:
     """The resource ids the lifetimes ledger knows now."""
     plugin = dask_scheduler.plugins.get("dask-coro-lifetimes")
@@ -860,8 +994,8 @@ def _tied(dask_scheduler=None) -> list[str]:
 
 
 @coroutine
-def takes_two_then_leaves(folder: str, go: str, where: str):
-    """Takes two items of an endless producer on ``where``, waits for the
+def takes_then_leaves(folder: str, go: str, where: str, n: int):
+    """Takes ``n`` items of an endless producer on ``where``, waits for the
     test, then leaves: the producer is cancelled."""
     with dask.annotate(workers=[where], allow_other_workers=True):
         s = dask_coro.stream(endless_plain_arrays(), buffer=2)
@@ -870,31 +1004,36 @@ def takes_two_then_leaves(folder: str, go: str, where: str):
         for a in s:
             _append(folder, "segments", a.segment_name)
             sums.append(float(a[1]))
-            if len(sums) == 2:
+            if len(sums) == n:
                 yield dask.delayed(wait_for, pure=False)(go)
                 break
     return sums
 
 
+@pytest.mark.parametrize("n", [2, 10], ids=["2-items", "10-items"])
 @pytest.mark.parametrize("kill", [False, True], ids=["cancelled", "producer-sigkilled"])
-def test_nothing_is_left_of_a_stream_s_shared_items(cluster, client, tmp_path, kill):
+def test_nothing_is_left_of_a_stream_s_shared_items(cluster, client, tmp_path, kill, n):
     """A producer cancelled while its buffer is full, with or without its
     worker SIGKILLed first (its segments, made there, released by the other
-    worker of the host): every segment it made is gone."""
+    worker of the host): every segment it made is gone. After 10 items, the
+    segments of the first ones were given back to the producer (renamed to
+    names tied to its key, ``shm.Pool``): those go too."""
     folder = str(tmp_path)
     a, b = sorted(workers_now(client))
     go = f"go-{uuid.uuid4().hex}"
-    fut = client.compute(takes_two_then_leaves(folder, go, b), workers=[a], allow_other_workers=False)
-    wait_lines(folder, "segments", 2)
+    fut = client.compute(takes_then_leaves(folder, go, b, n), workers=[a], allow_other_workers=False)
+    wait_lines(folder, "segments", n)
     # The producer's buffer fills: items, and names tied ahead of them.
     poll(lambda: len(client.run_on_scheduler(_tied)) >= 4, lambda: f"tied: {client.run_on_scheduler(_tied)}")
     tied = set(client.run_on_scheduler(_tied))
     made = existing(tied)
-    assert made >= set(_lines(folder, "segments")), (made, _lines(folder, "segments"))
+    # The last two items taken are still held (the loop variable's, and the
+    # one before it, kept one request longer).
+    assert made >= set(_lines(folder, "segments")[-2:]), (made, _lines(folder, "segments"))
     if kill:
         _kill(cluster, client, b, "sigkill")
     Event(go, client=client).set()
-    assert fut.result(timeout=120) == [1.0, 2.0]
+    assert fut.result(timeout=120) == [float(i + 1) for i in range(n)]
     del fut
     tied |= set(client.run_on_scheduler(_tied))
     assert_released(client, tied)

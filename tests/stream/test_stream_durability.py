@@ -19,32 +19,45 @@ import dask_coro
 from dask_coro import coroutine, emit, stream
 
 
+def _shared(i, x):
+    """Item ``i`` with an array of 1 MiB holding ``x``: it goes through shared
+    memory (``stream.remote.SHARED``), its token hashed from the segment."""
+    import numpy as np
+
+    return i, np.full(2**17, x, dtype=np.float64)
+
+
 @coroutine
-def replayable(tag, differ):
+def replayable(tag, differ, big=False):
     for i in range(3):
-        yield emit(("pid", os.getpid()) if differ and i == 0 else i)
+        if big:  # the same small part, another array
+            yield emit(_shared(i, os.getpid() if differ and i == 0 else i))
+        else:
+            yield emit(("pid", os.getpid()) if differ and i == 0 else i)
     yield after(f"{tag}-go", None)
     for i in range(3, 5):
-        yield emit(i)
+        yield emit(_shared(i, i) if big else i)
     return "ok"
 
 
 @coroutine
-def consume(tag, differ, where):
+def consume(tag, differ, where, big=False):
     got = []
     with dask.annotate(workers=[where], allow_other_workers=True):
-        s = stream(replayable(tag, differ))
+        s = stream(replayable(tag, differ, big))
     try:
         for x in s:
-            got.append(x)
+            got.append((x[0], float(x[1][-1])) if big else x)
     except Exception as e:
         return got, type(e).__name__
     return got, s.result
 
 
-async def _run_and_kill(c, s, a, b, differ):
+async def _run_and_kill(c, s, a, b, differ, big=False):
     tag = f"sr-{uuid.uuid4().hex}"
-    fut = c.compute(consume(tag, differ, b.worker_address), workers=[a.worker_address], allow_other_workers=False)
+    fut = c.compute(
+        consume(tag, differ, b.worker_address, big), workers=[a.worker_address], allow_other_workers=False
+    )
     await _kill_the_producers_worker(s, b, lambda book: book.published == 3 and book.taken >= 3)
     await Event(f"{tag}-go", client=c).set()
     return await fut
@@ -76,6 +89,22 @@ async def test_a_re_run_producer_gives_no_item_twice(c, s, a, b):
 async def test_a_re_run_producer_emitting_another_item_fails(c, s, a, b):
     got, error = await _run_and_kill(c, s, a, b, differ=True)
     assert got[0][0] == "pid" and got[1:] == [1, 2]
+    assert error == "StreamReplayInconsistentError"
+
+
+@cluster(nthreads=[("", 2)] * 2, Worker=Nanny, timeout=120)
+async def test_a_re_run_producer_compares_items_in_shared_memory_by_their_bytes(c, s, a, b):
+    """Items holding an array in shared memory: the same bytes again are the
+    same item (given once), other bytes under the same small part fail."""
+    assert await _run_and_kill(c, s, a, b, differ=False, big=True) == (
+        [(i, float(i)) for i in range(5)], "ok"
+    )
+
+
+@cluster(nthreads=[("", 2)] * 2, Worker=Nanny, timeout=120)
+async def test_a_re_run_producer_emitting_another_array_fails(c, s, a, b):
+    got, error = await _run_and_kill(c, s, a, b, differ=True, big=True)
+    assert [i for i, _ in got] == [0, 1, 2] and got[1:] == [(1, 1.0), (2, 2.0)]
     assert error == "StreamReplayInconsistentError"
 
 
