@@ -796,7 +796,7 @@ def test_a_worker_killed_before_its_batch_is_written_runs_those_children_again(t
         monkeypatch.setenv("DASK_" + name.upper().replace(".", "__").replace("-", "_"), repr(value))
     monkeypatch.setenv("DASK_CORO__DURABILITY__HOLD_CHILDREN", "false")
     (tmp_path / "hold").touch()
-    port = _free_port()
+    port = free_port()
     procs = _cli_cluster(tmp_path, port, 2, 0)
     try:
         with dask.config.set(settings), Client(f"tcp://127.0.0.1:{port}", timeout=60) as c:

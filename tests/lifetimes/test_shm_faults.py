@@ -893,7 +893,7 @@ def reads_and_lets_go(folder: str, n: int, where: str):
         _append(folder, "segments", a.segment_name)
         seen.append((a.segment_name, _inode(a.segment_name), bool(np.array_equal(a, _item(i)))))
         if i >= 2:
-            assert _gone_within(seen[i - 2][0])
+            assert gone_within(seen[i - 2][0])
     return seen
 
 
@@ -959,7 +959,7 @@ def _keeps_every_item(client: Client, where: str, n: int = 10) -> None:
     for item in s:
         items.append(item)
         if len(items) >= 3:  # let go of (with the request for the one before)
-            assert _gone_within(items[-3][1].segment_name)
+            assert gone_within(items[-3][1].segment_name)
     assert [i for i, _ in items] == list(range(n))
     for i, x in items:
         np.testing.assert_array_equal(x, _item(i))
