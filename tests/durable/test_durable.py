@@ -634,7 +634,14 @@ def test_a_root_whose_worker_died_reads_its_lost_childrens_results_from_the_stor
     and the fast children, whose results went with the dead worker, come
     from the store instead of running again (without a store each ran twice
     here, computed again for the root's re-run); the slow ones, let go of
-    with the root's first run, run again."""
+    with the root's first run, run again.
+
+    Their hold is let go only once the scheduler let go of them (the dead
+    run's client gone): let go earlier, a slow child could finish while the
+    scheduler still wanted it, and the re-run found its result in memory
+    (it ran once); which of the two happened was a race. The slow children
+    hold both threads of their worker, so the re-run starts, and asks for
+    them again, only once their first executions ended."""
     from durable_program import pinned
 
     store, folder = str(tmp_path / "store"), str(tmp_path)
@@ -647,10 +654,28 @@ def test_a_root_whose_worker_died_reads_its_lost_childrens_results_from_the_stor
         root = pinned(n, folder, slow, doomed, other, dask_key_name="durable-worker-lost")
         future = c.compute(root, workers=[doomed], allow_other_workers=True)
         _until_stored_and_running(tmp_path, folder, n, slow)
+        running = c.run_on_scheduler(_processing_on, address=other)
+        assert len(running) == slow, running
         os.kill(pids[doomed], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while set(running) & c.run_on_scheduler(_keys) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not set(running) & c.run_on_scheduler(_keys), "the scheduler kept the dead run's children"
         (tmp_path / "hold").unlink()
         assert future.result(timeout=120) == sum(i * i for i in range(n))
     _assert_only_the_running_ran_again(folder, n, slow)
+
+
+def _processing_on(dask_scheduler, address):
+    """The keys processing on worker ``address``."""
+    return [
+        str(k) for k, ts in dask_scheduler.tasks.items()
+        if ts.state == "processing" and ts.processing_on is not None and ts.processing_on.address == address
+    ]
+
+
+def _keys(dask_scheduler):
+    return {str(k) for k in dask_scheduler.tasks}
 
 
 # --------------------------------------------------------------------------
