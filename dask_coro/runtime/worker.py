@@ -236,12 +236,12 @@ class _KeyWatcher(WorkerPlugin):
         self.worker: Worker | None = None  # ours (``_watcher``)
         self.watching = False  # the ready queue is watched (``_queued``)
         self.busy_due = False  # a BUSY message is due (``_over_changed``)
+        self.busy_sent = 0  # what the last BUSY message said
         # A step paused for a coroutine task in the ready queue (its key, as
         # a string) -> that task's key, and until when it waits for it.
         self.yielding: dict[str, tuple[Key, float]] = {}
         #: How those waits ended: its step asked first, it went, or time ran out.
         self.yields = dict.fromkeys(("asked", "gone", "timeout"), 0)
-        self.busy_sent = 0  # what the last said
 
     def lanes_of(self, worker: Worker) -> Lanes:
         if self.lanes is None:
@@ -860,6 +860,8 @@ class _Run:
                 watcher.lanes_of(self.worker).unpin(self.lane)
             if watcher.runs.get(self.key) is self:
                 del watcher.runs[self.key]
+                # Asked to pause for a queued task, it ended before it could.
+                watcher.yielding.pop(str(self.key), None)
             self._let_go_of_children()
 
     def _let_go_of_children(self) -> None:
