@@ -10,8 +10,12 @@ are written as one object (one request), or sooner once ``BATCH_ENTRIES``
 wait: an entry is stored once its batch is. A process killed meanwhile
 loses the entries of its open window, and a resume computes those children
 again. ``flush_run`` writes (or drops) a run's open windows at once: the
-run's end asks it of every worker, so a run that ended has every child its
-workers finished stored (failed) or none left to land after it (finished).
+run's end asks it of every worker. A run that failed waits for its writes,
+so that it has every child its workers finished stored for a run again. A
+run that finished waits for none (its value does not wait for a gigabyte of
+writes no resume will read): its open windows are dropped, and a write of it
+still in flight deletes the run's children once it lands, so none is left
+behind the run's end.
 """
 
 from __future__ import annotations
@@ -113,6 +117,7 @@ class Batches:
         self.open: dict[tuple[Store, Any], _Open] = {}
         self.writing: dict[tuple[Store, Any], int] = {}  # batches handed to WRITES, not written yet
         self.flushes: list[tuple[Any, Future[None]]] = []  # (root, or None for all; done once written)
+        self.finished: set[tuple[Store, Any]] = set()  # runs that ended while a batch of theirs was written
         self.timer: threading.Thread | None = None
 
     def add(self, store: Store, root: Any, key: Any, value: Any, error: bool, window: float) -> None:
@@ -154,6 +159,7 @@ class Batches:
                 WRITES.submit(self._write, name, items)
 
     def _write(self, name: tuple[Store, Any], items: list[tuple[Any, Any, bool]]) -> None:
+        last_of_finished = False
         try:
             write_batch(name[0], name[1], items)
         finally:
@@ -163,7 +169,17 @@ class Batches:
                     self.writing[name] = left
                 else:
                     del self.writing[name]
+                    if name in self.finished:
+                        self.finished.discard(name)
+                        last_of_finished = True
                 self._wake()
+        if last_of_finished:
+            # The run finished while this was written: what landed after its
+            # children were deleted goes too.
+            try:
+                name[0].drop_children(name[1])
+            except Exception as e:
+                logger.warning("dask_coro: the children of finished run %r not deleted: %r", name[1], e)
 
     def _wake(self) -> None:
         """Flushes whose runs have no batch being written, done (the lock held)."""
@@ -176,15 +192,18 @@ class Batches:
         self.flushes = keep
 
     def flush(self, root: Any = None, drop: bool = False) -> Future[None]:
-        """The open batches of ``root`` (None: of every run) written now
-        (``drop``: let go of unwritten); done once none of them is being
-        written."""
+        """The open batches of ``root`` (None: of every run) written now;
+        done once none of them is being written. ``drop`` (the run
+        finished): its open batches let go of, done at once, and its batches
+        being written delete its children once they land."""
         fut: Future[None] = Future()
         with self.cond:
             names = [name for name in self.open if root is None or name[1] == root]
             ready = [(name, self.open.pop(name).items) for name in names]
             if drop:
-                ready = []
+                self.finished.update(name for name in self.writing if root is None or name[1] == root)
+                fut.set_result(None)
+                return fut
             for name, _ in ready:
                 self.writing[name] = self.writing.get(name, 0) + 1
             self.flushes.append((root, fut))

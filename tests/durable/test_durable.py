@@ -12,6 +12,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -802,6 +803,65 @@ async def test_an_s3_stores_batches_resume_a_run_and_a_forged_or_torn_one_is_nev
     assert "not an entry" in warned and "is torn" in warned
     for key in keys[:2]:
         assert repr(key) in warned  # each warning names the child's key
+
+
+_HELD = threading.Event()  # a batch is being written (the workers are in the test's process)
+
+
+def _once_held():
+    return _HELD.wait(30)
+
+
+@coroutine
+def stored_then_held(n, folder):
+    xs = yield [dask.delayed(work)(i, folder) for i in range(n)]
+    assert (yield dask.delayed(_once_held)())
+    return xs
+
+
+@cluster()
+async def test_a_finished_runs_value_waits_for_no_write_and_what_lands_after_is_deleted(
+    c, s, a, b, tmp_path, monkeypatch
+):
+    """A run that returns does not wait for its children's writes still in
+    flight (no resume will read them): its value arrives while a batch is
+    held mid-write; once the batch lands, the writer deletes it, and the
+    store keeps the run's result alone."""
+    import dask_coro.durable.writes as writes
+
+    folder = str(tmp_path)
+    gate, held = threading.Event(), _HELD
+    held.clear()
+    real = writes.write_batch
+
+    def held_write(store, root, items):
+        held.set()
+        gate.wait(60)
+        real(store, root, items)
+
+    monkeypatch.setattr(writes, "write_batch", held_write)
+    monkeypatch.setattr(writes, "FLUSH_TIMEOUT", 5.0)  # before: the run's end waited this long
+    settings = {
+        "coro.durability.store": f"memory://finished-{tmp_path.name}",  # batched, as an object store is
+        "coro.durability.store-key": "s3cret",
+        "coro.durability.store-batch-window": "10ms",
+    }
+    try:
+        with dask.config.set(settings), captured_logger("dask_coro") as log:
+            future = c.compute(stored_then_held(4, folder, dask_key_name="run"))
+            assert await future == [0, 10, 20, 30]
+            assert held.is_set() and not gate.is_set()  # a batch was mid-write as the value came
+            assert writes.BATCHES.waiting("run") > 0
+            gate.set()
+            await async_poll_for(lambda: writes.BATCHES.waiting("run") == 0, timeout=30)
+            store = dask_coro.durable.local.store_of_settings()
+            [info] = dask_coro.runs()
+            assert (info.key, info.state, info.children) == ("run", "finished", 0)
+            assert store.stored_children("run") == set()
+            assert store.result("run").value == [0, 10, 20, 30]
+        assert "not all stored" not in log.getvalue()
+    finally:
+        gate.set()
 
 
 @pytest.mark.timeout(240)
