@@ -13,7 +13,8 @@ layout::
 ``<run>`` and ``<child>`` are hashes of the root's key and the child's key.
 A write is atomic: a temporary file, then ``os.replace`` (fsspec: ``mv``,
 or one PUT on an object store), so a process killed mid-write leaves no
-torn entry under an entry's name.
+torn entry under an entry's name. A large entry goes to a local directory
+without the page cache where the file system takes it (``direct``).
 
 On an fsspec URL (``Store.batched``) a worker writes the small entries it
 has for a run within a short window as one object, a batch: ``BATCH``, the
@@ -55,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.keys import slot_of
+from . import direct
 
 logger = logging.getLogger("dask_coro")
 
@@ -91,10 +93,17 @@ def _digest(key: Any) -> str:
     return hashlib.blake2b(repr(key).encode(), digest_size=16).hexdigest()
 
 
+#: A value that is ``bytes`` of at least this length is written as it is.
+_RAW_BYTES = 64 << 10
+
+
 def _dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
     """``obj`` pickled, and its out-of-band buffers (protocol 5: a NumPy
-    array's data is not copied into the pickle)."""
+    array's data is not copied into the pickle; nor is a value of large
+    ``bytes``, its pickle a buffer's, read back as ``bytes``: ``raw``)."""
     buffers: list[pickle.PickleBuffer] = []
+    if type(obj) is bytes and len(obj) >= _RAW_BYTES:
+        obj = pickle.PickleBuffer(obj)
     try:
         return pickle.dumps(obj, protocol=5, buffer_callback=buffers.append), buffers
     except Exception:  # a lambda, a class made in a function: as distributed pickles them
@@ -117,6 +126,8 @@ def _loads(rest: memoryview, header: dict[str, Any]) -> Any:
         at += size
     if at != len(rest):
         raise ValueError("its buffers do not add up")
+    if header.get("raw"):
+        return bytes(buffers[0])
     if rest.readonly:  # a value's arrays writable, as they were
         buffers = [memoryview(bytearray(b)) for b in buffers]
     return pickle.loads(rest[: int(header["pickle"])], buffers=buffers)
@@ -150,6 +161,7 @@ class _Local:
 
     def __init__(self, root: str):
         self.root = os.path.abspath(os.path.expanduser(root))
+        self.direct = direct.available()  # large entries without the page cache (``direct``)
 
     def join(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)
@@ -173,6 +185,11 @@ class _Local:
         # FileNotFoundError: the directory went (the run finished, or was
         # forgotten, meanwhile); the caller drops the entry.
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        if self.direct and isinstance(data, list) and sum(memoryview(p).nbytes for p in data) >= direct.DIRECT_BYTES:
+            if direct.write(tmp, data):
+                os.replace(tmp, path)
+                return
+            self.direct = False  # this file system refuses it: the usual way from now on
         with open(tmp, "wb") as f:
             if isinstance(data, list):
                 for part in data:
@@ -436,6 +453,8 @@ class Store:
         if views:
             head["pickle"] = len(pickled)
             head["buffers"] = [v.nbytes for v in views]
+            if type(value) is bytes:
+                head["raw"] = True
         header = json.dumps(head).encode()
         body: list[bytes | memoryview] = [struct.pack("<I", len(header)) + header, pickled, *views]
         mac = hmac.new(self.mac_key, digestmod=hashlib.sha256)

@@ -6,6 +6,7 @@ nobody gets in through the store; runs listed and forgotten."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pickle
 import signal
@@ -61,7 +62,7 @@ def test_an_entry_reads_back_and_checks_its_key_and_token(tmp_path):
     assert repr(b) in log.getvalue() and "another key" in log.getvalue()
 
 
-def test_an_arrays_data_is_stored_out_of_band_and_reads_back_writable(tmp_path):
+def test_an_arrays_data_and_a_large_bytes_value_are_stored_out_of_band_and_read_back(tmp_path):
     np = pytest.importorskip("numpy")
     s = Store(str(tmp_path / "st"))
     s.started("root")
@@ -76,6 +77,54 @@ def test_an_arrays_data_is_stored_out_of_band_and_reads_back_writable(tmp_path):
     with captured_logger("dask_coro") as log:
         assert s.get_child("root", k) is None
     assert repr(k) in log.getvalue()
+    # A value of large bytes too: written from where it is, read back as bytes.
+    blob = bytes(range(256)) * 1024
+    parts = s._pack_parts(k, k[-16:], blob, False)
+    assert [memoryview(p).nbytes for p in parts][-1] == len(blob) and len(parts[-2]) < 64
+    s.put_child("root", k, blob, again=True)
+    back = s.get_child("root", k).value
+    assert type(back) is bytes and back == blob
+    s.put_child("root", k, blob[:100], again=True)  # small: in its pickle
+    assert s.get_child("root", k).value == blob[:100]
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_a_large_entry_is_written_without_the_page_cache_where_the_file_system_takes_it(
+    tmp_path, monkeypatch, refused
+):
+    """A local directory writes a large entry with O_DIRECT (Linux), through
+    an aligned buffer, truncated to its length. A file system that refuses
+    O_DIRECT (EINVAL: some FUSE ones, tmpfs before Linux 6.6) gets it written
+    the usual way, from then on. Either way it reads back."""
+    from dask_coro.durable import direct
+
+    if not direct.available():
+        pytest.skip("no O_DIRECT on this platform")
+    probe = tmp_path / "probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT))
+    except OSError:
+        refused = True  # this file system refuses it already
+    if refused:
+        real_open = os.open
+
+        def refusing(path, flags, *args):
+            if flags & os.O_DIRECT:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return real_open(path, flags, *args)
+
+        monkeypatch.setattr(os, "open", refusing)
+    s = Store(str(tmp_path / "st"))
+    s.started("root")
+    k = _child(5)
+    value = bytes(range(251)) * (direct.DIRECT_BYTES // 251 + 3)  # not a whole number of blocks
+    written = s.write_child("root", k, value)
+    assert written >= direct.DIRECT_BYTES
+    path = Path(s.child_path("root", k))
+    assert path.stat().st_size == written
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+    assert s.get_child("root", k).value == value
+    assert s.fs.direct is not refused
 
 
 def test_the_key_file_is_made_with_the_store_for_its_owner_only(tmp_path):
