@@ -31,9 +31,10 @@ lane is held so (lanes beyond the cap go when their last run ends).
 
 Threads of the pool are shared fairly between trees (``Seats``): a waiting
 step of the tree that has had the least of them for its weight is served
-first, and one that waits past ``PATIENCE`` has a step that held its thread
-for a time slice pause at its next inline call or yield, give its thread
-back and ask again (docs/running.md, fair progress between trees).
+first, and one that waits past ``PATIENCE`` has the steps that held their
+threads for a time slice pause at their next inline call or yield, give
+their threads back and ask again (docs/running.md, fair progress between
+trees).
 
 Each lane thread runs an asyncio event loop of its own, and every step runs
 as a callback of that loop: an ``async def`` body may await asyncio
@@ -232,14 +233,15 @@ class Seats:
     least virtual time of the trees active then (CFS's ``min_vruntime``): it
     is served next, and has no credit for the time it was away.
 
-    A step that waited ``PATIENCE`` without being served asks a seated step
-    to pause, if one has held its thread for at least ``SLICE`` and its
-    tree's virtual time is not below the waiting step's tree's (a step of
-    the same tree too: a parent woken while a sibling's chain runs gets the
-    thread at the chain's next inline call). The one asked gives its seat
-    back at its next inline call or yield, and asks for one again. One ask
-    at a time per waiting step; ordinary tasks are never paused (they run
-    as distributed runs them). ``preempt_for`` does the same for a task
+    A step that waited ``PATIENCE`` without being served asks the seated
+    steps to pause that have held their threads for at least ``SLICE`` and
+    whose trees' virtual times are not below the waiting step's tree's (a
+    step of the same tree too: a parent woken while a sibling's chain runs
+    gets the thread at the chain's next inline call). Each one asked gives
+    its seat back at its next inline call or yield, and asks for one again:
+    the first to get there serves the waiting step. One round of asks at a
+    time per waiting step; ordinary tasks are never paused (they run as
+    distributed runs them). ``preempt_for`` does the same for a task
     waiting in the worker's ready queue (``runtime/worker.py``)."""
 
     def __init__(self, pool: concurrent.futures.Executor):
@@ -250,8 +252,8 @@ class Seats:
         self._shares: dict[Any, _Share] = {}  # trees with a step seated or waiting
         self._floor = 0.0  # the least virtual time of the active trees, as last seen
         self._order = itertools.count()
-        # A waiting step (None: the worker's ready queue) -> the step it asked to pause.
-        self._asked: dict[_Seat | None, _Seat] = {}
+        # A waiting step (None: the worker's ready queue) -> the steps it asked to pause.
+        self._asked: dict[_Seat | None, list[_Seat]] = {}
         #: Pauses asked for (for tests and benchmarks).
         self.pauses = 0
         #: The worker is closing (``close``): no step waits for a seat.
@@ -373,49 +375,51 @@ class Seats:
         while not got.wait(PATIENCE):
             self._preempt(seat.tree, seat)
 
-    def preempt_for(self, tree: Any, keys: set[str]) -> str | None:
+    def preempt_for(self, tree: Any, keys: set[str]) -> list[str]:
         """A task of ``tree`` waits in the worker's ready queue for a thread
-        slot: ask a seated step of another tree, of a task in ``keys`` (those
+        slot: ask the seated steps of other trees, of tasks in ``keys`` (those
         holding a slot), to pause as ``wait`` would for a step of ``tree``;
-        the key of the step asked, or None. A task of the same tree waits:
-        its tree has the threads already, and a pause would only trade one
-        of its steps for another."""
+        the keys of the steps asked. A task of the same tree waits: its tree
+        has the threads already, and a pause would only trade one of its
+        steps for another."""
         return self._preempt(tree, None, keys)
 
-    def _preempt(self, tree: Any, seat: _Seat | None, keys: set[str] | None = None) -> str | None:
-        """Ask the seated step due to pause for a step (``seat``) or task of
-        ``tree``: held at least ``SLICE``, its tree's virtual time the
-        greatest and not below ``tree``'s (one ask at a time per waiting step;
-        with ``keys``, only a step of another tree, of a task in ``keys``); the
-        key of the step asked, or None."""
+    def _preempt(self, tree: Any, seat: _Seat | None, keys: set[str] | None = None) -> list[str]:
+        """Ask the seated steps due to pause for a step (``seat``) or task of
+        ``tree``: each one held at least ``SLICE``, its tree's virtual time
+        not below ``tree``'s (with ``keys``, only steps of another tree, of
+        tasks in ``keys``); the keys of the steps asked. Every such step is
+        asked, not one: a step gives its seat back only at its next inline
+        call or yield, so the first of them to get there serves the waiting
+        one (a wait for the nearest of their leaves' ends, not for one
+        leaf's whole length), and the others take a seat again at once
+        unless a step due more waits. No more asks while one asked still
+        holds its seat."""
         with self._lock:
             if seat is not None and (seat.got is None or seat.got.is_set()):
-                return None
-            asked = self._asked.get(seat)
-            if asked is not None and asked in self._seated:
-                return None  # the one asked has not given its seat back yet
+                return []
+            if any(s in self._seated and s.pausing for s in self._asked.get(seat, ())):
+                return []  # one asked has not given its seat back yet
             now = time.monotonic()
             mine = self._vtime(tree, now)
-            worst: tuple[float, float] | None = None
-            victim = None
+            victims = []
             for other in self._seated:
                 if other.pause is None or other.pausing or now - other.since < SLICE:
                     continue
                 if keys is not None and (other.tree == tree or other.key not in keys):
                     continue
-                theirs = self._vtime(other.tree, now)
-                if theirs < mine:
+                if self._vtime(other.tree, now) < mine:
                     continue
-                rank = (theirs, now - other.since)
-                if worst is None or rank > worst:
-                    worst, victim = rank, other
-            if victim is None:
-                return None
-            victim.pausing = True
-            self._asked[seat] = victim
-            self.pauses += 1
-        victim.pause()  # type: ignore[misc]
-        return victim.key
+                victims.append(other)
+            if not victims:
+                return []
+            for victim in victims:
+                victim.pausing = True
+            self._asked[seat] = victims
+            self.pauses += len(victims)
+        for victim in victims:
+            victim.pause()  # type: ignore[misc]
+        return [victim.key for victim in victims]
 
     def left(self, seat: _Seat) -> None:
         with self._lock:

@@ -433,10 +433,10 @@ class _KeyWatcher(WorkerPlugin):
 
     def _queued(self) -> None:
         """Every ``PATIENCE`` while a task waits in the worker's ready queue:
-        if every thread slot is taken and a run's step holds a thread, ask a
-        step of another tree than the next task's, one that holds a slot and
-        held its thread a time slice, to pause (it secedes, and the slot is
-        free; ``lanes.Seats.preempt_for``). Without this a small tree's root
+        if every thread slot is taken and a run's step holds a thread, ask the
+        steps of other trees than the next task's that hold a slot and held
+        their threads a time slice to pause (the first to pause secedes, and
+        its slot is free; ``lanes.Seats.preempt_for``). Without this a small tree's root
         waited in the ready queue for the whole inline chain of another
         tree's task: seconds. One timer per worker, while a task waits."""
         worker, lanes = self.worker, self.lanes
@@ -449,8 +449,10 @@ class _KeyWatcher(WorkerPlugin):
             tree = str(key) if given is None else str(given[0])
             holding = {str(k) for k, run in self.runs.items() if not run.seceded}
             asked = lanes.seats.preempt_for(tree, holding)
-            if asked is not None and isinstance(worker_task_function(worker, key), CoroutineTask):
-                self.yielding[asked] = (key, time() + YIELD_WAIT)
+            if asked and isinstance(worker_task_function(worker, key), CoroutineTask):
+                until = time() + YIELD_WAIT
+                for step in asked:
+                    self.yielding[step] = (key, until)
         asyncio.get_running_loop().call_later(PATIENCE, self._queued)
 
 

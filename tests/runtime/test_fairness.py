@@ -217,3 +217,36 @@ async def test_a_thread_a_resumed_run_holds_is_not_counted_idle(c, s, a):
     FLAGS["release"].set()
     assert await f == 1
     await async_poll_for(lambda: plugin.busy == {} and plugin.handle_idle() == 1, timeout=10)
+
+
+def test_a_waiting_step_asks_every_step_due_a_pause_and_the_first_to_stop_serves_it():
+    """No cluster: a pool of 2 threads, both held by steps of a wide tree
+    for longer than a time slice. A step of a small tree waits: both are
+    asked to pause (each gives its thread back only at its next inline
+    call, so the waiting step is served by whichever gets there first, not
+    by the one picked), and not asked again while they still hold them.
+    The first to give its thread back serves the small tree's step."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dask_coro.runtime.lanes import SLICE, Seats, _Seat
+
+    asked = []
+    with ThreadPoolExecutor(2) as pool:
+        seats = Seats(pool)
+        wide = [_Seat(seats, None, f"wide-{i}", "wide", 1.0, lambda i=i: asked.append(i)) for i in range(2)]
+        small = _Seat(seats, None, "small-0", "small", 1.0, lambda: asked.append("small"))
+        try:
+            for seat in wide:
+                seat.take()
+            time.sleep(SLICE * 2)
+            small.release, small.got = threading.Event(), threading.Event()
+            seats.want(small)
+            assert sorted(seats._preempt("small", small)) == ["wide-0", "wide-1"]
+            assert sorted(asked) == [0, 1] and seats.pauses == 2
+            assert seats._preempt("small", small) == []  # both still hold their threads
+            wide[1].done()  # the nearer inline call: its thread goes to the small tree
+            assert small.got.wait(10)
+        finally:
+            for seat in [*wide, small]:
+                if seat.release is not None:
+                    seat.done()
