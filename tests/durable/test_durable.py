@@ -30,7 +30,7 @@ import dask_coro
 import dask_coro.durable.local
 from dask_coro import coroutine
 from dask_coro.core.keys import child_key, derive_key
-from dask_coro.durable.store import BATCH, MAGIC, Store, StoreError
+from dask_coro.durable.store import BATCH, MAGIC, MAGIC_BLAKE3, Store, StoreError
 
 HERE = Path(__file__).parents[1]  # tests/, where durable_program.py is
 
@@ -141,7 +141,21 @@ def test_the_key_file_is_made_with_the_store_for_its_owner_only(tmp_path):
     assert Store("memory://runs", secret="s3cret").mac_key == b"s3cret"
 
 
-def test_an_entry_of_another_key_or_corrupt_or_torn_is_never_unpickled(tmp_path):
+@pytest.fixture(params=["hmac-sha256", "blake3"])
+def mac(request, monkeypatch):
+    """Entries written with either MAC: HMAC-SHA256, or a keyed BLAKE3 hash
+    (where the blake3 package is installed)."""
+    import dask_coro.durable.store as store
+
+    if request.param == "blake3":
+        if store.BLAKE3 is None:
+            pytest.skip("blake3 is not installed")
+    else:
+        monkeypatch.setattr(store, "BLAKE3", None)
+    return request.param
+
+
+def test_an_entry_of_another_key_or_corrupt_or_torn_is_never_unpickled(tmp_path, mac):
     s = Store(str(tmp_path / "st"))
     k = _child(3)
     s.started("root")
@@ -152,12 +166,46 @@ def test_an_entry_of_another_key_or_corrupt_or_torn_is_never_unpickled(tmp_path)
     evil = pickle.dumps(_Opens(str(marker)))
     other = Store(str(tmp_path / "other"))  # another store's key signed it
     other_entry = other._pack(k, k[-16:], _Opens(str(marker)), False)
-    for data in (evil, MAGIC + evil, good[:-3], good[:40] + evil, other_entry):
+    assert good.startswith(MAGIC_BLAKE3 if mac == "blake3" else MAGIC)
+    made_up = [magic + bytes(32) + good[40:44] + evil for magic in (MAGIC, MAGIC_BLAKE3)]
+    for data in (evil, MAGIC + evil, good[:-3], good[:40] + evil, other_entry, *made_up):
         Path(path).write_bytes(data)
         with captured_logger("dask_coro") as log:
             assert s.get_child("root", k) is None
         assert repr(k) in log.getvalue()
         assert not os.path.exists(path)  # dropped: computed and stored again
+    assert not marker.exists()
+
+
+def test_entries_of_either_mac_read_back_and_one_that_cannot_be_checked_is_never_unpickled(
+    tmp_path, monkeypatch
+):
+    """A store written before blake3 was installed (HMAC-SHA256) reads
+    back with it; an entry whose MAC is a keyed BLAKE3 hash, read where
+    blake3 is not installed, cannot be checked: it is computed again, with a
+    warning naming its key and the package, and never unpickled."""
+    import dask_coro.durable.store as store
+
+    if store.BLAKE3 is None:
+        pytest.skip("blake3 is not installed")
+    s = Store(str(tmp_path / "st"))
+    s.started("root")
+    a, b = _child(1), _child(2)
+    with monkeypatch.context() as m:
+        m.setattr(store, "BLAKE3", None)
+        s.put_child("root", a, "sha")
+    s.put_child("root", b, "blake")
+    assert Path(s.child_path("root", a)).read_bytes().startswith(MAGIC)
+    assert Path(s.child_path("root", b)).read_bytes().startswith(MAGIC_BLAKE3)
+    assert s.get_child("root", a).value == "sha" and s.get_child("root", b).value == "blake"
+    marker = tmp_path / "pwned"
+    forged = s._pack(b, b[-16:], _Opens(str(marker)), False)  # with the key: it would check
+    Path(s.child_path("root", b)).write_bytes(forged)
+    monkeypatch.setattr(store, "BLAKE3", None)
+    with captured_logger("dask_coro") as log:
+        assert s.get_child("root", b) is None
+        assert s.get_child("root", a).value == "sha"
+    assert repr(b) in log.getvalue() and "blake3 package" in log.getvalue()
     assert not marker.exists()
 
 
@@ -216,7 +264,7 @@ def test_a_batchs_entries_read_back_and_a_forged_or_torn_one_is_never_unpickled(
     warned = log.getvalue()
     for k in keys[:5]:
         assert repr(k) in warned  # each child of a forged entry or a torn batch named
-    assert warned.count("HMAC") == 2 and warned.count("is torn") >= 2
+    assert warned.count("does not check with the store's key") == 2 and warned.count("is torn") >= 2
     # Stored again in a newer batch: that one is used, the forged one not
     # tried again (in another process, the newest first).
     s.write_children("root", [(keys[0], s.pack_child(keys[0], "again"))])
@@ -476,7 +524,7 @@ async def test_a_forged_entry_is_computed_again_with_a_warning_and_never_loaded(
     assert not marker.exists()
     assert Counter(_lines(folder, "executions")) == {"0": 2, "1": 2, "2": 2}
     warned = log.getvalue()
-    assert warned.count("is not used") == 3 and warned.count("HMAC") == 2
+    assert warned.count("is not used") == 3 and warned.count("does not check with the store's key") == 2
     for key in keys:
         assert repr(key) in warned  # each warning names the child's key
 
