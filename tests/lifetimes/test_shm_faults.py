@@ -1057,3 +1057,82 @@ def test_nothing_is_left_of_a_failed_producer_s_shared_items(client, tmp_path):
         [0, 1, 2], "the producer failed after its items"
     )
     assert_released(client, _lines(folder, "segments"))
+
+
+# --------------------------------------------------------------------------
+# segments a worker keeps for its later streams (coro.stream.segment-pool)
+
+ITEM_BYTES = M * 8
+
+
+def _spares() -> tuple[list[str], int, int, int]:
+    """The producer's process's spares: their names, bytes, its bound, and
+    how many segments were made from one."""
+    s = _shm_impl.spares
+    with _shm_impl._lock:
+        return sorted(s.held), s.bytes, s.limit, s.taken
+
+
+@coroutine
+def keeps_every_item(n: int, where: str):
+    """Reads a stream of ``n`` items made on ``where`` keeping every one (each
+    tied to this body's key as it asks for the next, so none is let go of
+    before the producer ended); their segments' names."""
+    with dask.annotate(workers=[where], allow_other_workers=False):
+        s = dask_coro.stream(emits_plain_arrays(n), buffer=1)
+    items = list(s)
+    assert [i for i, _ in items] == list(range(n))
+    assert all(np.array_equal(x, _item(i)) for i, x in items)
+    return [x.segment_name for _, x in items]
+
+
+def _keep_all_then_let_go(client: Client, where: str, n: int) -> list[str]:
+    """``keeps_every_item`` on the other worker; let go of: its items' names."""
+    (a,) = set(workers_now(client)) - {where}
+    fut = client.compute(keeps_every_item(n, where), workers=[a], allow_other_workers=False)
+    names = fut.result(timeout=120)
+    assert len(set(names)) == n
+    del fut
+    return names
+
+
+@pytest.mark.segment_pool(3 * ITEM_BYTES)
+def test_a_worker_keeps_its_streams_segments_for_later_ones_within_its_bound():
+    """Once a stream's items are let go of and its producer ended, the
+    producer's worker keeps at most ``coro.stream.segment-pool`` bytes of
+    their segments (renamed: the items' names are gone); the next stream's
+    items are copied into those; unused for ``segment-pool-idle`` they go."""
+    with dask.config.set({"coro.stream.segment-pool-idle": "2s"}), LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster, Client(cluster) as client:
+        _, b = sorted(workers_now(client))
+        names = _keep_all_then_let_go(client, b, 6)
+        assert_unlinked(names)
+        poll(lambda: len(client.run(_spares)[b][0]) == 3, lambda: f"spares: {client.run(_spares)[b]}")
+        kept, nbytes, limit, taken = client.run(_spares)[b]
+        assert (nbytes, limit, taken) == (3 * ITEM_BYTES, 3 * ITEM_BYTES, 0)
+        assert existing(kept) == set(kept)
+        # The next stream's first items go into them, and read the same.
+        with dask.annotate(workers=[b], allow_other_workers=False):
+            s = dask_coro.stream(emits_plain_arrays(3), buffer=1)
+        for i, x in s:
+            np.testing.assert_array_equal(x, _item(i))
+        del s, x
+        assert client.run(_spares)[b][3] >= 1
+        # Unused, they go: nothing of either stream is left.
+        poll(lambda: not client.run(_spares)[b][0], lambda: f"spares: {client.run(_spares)[b]}")
+        assert_unlinked(kept)
+        assert not shm.segments()
+
+
+@pytest.mark.segment_pool(3 * ITEM_BYTES)
+def test_a_sigkilled_worker_s_spare_segments_are_released_by_another_worker(cluster, client):
+    """Segments a worker keeps for its later streams are tied to it: SIGKILLed,
+    the other worker of its host releases them."""
+    _, b = sorted(workers_now(client))
+    assert_unlinked(_keep_all_then_let_go(client, b, 4))
+    poll(lambda: len(client.run(_spares)[b][0]) == 3, lambda: f"spares: {client.run(_spares)[b]}")
+    kept = client.run(_spares)[b][0]
+    assert existing(kept) == set(kept)
+    _kill(cluster, client, b, "sigkill")
+    assert_released(client, kept)
