@@ -417,6 +417,9 @@ class Spares:
             if not fut.cancelled() and fut.exception() is None and fut.result():
                 with _lock:
                     self.free.extend(names)
+            else:  # no spares: nothing will ask for these
+                for name in names:
+                    plugin.forget_record(name)
 
         asyncio.run_coroutine_threadsafe(tie_spares(worker, names), loop).add_done_callback(tied)
 
