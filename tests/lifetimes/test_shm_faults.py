@@ -1115,14 +1115,18 @@ def test_a_worker_keeps_its_streams_segments_for_later_ones_within_its_bound():
         # The next stream's first items go into them, and read the same.
         with dask.annotate(workers=[b], allow_other_workers=False):
             s = dask_coro.stream(emits_plain_arrays(3), buffer=1)
+        later = []
         for i, x in s:
             np.testing.assert_array_equal(x, _item(i))
+            later.append(x.segment_name)
         del s, x
         assert client.run(_spares)[b][3] >= 1
-        # Unused, they go: nothing of either stream is left.
-        poll(lambda: not client.run(_spares)[b][0], lambda: f"spares: {client.run(_spares)[b]}")
+        # Unused, they go: nothing of either stream is left (the second's
+        # items let go of, kept in turn, then gone too).
+        assert_unlinked(later)
         assert_unlinked(kept)
-        assert not shm.segments()
+        poll(lambda: not shm.segments(), lambda: f"left: {shm.segments()}, spares: {client.run(_spares)[b]}")
+        assert client.run(_spares)[b][:2] == ([], 0)
 
 
 @pytest.mark.segment_pool(3 * ITEM_BYTES)
