@@ -115,7 +115,8 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
-        "segment_pool(nbytes): run with coro.stream.segment-pool at nbytes (unmarked: 0, none kept)",
+        "segment_pool(nbytes, idle=None): run with coro.stream.segment-pool at nbytes (unmarked: 0, none "
+        "kept), and coro.stream.segment-pool-idle at idle if given",
     )
     config.addinivalue_line(
         "markers",
@@ -180,6 +181,11 @@ def _inline_setting(request, monkeypatch):
     monkeypatch.setenv("DASK_CORO__STREAM__SEGMENT_POOL", str(pool_bytes))
     original["coro"].setdefault("stream", {})["segment-pool"] = pool_bytes
     settings["coro.stream.segment-pool"] = pool_bytes
+    idle = pool.kwargs.get("idle") if pool is not None else None
+    if idle is not None:
+        monkeypatch.setenv("DASK_CORO__STREAM__SEGMENT_POOL_IDLE", str(idle))
+        original["coro"]["stream"]["segment-pool-idle"] = idle
+        settings["coro.stream.segment-pool-idle"] = idle
     validating = request.config.getoption("--validate") or (
         request.node.get_closest_marker("validated") is not None
     )
