@@ -3,7 +3,7 @@ different workers, against a hand-built ``distributed.Queue`` stream and
 Ray's streaming generator; the producer's worker's peak memory with
 ``buffer=16``.
 
-    PYTHONPATH=$PWD python benchmarks/bench_streams.py [--small N] [--big N] [--mb M] [--buffer B] [--no-ray]
+    PYTHONPATH=$PWD python benchmarks/bench_streams.py [--small N] [--big N] [--mb M] [--buffer B] [--warm-up N] [--no-ray]
 
 Items of 10 MB (a numeric NumPy array in each) go through shared memory on
 one host: the consumer maps the segment the producer copied it into.
@@ -88,6 +88,19 @@ def bench_dask(args):
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as lc, Client(lc) as c:
         a, b = sorted(c.scheduler_info()["workers"])
         for n, mb, label in ((args.small, 0, "small"), (args.big, args.mb, f"{args.mb} MB")):
+            if mb and args.warm_up:
+                # Untimed, the same for each way: the first items of 10 MB on a
+                # cluster pay for new memory (a worker keeps a stream's
+                # segments for its later streams, ``coro.stream.segment-pool``).
+                got, dt, lat = c.compute(consumer(args.warm_up, mb, args.buffer, b), workers=[a]).result()
+                out.append(row(f"warm-up (untimed): dask_coro stream, {label}, buffer={args.buffer}", got, dt, lat))
+                print(out[-1], flush=True)
+                name = f"q-warm-up-{label}"
+                pf = c.submit(q_producer, name, args.warm_up, mb, args.buffer, workers=[b], pure=False)
+                got, dt, lat = c.submit(q_consumer, name, args.warm_up, args.buffer, workers=[a], pure=False).result()
+                pf.result()
+                out.append(row(f"warm-up (untimed): distributed.Queue(maxsize={args.buffer}), {label}", got, dt, lat))
+                print(out[-1], flush=True)
             for buffer in (None, args.buffer):
                 stop, peaks = threading.Event(), []
                 idle = None
@@ -138,6 +151,10 @@ def bench_ray(args):
             return len(lat), time.time() - t0, lat
 
         for n, mb, label in ((args.small, 0, "small"), (args.big, args.mb, f"{args.mb} MB")):
+            if mb and args.warm_up:
+                got, dt, lat = ray.get(cons.remote(args.warm_up, mb))
+                out.append(row(f"warm-up (untimed): Ray streaming generator, {label}", got, dt, lat))
+                print(out[-1], flush=True)
             got, dt, lat = ray.get(cons.remote(n, mb))
             out.append(row(f"Ray streaming generator, {label}", got, dt, lat))
             print(out[-1], flush=True)
@@ -158,8 +175,10 @@ def main(argv=None) -> None:
     p.add_argument("--big", type=int, default=100)
     p.add_argument("--mb", type=int, default=10)
     p.add_argument("--buffer", type=int, default=16, help="the stream's buffer, the bounded Queue's maxsize")
+    p.add_argument("--warm-up", type=int, default=20,
+                   help="items of the large size each way streams once, untimed, before its timed rows (0: none)")
     p.add_argument("--no-ray", action="store_true")
-    args = B.parse(p, argv, {"small": 50, "big": 2, "mb": 1})
+    args = B.parse(p, argv, {"small": 50, "big": 2, "mb": 1, "warm_up": 2})
     print("| what | items | items/s | latency p50 (ms) | p99 (ms) |\n|---|---|---|---|---|")
     bench_dask(args)
     if not args.no_ray:

@@ -115,6 +115,11 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers",
+        "segment_pool(nbytes, idle=None): run with coro.stream.segment-pool at nbytes (unmarked: 0, none "
+        "kept), and coro.stream.segment-pool-idle at idle if given",
+    )
+    config.addinivalue_line(
+        "markers",
         "validated: always run with distributed's state-machine checks on, as "
         "--validate runs every test (the files where dask_coro's plugins change "
         "the scheduler's and workers' state)",
@@ -168,6 +173,19 @@ def _inline_setting(request, monkeypatch):
     original = copy.deepcopy(utils_test.original_config)
     original.setdefault("coro", {}).setdefault("inline", {})["enabled"] = on
     settings = {"coro.inline.enabled": on}
+    # A worker keeps its streams' segments for later streams (tied to it, so
+    # the ledger is never empty while it lives): off but where a test says
+    # (``segment_pool``), as tests check that a stream leaves nothing behind.
+    pool = request.node.get_closest_marker("segment_pool")
+    pool_bytes = pool.args[0] if pool is not None else 0
+    monkeypatch.setenv("DASK_CORO__STREAM__SEGMENT_POOL", str(pool_bytes))
+    original["coro"].setdefault("stream", {})["segment-pool"] = pool_bytes
+    settings["coro.stream.segment-pool"] = pool_bytes
+    idle = pool.kwargs.get("idle") if pool is not None else None
+    if idle is not None:
+        monkeypatch.setenv("DASK_CORO__STREAM__SEGMENT_POOL_IDLE", str(idle))
+        original["coro"]["stream"]["segment-pool-idle"] = idle
+        settings["coro.stream.segment-pool-idle"] = idle
     validating = request.config.getoption("--validate") or (
         request.node.get_closest_marker("validated") is not None
     )

@@ -133,8 +133,11 @@ class LifetimesPlugin(SchedulerPlugin):
         return self.ledger.host_emptied(host)
 
     def handle_tie(
-        self, rids: list[str], key: Key, worker: str, host_bound: bool = False
+        self, rids: list[str], key: Key | None, worker: str, host_bound: bool = False, spare: bool = False
     ) -> dict[str, bool]:
+        if spare:  # tied to the worker itself (``shm.Spares``), while it is here
+            key = spare_key(worker)
+        assert key is not None
         alive = self._tie(list(rids), key, worker, host_bound)
         if not alive:  # tie() warns the caller; this is for the scheduler's log
             logger.info(
@@ -172,7 +175,7 @@ class LifetimesPlugin(SchedulerPlugin):
         ws = self.scheduler.workers.get(worker)
         # A worker that has just left still tied these on its host.
         host = ws.host if ws is not None else _host_of(worker)
-        alive = key in self.scheduler.tasks
+        alive = key in self.scheduler.tasks or (key == spare_key(worker) and worker in self.scheduler.workers)
         for rid in rids:
             self.ledger.tie(rid, key, Origin(host, worker, host_bound), key_alive=alive)
         if not alive:
@@ -205,6 +208,7 @@ class LifetimesPlugin(SchedulerPlugin):
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
         self._leaving.discard(worker)
         self.ledger.worker_left(worker)
+        self.ledger.forget(spare_key(worker))  # its spare segments, released by another worker of its host
         self._dispatch_soon()
 
     # -- handing releases out ------------------------------------------------
@@ -251,6 +255,12 @@ class LifetimesPlugin(SchedulerPlugin):
             self._dispatch_soon()
         else:
             self.ledger.acknowledged(worker, rids)
+
+
+def spare_key(worker: str) -> tuple[str, str]:
+    """What a worker's spare segments (``shm.Spares``) are tied to: no
+    task's key; forgotten once the worker leaves."""
+    return ("dask-coro-spares", worker)
 
 
 def keep_handles(scheduler: Any) -> None:

@@ -98,13 +98,18 @@ def _unlink(name: str) -> None:
         _prepared.pop(name, None)
         _returned.pop(name, None)
         pool = _made_by.pop(name, None)
+        spares.drop(name)  # a spare's own release: its worker left, or the cluster closes
         if pool is None or not pool.give_back(name):
-            if pool is not None:
-                pool.forget(name)
-            try:
-                _posix().shm_unlink("/" + name)
-            except FileNotFoundError:
-                pass
+            # Else kept for a later stream of this process (``Spares``).
+            mapping = pool.maps.pop(name, None) if pool is not None else None
+            if mapping is None or not spares.keep(name, mapping):
+                if mapping is not None:
+                    os.close(mapping[1])
+                del mapping
+                try:
+                    _posix().shm_unlink("/" + name)
+                except FileNotFoundError:
+                    pass
     try:
         entries = os.listdir(_SHM_DIR)
     except FileNotFoundError:
@@ -341,13 +346,157 @@ class Pool:
 
     def close(self) -> None:
         """The producer ended: its segments are released as any other from
-        now on (those given back with its key)."""
+        now on (those given back with its key), or kept as spares of this
+        process (``Spares``): the pool keeps its mappings of them for that
+        until their release."""
         with _lock:
             self.open = False
             self.names.clear()
             self.returned.clear()
-            for name in list(self.maps):
-                self.forget(name)
+            if spares.limit <= 0:
+                for name in list(self.maps):
+                    self.forget(name)
+
+
+class Spares:
+    """Segments of this worker process's streams kept for its later
+    streams, as a preallocated store is: making a segment costs several
+    times copying into one (its pages zeroed and mapped; more again on a
+    host whose freed memory went back to its hypervisor).
+
+    A segment made from a ``Pool`` whose release runs in this process once
+    its pool cannot take it back (its producer ended, or has no name left
+    to give it back under) is renamed to one of ``free``, names tied to this
+    worker (``tie.tie_spares``: released by another worker of the host if
+    this one dies, or by the last one leaving), instead of being unlinked,
+    while ``bytes`` stays within ``limit`` (``coro.stream.segment-pool``).
+    A producer's segment to make is then a spare of its size renamed to its
+    name, if no process maps it (``_reuse``). A spare unused for ``idle``
+    seconds (``coro.stream.segment-pool-idle``) is unlinked."""
+
+    #: Names tied to the worker for spares (one round trip, once).
+    SLOTS = 32
+
+    def __init__(self) -> None:
+        self.free: list[str] = []
+        #: Spares by name: this process's mapping and the descriptor holding
+        #: its shared lock (as ``Pool.maps``), and when each was kept.
+        self.held: dict[str, tuple[mmap.mmap, int]] = {}
+        self.kept_at: dict[str, float] = {}
+        self.bytes = 0
+        self.limit = 0
+        self.idle = 10.0
+        self.asked = False
+        self.timer: threading.Timer | None = None
+        #: Segments made from a spare, and spares unlinked as idle.
+        self.taken = 0
+        self.expired = 0
+
+    def start(self, worker: Any, loop: Any) -> None:
+        """In a task's thread on ``worker`` (its asyncio ``loop``): read the
+        settings, and tie names for spares once, if the pool is on."""
+        if self.asked or fcntl is None or not os.path.isdir(_SHM_DIR):
+            return
+        from .._config import get_size, get_timedelta
+
+        self.asked = True
+        self.limit = get_size("coro.stream.segment-pool") or 0
+        self.idle = get_timedelta("coro.stream.segment-pool-idle")
+        if self.limit <= 0:
+            return
+        import asyncio
+
+        from .tie import ensure_installed, tie_spares
+
+        plugin = ensure_installed(worker)
+        names = [new_name() for _ in range(self.SLOTS)]
+        for name in names:
+            plugin.record(name, _unlink)
+
+        def tied(fut: Any) -> None:
+            if not fut.cancelled() and fut.exception() is None and fut.result():
+                with _lock:
+                    self.free.extend(names)
+            else:  # no spares: nothing will ask for these
+                for name in names:
+                    plugin.forget_record(name)
+
+        asyncio.run_coroutine_threadsafe(tie_spares(worker, names), loop).add_done_callback(tied)
+
+    def keep(self, name: str, entry: tuple[mmap.mmap, int]) -> bool:
+        """Under ``_lock``, in ``_unlink``: segment ``name`` (this process's
+        mapping ``entry`` of it) renamed to a spare; False if none is free
+        or it does not fit in ``limit``."""
+        size = len(entry[0])
+        if not self.free or self.bytes + size > self.limit:
+            return False
+        slot = self.free.pop()
+        try:
+            os.rename(os.path.join(_SHM_DIR, name), os.path.join(_SHM_DIR, slot))
+        except FileNotFoundError:
+            self.free.append(slot)
+            return False
+        self.held[slot] = entry
+        self.kept_at[slot] = time.monotonic()
+        self.bytes += size
+        if self.timer is None:
+            self._arm(self.idle)
+        return True
+
+    def take(self, name: str, nbytes: int) -> tuple[_Segment, tuple[mmap.mmap, int]] | None:
+        """Under ``_lock``: a spare of ``nbytes`` no process maps, renamed
+        to the reserved ``name``; its segment and our mapping of it."""
+        for slot in [s for s, e in self.held.items() if len(e[0]) == max(nbytes, 1)]:
+            segment = _reuse(name, self.held[slot], nbytes)
+            if segment is None:
+                continue
+            try:
+                os.rename(os.path.join(_SHM_DIR, slot), os.path.join(_SHM_DIR, name))
+            except FileNotFoundError:  # pragma: no cover - released under our lock
+                continue
+            self.bytes -= len(segment.mm)
+            del self.kept_at[slot]
+            self.free.append(slot)
+            self.taken += 1
+            return segment, self.held.pop(slot)
+        return None
+
+    def drop(self, name: str) -> None:
+        """Under ``_lock``: ``name`` is not a spare any more (its release
+        runs, or it is idle: the caller unlinks it)."""
+        if name in self.free:
+            self.free.remove(name)
+        entry = self.held.pop(name, None)
+        if entry is not None:
+            self.bytes -= len(entry[0])
+            del self.kept_at[name]
+            os.close(entry[1])
+
+    def _arm(self, delay: float) -> None:
+        self.timer = threading.Timer(delay, self._expire)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def _expire(self) -> None:
+        """On the timer's thread: unlink the spares unused for ``idle``."""
+        now = time.monotonic()
+        with _lock:
+            self.timer = None
+            for slot, at in list(self.kept_at.items()):
+                if now - at >= self.idle:
+                    self.drop(slot)
+                    self.free.append(slot)
+                    self.expired += 1
+                    try:
+                        _posix().shm_unlink("/" + slot)
+                    except FileNotFoundError:
+                        pass
+            if self.kept_at:
+                self._arm(max(0.0, min(self.kept_at.values()) + self.idle - now))
+
+
+#: This process's spares.
+spares = Spares()
 
 
 def _reuse(name: str, entry: tuple[mmap.mmap, int], nbytes: int) -> _Segment | None:
@@ -461,12 +610,19 @@ def copy_into(name: str, a: np.ndarray, pool: Pool | None = None) -> ShmArray | 
             if name not in _reserved:
                 return None
             _reserved.discard(name)
-            if pool is not None and fcntl is not None and len(pool.maps) < pool.KEEP:
+            spare = spares.take(name, a.nbytes) if spares.held else None
+            if spare is not None:
+                segment, kept = spare
+                if pool is None or len(pool.maps) >= pool.KEEP:
+                    os.close(kept[1])  # the mapping's own duplicate keeps the lock
+                    kept = None
+                del spare
+            elif pool is not None and fcntl is not None and len(pool.maps) < pool.KEEP:
                 kept = _open_kept(name, a.nbytes)
-                mm = kept[0]
+                segment = _Segment(name, kept[0], managed=True)
             else:
-                mm = _open_new(name, a.nbytes)
-            segment = _mapped[name] = _Segment(name, mm, managed=True)
+                segment = _Segment(name, _open_new(name, a.nbytes), managed=True)
+            _mapped[name] = segment
             _managed.add(segment)
         if pool is not None:
             _made_by[name] = pool

@@ -154,6 +154,16 @@ async def tie_names(worker: Any, key: Key, names: list[str]) -> bool:
     return bool(answer["alive"])
 
 
+async def tie_spares(worker: Any, names: list[str]) -> bool:
+    """On the worker's loop: tie the segment names ``names`` to this worker
+    itself (``shm.Spares``): released once it leaves, by another worker of
+    its host; False if it is not on the scheduler's list."""
+    answer = await worker.scheduler.dask_coro_tie(
+        rids=names, key=None, worker=worker.address, host_bound=True, spare=True
+    )
+    return bool(answer["alive"])
+
+
 def _worker(what: str) -> Any:
     try:
         return get_worker()

@@ -155,14 +155,14 @@ def _share(x: Any, names: list[str], p: Producer) -> Any:
 def _reserve(run: Run, p: Producer, n: int) -> None:
     """On the run's lane: ``n`` segment names recorded on this host, tied to
     the producer's key on the loop (``p.pending``)."""
-    from ..lifetimes.shm import reserve
+    from ..lifetimes.shm import reserve, spares
     from ..lifetimes.tie import tie_names
 
     names = reserve(run.worker, n)
     # Half of them are made ahead, the others kept for the segments of items
     # given back (``Pool``); once one was, later items are copied into those:
-    # none is made ahead any more.
-    ahead = [] if p.pool.recycling or not p.size else names[: n // 2]
+    # none is made ahead any more, nor while earlier streams left spares.
+    ahead = [] if p.pool.recycling or not p.size or spares.held else names[: n // 2]
     size = p.size
 
     async def tie() -> list[str] | None:
@@ -187,8 +187,9 @@ async def _names(run: Run, p: Producer, n: int) -> list[str] | None:
     being cancelled). The next ones are asked for ahead: a release of an item's
     segment in this process gives it back under one of them (``Pool``)."""
     if p.pool is None:
-        from ..lifetimes.shm import Pool
+        from ..lifetimes.shm import Pool, spares
 
+        spares.start(run.worker, run.loop)
         p.pool = Pool()
     pool = p.pool
     while True:

@@ -41,6 +41,12 @@ from .book import ANNOTATION, ENDED, PUBLISH, Replay, StreamBook, item_key
 logger = logging.getLogger("dask_coro")
 
 
+#: Items a consumer took are let go of in batches of this many, or this many
+#: seconds after the first of a batch.
+LET_GO_BATCH = 4
+LET_GO_DELAY = 0.02
+
+
 def _holder(producer: Any) -> str:
     return f"dask-coro-stream-{producer}"
 
@@ -52,6 +58,9 @@ class StreamPlugin(SchedulerPlugin):
         self.books: dict[Any, StreamBook] = {}
         self.changed: dict[Any, asyncio.Event] = {}
         self.scheduler: Any = None
+        #: Items taken, by producer, not let go of yet (``_let_go``).
+        self.letting: dict[Any, list[Any]] = {}
+        self._flushing: asyncio.TimerHandle | None = None
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
@@ -127,10 +136,27 @@ class StreamPlugin(SchedulerPlugin):
         buffer = ann.get("buffer") if isinstance(ann, dict) else None
         tree.stream_progress(key, book.published, book.taken, buffer)
 
-    def _let_go(self, producer: Any, keys: list[Any]) -> None:
+    def _let_go(self, producer: Any, keys: list[Any], now: bool = False) -> None:
+        """Let go of items taken: in batches of ``LET_GO_BATCH`` (each let go
+        of costs its producer's worker a free-keys message, its answer, and a
+        release call per segment), or ``LET_GO_DELAY`` after the first."""
+        pending = self.letting.setdefault(producer, [])
+        pending.extend(keys)
+        if now or len(pending) >= LET_GO_BATCH:
+            self._flush(producer)
+        elif pending and self._flushing is None:
+            self._flushing = asyncio.get_running_loop().call_later(LET_GO_DELAY, self._flush_all)
+
+    def _flush(self, producer: Any) -> None:
+        keys = self.letting.pop(producer, None)
         if keys:
             self.scheduler.client_releases_keys(keys=keys, client=_holder(producer), stimulus_id="dask-coro-stream-taken")
             drop_client_state(self.scheduler, _holder(producer))
+
+    def _flush_all(self) -> None:
+        self._flushing = None
+        for producer in list(self.letting):
+            self._flush(producer)
 
     # -- handlers ----------------------------------------------------------------
 
@@ -241,5 +267,5 @@ class StreamPlugin(SchedulerPlugin):
                 tree.stream_ended(key, book.ended)
         if finish == "forgotten":
             del self.books[key]
-            self._let_go(key, book.let_go())
+            self._let_go(key, book.let_go(), now=True)
         self._wake(key)

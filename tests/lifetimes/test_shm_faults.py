@@ -5,7 +5,8 @@ After each of these the host holds no segment a test made: success; an error
 in a consumer; the root future cancelled mid-run; the client closed mid-run; a
 worker killed while holding a segment; ``client.restart()``. A segment is never
 released while a key that holds it is still wanted (a consumer that starts late
-still reads correct data). Tying an id to a key that is already forgotten
+still reads correct data). The lifetime tests of streams run with the
+segments a worker keeps for its later streams off and on (``POOL``). Tying an id to a key that is already forgotten
 releases at once with a warning. A release runs in a worker process, never in
 the scheduler (which, for a ``LocalCluster``, is this test process).
 
@@ -38,7 +39,7 @@ from helpers import workers_now
 import dask_coro
 from dask_coro import DaskCoroError, coroutine, shm
 from dask_coro.lifetimes import shm as _shm_impl
-from dask_coro.lifetimes.registry import registry_dir
+from dask_coro.lifetimes.registry import file_name, registry_dir
 
 try:
     shm.segments()
@@ -156,7 +157,9 @@ def assert_unlinked(names: Iterable[str]) -> None:
 
 def assert_nothing_owed(client: Client, token: str | None = None) -> None:
     """The scheduler's ledger is empty and this cluster's release registry
-    (one folder per host, named by the scheduler's id) holds no file."""
+    (one folder per host, named by the scheduler's id) holds no file, but
+    for the names tied to living workers for the segments they keep for
+    later streams (``_spare_slots``: none with the pool off)."""
     poll(
         lambda: not client.run_on_scheduler(_ledger_left),
         lambda: f"scheduler ledger not empty: {client.run_on_scheduler(_ledger_left)}",
@@ -164,19 +167,47 @@ def assert_nothing_owed(client: Client, token: str | None = None) -> None:
     folder = registry_dir(token or client.scheduler_info()["id"])
 
     def files() -> list[str]:
-        return os.listdir(folder) if os.path.isdir(folder) else []
+        slots = {file_name(rid) for rids in client.run_on_scheduler(_spare_slots).values() for rid in rids}
+        return sorted(set(os.listdir(folder)) - slots) if os.path.isdir(folder) else []
 
     poll(lambda: not files(), lambda: f"release registry not empty: {files()}")
 
 
 def assert_released(client: Client, names: Iterable[str]) -> None:
+    """``names`` are unlinked, and so is any segment a living worker kept
+    for its later streams (``shm.Spares``, none with the pool off): once
+    ``names`` are gone, those kept of them were, unused for
+    ``coro.stream.segment-pool-idle``; nothing is owed."""
     assert_unlinked(names)
+    slots = {rid for rids in client.run_on_scheduler(_spare_slots).values() for rid in rids}
+    poll(lambda: not existing(slots), lambda: f"kept segments left: {sorted(existing(slots))}")
     assert_nothing_owed(client)
 
 
 def _ledger_left(dask_scheduler=None) -> str:
+    """What the lifetimes ledger holds but the names tied to living workers
+    for their kept segments (``_spare_slots``)."""
+    from dask_coro.lifetimes.scheduler import spare_key
+
     plugin = dask_scheduler.plugins.get("dask-coro-lifetimes")
-    return "" if plugin is None or not plugin.ledger else repr(plugin.ledger)
+    if plugin is None or not plugin.ledger:
+        return ""
+    ledger = plugin.ledger
+    living = {spare_key(w) for w in dask_scheduler.workers}
+    tied = sorted(rid for rid in ledger._holders if not ledger.holders(rid) <= living)
+    return f"{ledger!r}: tied {tied[:8]}" if tied or ledger.owed or ledger.sent else ""
+
+
+def _spare_slots(dask_scheduler=None) -> dict[str, list[str]]:
+    """By living worker, the names tied to it for the segments it keeps for
+    its later streams (``shm.Spares``)."""
+    from dask_coro.lifetimes.scheduler import spare_key
+
+    plugin = dask_scheduler.plugins.get("dask-coro-lifetimes")
+    if plugin is None:
+        return {}
+    ledger = plugin.ledger
+    return {w: sorted(ledger.ids_of(spare_key(w))) for w in dask_scheduler.workers if ledger.ties(spare_key(w))}
 
 
 def _tasks(dask_scheduler=None) -> dict:
@@ -186,6 +217,18 @@ def _tasks(dask_scheduler=None) -> dict:
 def wait_lines(folder, name: str, n: int = 1) -> list[str]:
     poll(lambda: len(_lines(folder, name)) >= n, lambda: f"{name}: {_lines(folder, name)}")
     return _lines(folder, name)
+
+
+#: The lifetime tests of streams run with the segments a worker keeps for
+#: its later streams off (as all tests, ``conftest``) and on, as users get
+#: them (``coro.stream.segment-pool``), unlinked once unused for 200 ms.
+POOL = pytest.mark.parametrize(
+    "pool",
+    [
+        pytest.param("off"),
+        pytest.param("on", marks=pytest.mark.segment_pool("256MiB", idle="200ms")),
+    ],
+)
 
 
 @pytest.fixture
@@ -1012,12 +1055,16 @@ def takes_then_leaves(folder: str, go: str, where: str, n: int):
 
 @pytest.mark.parametrize("n", [2, 10], ids=["2-items", "10-items"])
 @pytest.mark.parametrize("kill", [False, True], ids=["cancelled", "producer-sigkilled"])
-def test_nothing_is_left_of_a_stream_s_shared_items(cluster, client, tmp_path, kill, n):
+@POOL
+def test_nothing_is_left_of_a_stream_s_shared_items(cluster, client, tmp_path, kill, n, pool):
     """A producer cancelled while its buffer is full, with or without its
     worker SIGKILLed first (its segments, made there, released by the other
     worker of the host): every segment it made is gone. After 10 items, the
     segments of the first ones were given back to the producer (renamed to
-    names tied to its key, ``shm.Pool``): those go too."""
+    names tied to its key, ``shm.Pool``): those go too. With the pool on,
+    the names tied to the producer's worker for segments it keeps (in
+    ``_tied``) hold none once unused, and a SIGKILLed worker's are released
+    by the other worker."""
     folder = str(tmp_path)
     a, b = sorted(workers_now(client))
     go = f"go-{uuid.uuid4().hex}"
@@ -1051,9 +1098,93 @@ def reads_a_failing_producer(folder: str):
     return got, None
 
 
-def test_nothing_is_left_of_a_failed_producer_s_shared_items(client, tmp_path):
+@POOL
+def test_nothing_is_left_of_a_failed_producer_s_shared_items(client, tmp_path, pool):
     folder = str(tmp_path)
     assert client.compute(reads_a_failing_producer(folder)).result(timeout=120) == (
         [0, 1, 2], "the producer failed after its items"
     )
     assert_released(client, _lines(folder, "segments"))
+
+
+# --------------------------------------------------------------------------
+# segments a worker keeps for its later streams (coro.stream.segment-pool)
+
+ITEM_BYTES = M * 8
+
+
+def _spares() -> tuple[list[str], int, int, int]:
+    """The producer's process's spares: their names, bytes, its bound, and
+    how many segments were made from one."""
+    s = _shm_impl.spares
+    with _shm_impl._lock:
+        return sorted(s.held), s.bytes, s.limit, s.taken
+
+
+@coroutine
+def keeps_every_item(n: int, where: str):
+    """Reads a stream of ``n`` items made on ``where`` keeping every one (each
+    tied to this body's key as it asks for the next, so none is let go of
+    before the producer ended); their segments' names."""
+    with dask.annotate(workers=[where], allow_other_workers=False):
+        s = dask_coro.stream(emits_plain_arrays(n), buffer=1)
+    items = list(s)
+    assert [i for i, _ in items] == list(range(n))
+    assert all(np.array_equal(x, _item(i)) for i, x in items)
+    return [x.segment_name for _, x in items]
+
+
+def _keep_all_then_let_go(client: Client, where: str, n: int) -> list[str]:
+    """``keeps_every_item`` on the other worker; let go of: its items' names."""
+    (a,) = set(workers_now(client)) - {where}
+    fut = client.compute(keeps_every_item(n, where), workers=[a], allow_other_workers=False)
+    names = fut.result(timeout=120)
+    assert len(set(names)) == n
+    del fut
+    return names
+
+
+@pytest.mark.segment_pool(3 * ITEM_BYTES)
+def test_a_worker_keeps_its_streams_segments_for_later_ones_within_its_bound():
+    """Once a stream's items are let go of and its producer ended, the
+    producer's worker keeps at most ``coro.stream.segment-pool`` bytes of
+    their segments (renamed: the items' names are gone); the next stream's
+    items are copied into those; unused for ``segment-pool-idle`` they go."""
+    with dask.config.set({"coro.stream.segment-pool-idle": "2s"}), LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster, Client(cluster) as client:
+        _, b = sorted(workers_now(client))
+        names = _keep_all_then_let_go(client, b, 6)
+        assert_unlinked(names)
+        poll(lambda: len(client.run(_spares)[b][0]) == 3, lambda: f"spares: {client.run(_spares)[b]}")
+        kept, nbytes, limit, taken = client.run(_spares)[b]
+        assert (nbytes, limit, taken) == (3 * ITEM_BYTES, 3 * ITEM_BYTES, 0)
+        assert existing(kept) == set(kept)
+        # The next stream's first items go into them, and read the same.
+        with dask.annotate(workers=[b], allow_other_workers=False):
+            s = dask_coro.stream(emits_plain_arrays(3), buffer=1)
+        later = []
+        for i, x in s:
+            np.testing.assert_array_equal(x, _item(i))
+            later.append(x.segment_name)
+        del s, x
+        assert client.run(_spares)[b][3] >= 1
+        # Unused, they go: nothing of either stream is left (the second's
+        # items let go of, kept in turn, then gone too).
+        assert_unlinked(later)
+        assert_unlinked(kept)
+        poll(lambda: not shm.segments(), lambda: f"left: {shm.segments()}, spares: {client.run(_spares)[b]}")
+        assert client.run(_spares)[b][:2] == ([], 0)
+
+
+@pytest.mark.segment_pool(3 * ITEM_BYTES)
+def test_a_sigkilled_worker_s_spare_segments_are_released_by_another_worker(cluster, client):
+    """Segments a worker keeps for its later streams are tied to it: SIGKILLed,
+    the other worker of its host releases them."""
+    _, b = sorted(workers_now(client))
+    assert_unlinked(_keep_all_then_let_go(client, b, 4))
+    poll(lambda: len(client.run(_spares)[b][0]) == 3, lambda: f"spares: {client.run(_spares)[b]}")
+    kept = client.run(_spares)[b][0]
+    assert existing(kept) == set(kept)
+    _kill(cluster, client, b, "sigkill")
+    assert_released(client, kept)

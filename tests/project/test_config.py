@@ -32,6 +32,8 @@ EXPECTED = {
     "coro.durability.store-options": None,
     "coro.durability.store-bytes": None,
     "coro.durability.store-batch-window": "100ms",
+    "coro.stream.segment-pool": "256MiB",
+    "coro.stream.segment-pool-idle": "10s",
     "coro.worker-release.enabled": False,
     "coro.lifetimes.retry-delay": "500ms",
     "coro.lifetimes.close-timeout": "10s",
@@ -76,7 +78,8 @@ def test_defaults_loaded_at_import():
     assert leaves({"coro": json.loads(out)}) == EXPECTED
 
 
-@pytest.mark.inline  # the shipped default, which other tests turn off
+@pytest.mark.inline  # the shipped defaults, which other tests turn off
+@pytest.mark.segment_pool("256MiB")
 def test_defaults_in_this_process():
     assert dask_coro._config is _config
     for key, value in EXPECTED.items():

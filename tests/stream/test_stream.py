@@ -6,6 +6,7 @@ lets go, items as keys."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import dask
 import pytest
@@ -403,3 +404,38 @@ async def test_streams_with_calls_run_inline(c, s, a, b):
     assert await c.compute(take_outer()) == ([("outer", 3)], 3)
     assert await c.compute(take_all(10, 3)) == ([i * i for i in range(10)], 10)
     assert await c.compute(take_until_error(2)) == ([0, 1], "failed after 2")
+
+
+def test_items_taken_are_let_go_of_in_batches(monkeypatch):
+    """Each item let go of costs its producer's worker a free-keys message and
+    its answer (and a release call per shared-memory segment): the scheduler
+    lets go of the items a consumer took ``LET_GO_BATCH`` at a time, the rest
+    once the producer is let go of (or ``LET_GO_DELAY`` after the first of a
+    batch: long here, so the batches are by count alone)."""
+    from dask_coro.stream import scheduler as stream_scheduler
+
+    monkeypatch.setattr(stream_scheduler, "LET_GO_DELAY", 3600.0, raising=False)
+    batches = []
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as lc:
+        with Client(lc):
+            sched = lc.scheduler
+            releases = sched.client_releases_keys
+
+            def counted(keys, client, stimulus_id=None):
+                if stimulus_id == "dask-coro-stream-taken":
+                    batches.append(sorted(k[1] for k in keys))
+                return releases(keys=keys, client=client, stimulus_id=stimulus_id)
+
+            monkeypatch.setattr(sched, "client_releases_keys", counted)
+            # buffer=1: one item published, then taken, at a time; each request
+            # lets go of the one before.
+            s = stream(squares(9), buffer=1)
+            assert list(s) == [i * i for i in range(9)]
+            assert s.result == 9
+            assert batches[:2] == [[0, 1, 2, 3], [4, 5, 6, 7]], batches
+            del s  # the producer is let go of, and with it the last item
+            deadline = time.monotonic() + 30
+            while sum(map(len, batches)) < 9 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8]], batches
+            assert not [k for k in sched.tasks if isinstance(k, tuple) and str(k[0]).endswith("-item")]
