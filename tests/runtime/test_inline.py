@@ -653,23 +653,30 @@ def doubles_as_task(n):
 
 @pytest.mark.timeout(60)
 @cluster(nthreads=[("", 1), ("", 1)])
-async def test_idle_threads_are_not_handed_short_plain_calls(c, s, a, b):
+async def test_idle_threads_are_not_handed_short_plain_calls(c, s, a, b, monkeypatch):
     """With idle threads elsewhere every call that could run inline is handed
     out as a task; a plain function measured far shorter than a task's round
     trip (``runtime/timings.py``) is not: it runs inline, as it would with
     nothing idle. The first yield hands them out (nothing is measured yet),
-    and their runs as tasks measure them."""
+    and their runs as tasks measure them.
+
+    The bounds are widened here (a run under a second, a round trip of ten):
+    on a loaded machine a run of a function of microseconds is timed at
+    milliseconds now and then (a thread switch in it), and the mean under
+    the real 2 ms bound is then a matter of luck. What is checked is the
+    decision: measured short runs inline, not measured goes out."""
+    from dask_coro.runtime import timings
+
+    monkeypatch.setattr(timings, "CAP", 1.0)
+    monkeypatch.setattr(timings.TIMINGS, "round_trip", 10.0)
     for w in (a, b):
         _watcher(w).idle = _AlwaysIdle()
     r = recorder(s)
     assert await c.compute(doubles_as_task(30)) == 870
-    first = len(r.ran("tiny_double"))
-    assert first > 0  # handed out: not measured yet
+    assert len(r.ran("tiny_double")) > 0  # handed out: not measured yet
     r.memory.clear()
     assert await c.compute(doubles_as_task(30)) == 870
-    # Measured short by then (a run timed long, a thread switch in it, may
-    # hand a few out until the mean is short again).
-    assert len(r.ran("tiny_double")) < first
+    assert r.ran("tiny_double") == []  # every one measured short by then: inline
     await async_poll_for(lambda: not s.tasks, timeout=20)
 
 
