@@ -651,6 +651,27 @@ def doubles_as_task(n):
     return sum((yield [tiny_double(i) for i in range(n)]))
 
 
+def test_a_function_is_short_only_when_measured_under_a_quarter_of_a_round_trip_and_2_ms():
+    """The bounds of ``runtime/timings.py``, without a cluster: never run
+    here is not short; a mean under a quarter of the round trip and under
+    ``CAP`` is; a busy scheduler's long round trips never make a child of
+    milliseconds short; a slow run raises the mean past the bound."""
+    from dask_coro.runtime.timings import CAP, DEFAULT_ROUND_TRIP, FRACTION, Timings
+
+    t = Timings()
+    assert not t.short("never-ran")
+    t.ran("tiny", 0.0001)
+    assert t.short("tiny")
+    t.ran("quarter", FRACTION * DEFAULT_ROUND_TRIP * 1.01)  # 5 ms trips: 1.26 ms is not short
+    assert not t.short("quarter")
+    t.tripped(1.0)  # a scheduler so busy that a trip takes a second
+    t.ran("milliseconds", CAP * 1.5)
+    assert t.short("quarter") and not t.short("milliseconds")
+    for _ in range(3):
+        t.ran("tiny", 0.05)  # three slow runs: its mean is 29 ms
+    assert not t.short("tiny")
+
+
 @pytest.mark.timeout(60)
 @cluster(nthreads=[("", 1), ("", 1)])
 async def test_idle_threads_are_not_handed_short_plain_calls(c, s, a, b, monkeypatch):
