@@ -115,12 +115,17 @@ def _digest(key: Any) -> str:
 _RAW_BYTES = 64 << 10
 
 
+def _raw(obj: Any) -> bool:
+    """Whether ``obj`` is written as it is (``_dumps``; ``raw`` in its header)."""
+    return type(obj) is bytes and len(obj) >= _RAW_BYTES
+
+
 def _dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
     """``obj`` pickled, and its out-of-band buffers (protocol 5: a NumPy
     array's data is not copied into the pickle; nor is a value of large
     ``bytes``, its pickle a buffer's, read back as ``bytes``: ``raw``)."""
     buffers: list[pickle.PickleBuffer] = []
-    if type(obj) is bytes and len(obj) >= _RAW_BYTES:
+    if _raw(obj):
         obj = pickle.PickleBuffer(obj)
     try:
         return pickle.dumps(obj, protocol=5, buffer_callback=buffers.append), buffers
@@ -490,13 +495,12 @@ class Store:
         if views:
             head["pickle"] = len(pickled)
             head["buffers"] = [v.nbytes for v in views]
-            if type(value) is bytes:
-                head["raw"] = True
+        if _raw(value):
+            head["raw"] = True
         header = json.dumps(head).encode()
         body: list[bytes | memoryview] = [struct.pack("<I", len(header)) + header, pickled, *views]
-        if BLAKE3 is not None:
-            return [MAGIC_BLAKE3 + self._mac(body, True), *body]
-        return [MAGIC + self._mac(body, False), *body]
+        blake3 = BLAKE3 is not None
+        return [(MAGIC_BLAKE3 if blake3 else MAGIC) + self._mac(body, blake3), *body]
 
     def _unpack(self, data: bytes | bytearray | memoryview, key: Any, token: str | None) -> Found | None:
         """The outcome in ``data`` if it checks (its MAC, then its key and
