@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -549,14 +549,42 @@ def _open_kept(name: str, nbytes: int) -> tuple[mmap.mmap, int]:
         raise
 
 
-def copy_into(name: str, a: np.ndarray, pool: Pool | None = None) -> ShmArray | None:
+#: Bytes copied at a time by ``_copy_hashed``: a chunk is hashed while it is
+#: still in the core's cache (an L2's size or less).
+HASH_CHUNK = 1 << 18
+
+
+def _copy_hashed(out: np.ndarray, a: np.ndarray, hasher: Any) -> bool:
+    """``out[...] = a``, ``hasher`` fed the bytes as they land, in memory
+    order, a chunk at a time: one pass over them, not a copy and then a
+    hash that reads them all again. False (nothing copied) unless both are
+    contiguous in the same order."""
+    order: Literal["C", "F"]
+    if a.flags.c_contiguous and out.flags.c_contiguous:
+        order = "C"
+    elif a.flags.f_contiguous and out.flags.f_contiguous:
+        order = "F"
+    else:
+        return False
+    src = a.ravel(order=order).view(np.uint8)  # no copy: contiguous
+    dst = out.view(np.ndarray).ravel(order=order).view(np.uint8)
+    for at in range(0, src.size, HASH_CHUNK):
+        chunk = dst[at : at + HASH_CHUNK]
+        chunk[...] = src[at : at + HASH_CHUNK]
+        hasher.update(chunk)
+    return True
+
+
+def copy_into(name: str, a: np.ndarray, pool: Pool | None = None, hasher: Any = None) -> ShmArray | None:
     """A copy of ``a`` (its shape, dtype and C or Fortran order) in a new
     segment under the reserved ``name``, whose release the caller recorded
     and tied before (``reserve``): the segment is managed by the
     cluster. None if that release ran meanwhile (its key was forgotten).
     With the ``pool`` ``name`` came from, a segment given back to it under
     that name is copied into if it can be (``Pool``), and a release of the
-    new segment gives it back."""
+    new segment gives it back. A ``hasher`` (``xxhash.xxh3_128()``, say) is
+    fed the copy's bytes in memory order as they are copied, if ``a`` is
+    contiguous; else it is left as it was."""
     order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
     with _lock:  # not released while it is made: a release takes the lock
         segment = _prepared.pop(name, None)
@@ -629,7 +657,8 @@ def copy_into(name: str, a: np.ndarray, pool: Pool | None = None) -> ShmArray | 
             if kept is not None:
                 pool.maps[name] = kept
     out = segment.array(a.shape, a.dtype, _strides(a.shape, a.dtype.itemsize, order), 0)
-    out[...] = a
+    if hasher is None or not _copy_hashed(out, a, hasher):
+        out[...] = a
     return out
 
 

@@ -133,22 +133,31 @@ class _Released(Exception):
     forgotten (it is being cancelled)."""
 
 
-def _share(x: Any, names: list[str], p: Producer) -> Any:
+def _share(x: Any, names: list[str], p: Producer, digests: dict[int, str] | None = None) -> Any:
     """``x`` with its shareable arrays copied into the segments of those
-    ``names`` (taken from the list, in order)."""
+    ``names`` (taken from the list, in order). With ``digests`` (xxhash is
+    installed), a contiguous array is hashed as it is copied (one pass over
+    its bytes): its copy's digest under the copy's ``id``."""
     if _shareable(x):
         from ..lifetimes.shm import copy_into
 
         p.size = x.nbytes
-        out = copy_into(names.pop(0), x, p.pool)
+        hasher = None
+        if digests is not None and (x.flags.c_contiguous or x.flags.f_contiguous):
+            import xxhash
+
+            hasher = xxhash.xxh3_128()
+        out = copy_into(names.pop(0), x, p.pool, hasher)
         if out is None:
             raise _Released
+        if hasher is not None and digests is not None:
+            digests[id(out)] = hasher.hexdigest()
         return out
     t = type(x)
     if t is list or t is tuple:
-        return t(_share(v, names, p) for v in x)
+        return t(_share(v, names, p, digests) for v in x)
     if t is dict:
-        return {k: _share(v, names, p) for k, v in x.items()}
+        return {k: _share(v, names, p, digests) for k, v in x.items()}
     return x
 
 
@@ -208,15 +217,14 @@ async def _names(run: Run, p: Producer, n: int) -> list[str] | None:
     return out
 
 
-def _publication(run: Run, index: int, x: Any, token: bool = True) -> dict[str, Any]:
-    """On the run's lane: what publishes item ``index``. Its token (for a
-    re-run to compare) is computed here, on the producer's thread, not on
-    the worker's loop, which serves the items' transfers meanwhile (hashing
-    10 MB takes milliseconds); or later (``token=False``: ``_publisher``)."""
+def _publication(run: Run, index: int, x: Any, token: str | None) -> dict[str, Any]:
+    """On the run's lane: what publishes item ``index``, with its ``token``
+    (for a re-run to compare) or None: it is computed later, off the lane
+    (``_publish_later``; hashing 10 MB takes milliseconds)."""
     from distributed.protocol.pickle import dumps
 
     nbytes = sizeof(x)
-    msg = {"op": PUBLISH, "key": run.key, "index": index, "token": tokenize(x) if token else None, "nbytes": nbytes}
+    msg = {"op": PUBLISH, "key": run.key, "index": index, "token": token, "nbytes": nbytes}
     if nbytes <= SMALL:
         # A copy rides along: the consumer gets it from the scheduler with
         # the item's key, without a gather from this worker.
@@ -234,32 +242,42 @@ def _publisher(p: Producer) -> concurrent.futures.ThreadPoolExecutor:
     return p.publisher
 
 
-def _digested(x: Any, xxhash: Any) -> Any:
+def _digested(x: Any, xxhash: Any, digests: dict[int, str]) -> Any:
     """``x`` with its arrays in shared memory (contiguous: ``_share`` made
-    them) as their dtype, shape, strides and a hash of their bytes."""
+    them) as their dtype, shape, strides and a hash of their bytes (taken
+    from ``digests`` if ``_share`` hashed them as it copied them)."""
     import numpy as np
 
     from ..lifetimes.shm import ShmArray
 
     if type(x) is ShmArray and x._segment is not None:
-        flat = x.view(np.ndarray).ravel(order="K")  # no copy: contiguous
-        return ("dask-coro-shared-array", x.dtype.str, x.shape, x.strides, xxhash.xxh3_128_hexdigest(flat))
+        digest = digests.get(id(x))
+        if digest is None:
+            digest = xxhash.xxh3_128_hexdigest(x.view(np.ndarray).ravel(order="K"))  # no copy: contiguous
+        return ("dask-coro-shared-array", x.dtype.str, x.shape, x.strides, digest)
     t = type(x)
     if t is list or t is tuple:
-        return t(_digested(v, xxhash) for v in x)
+        return t(_digested(v, xxhash, digests) for v in x)
     if t is dict:
-        return {k: _digested(v, xxhash) for k, v in x.items()}
+        return {k: _digested(v, xxhash, digests) for k, v in x.items()}
     return x
 
 
-def _token(x: Any) -> str:
-    """The token of an item holding shared memory: its arrays hashed with
-    xxh3 (twice as fast as the xxh64 ``tokenize`` takes), if installed."""
+def _xxhash() -> Any:
     try:
         import xxhash
     except ImportError:
+        return None
+    return xxhash
+
+
+def _token(x: Any, digests: dict[int, str] | None = None) -> str:
+    """The token of an item holding shared memory: its arrays hashed with
+    xxh3 (twice as fast as the xxh64 ``tokenize`` takes), if installed."""
+    xxhash = _xxhash()
+    if xxhash is None:
         return tokenize(x)
-    return tokenize(_digested(x, xxhash))
+    return tokenize(_digested(x, xxhash, digests or {}))
 
 
 def _publish_later(run: Run, x: Any, msg: dict[str, Any]) -> None:
@@ -331,16 +349,23 @@ async def emit_on_worker(run: Run, x: Any) -> None:
         if names is None:
             return  # our consumer let go of us
         shared = list(names)
+        digests: dict[int, str] | None = {} if _xxhash() is not None else None
         try:
-            x = _share(x, names, p)
+            x = _share(x, names, p, digests)
         except _Released:
             return  # our consumer let go of us
+        # Every array hashed as it was copied: the token is at hand (the
+        # rest of the item is small); else it is taken on the publisher's
+        # thread, while the body makes the next item.
+        token = _token(x, digests) if digests is not None and len(digests) == n else None
+    else:
+        token = tokenize(x)
     p.index = i + 1
-    msg = _publication(run, i, x, token=not shared)
+    msg = _publication(run, i, x, token)
     if shared:
         # The scheduler hands them over from the producer's key to the item's.
         msg["shared"] = shared
-    if shared or p.publisher is not None:
+    if token is None or p.publisher is not None:
         p.last = _publisher(p).submit(_publish_later, run, x, msg)
     else:
         run.loop.call_soon_threadsafe(_send, run, x, msg)

@@ -439,3 +439,27 @@ def test_items_taken_are_let_go_of_in_batches(monkeypatch):
                 time.sleep(0.05)
             assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8]], batches
             assert not [k for k in sched.tasks if isinstance(k, tuple) and str(k[0]).endswith("-item")]
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_an_items_token_is_the_same_whether_its_arrays_were_hashed_as_copied_or_after(order):
+    """A producer hashes an array as it copies it into shared memory
+    (``_share``); where it could not, the copy is hashed after. Both give
+    the item the same token, so a re-run compares equal either way."""
+    pytest.importorskip("xxhash")
+    np = pytest.importorskip("numpy")
+    import xxhash
+
+    from dask_coro import shm
+    from dask_coro.lifetimes.shm import _copy_hashed
+    from dask_coro.stream.remote import _token
+
+    a = np.asarray(np.arange(2**18, dtype=np.int32).reshape(512, 512), order=order)
+    out = shm.empty(a.shape, a.dtype, order=order)
+    h = xxhash.xxh3_128()
+    assert _copy_hashed(out, a, h)
+    item = {"i": 3, "arrays": [out, "small"]}
+    assert _token(item, {id(out): h.hexdigest()}) == _token(item)
+    out[0, 0] += 1  # other bytes: another token
+    assert _token(item) != _token(item, {id(out): h.hexdigest()})
+    del out, item
