@@ -115,8 +115,14 @@ class LifetimesWorkerPlugin(WorkerPlugin):
         # get_worker() works in a release, as in a task (offload copies the
         # context).
         with as_worker(self.worker):
-            for rid in rids:
-                await offload(self._release_one, rid)
+            await offload(self._release_all, rids)  # one thread hop for a batch
+
+    def _release_all(self, rids: list[str]) -> None:
+        for rid in rids:
+            try:
+                self._release_one(rid)
+            except Exception:  # the others are released all the same
+                logger.exception("release of %r failed on %s", rid, self.worker.address)
 
     def _release_one(self, rid: str) -> None:
         # Nothing recorded: released already by a worker that died before
