@@ -38,7 +38,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _config
 from .._internals.distributed.core import add_handlers, wrap_stream_handler
-from .._internals.distributed.scheduler import idle_threads, send_to_worker
+from .._internals.distributed.scheduler import idle_by_worker, idle_threads, send_to_worker
 
 NAME = "dask-coro-inline"
 IDLE = "dask_coro_idle"  # the push to a worker, and the RPC of poll mode
@@ -255,7 +255,7 @@ class InlinePlugin(SchedulerPlugin):
         elif self._left:
             self._backoff = min(MAX_BACKOFF, max(self._backoff, self.interval, 0.001) * 2)
         self._left = n
-        self._stranded = not self._push(n)
+        self._stranded = not self._push(n, idle_by_worker(self.scheduler, self.busy))
         # The look again, below, counts only if it finds threads still idle
         # (then it pushes again). One that finds none (the thieves started:
         # the common case) must not delay the look at the next thread that
@@ -263,10 +263,11 @@ class InlinePlugin(SchedulerPlugin):
         # Such looks are at most one per push.
         self._look(self._backoff)
 
-    def _push(self, n: int) -> int:
+    def _push(self, n: int, at: dict[str, int] | None = None) -> int:
         """Announce ``n`` idle threads to the next subscribers round robin,
         one thread each (more each if there are fewer subscribers than
-        threads). Only those running a task that has not seceded, if any: a
+        threads), with where they are (``at``: a worker corrects its own
+        count, which it knows better, ``_KeyWatcher._pushed``). Only those running a task that has not seceded, if any: a
         worker whose coroutines all wait on the cluster promoted every
         unstarted call already (and its own thread is among the idle ones);
         else those, as a coroutine that resumed may run calls inline again.
@@ -299,7 +300,10 @@ class InlinePlugin(SchedulerPlugin):
             # Sent now, not at the end of the stream's 5 ms batch: a thread
             # idles until the worker hears of it (the push that follows a
             # tree's start, right after its compute-task, waited out the batch).
-            if send_to_worker(self.scheduler, address, {"op": IDLE, "n": share}, now=True):
+            msg: dict[str, Any] = {"op": IDLE, "n": share}
+            if at and address in at:
+                msg["at"] = at
+            if send_to_worker(self.scheduler, address, msg, now=True):
                 self.counts["push"] += 1
                 self.counts["pushed"] += share
                 sent += 1

@@ -76,6 +76,7 @@ from .._internals.distributed.worker import (
 from .._internals.distributed.worker_state_machine import (
     local_data,
     secede_from_loop,
+    worker_free_slots,
     worker_next_ready,
     worker_slots_full,
     worker_task_annotations,
@@ -375,7 +376,7 @@ class _KeyWatcher(WorkerPlugin):
             return
         if not self.handler_added:
             # Before subscribing: an op with no handler closes the stream.
-            add_handlers(worker, stream={IDLE: lambda n, **kw: self._pushed(n)})
+            add_handlers(worker, stream={IDLE: lambda n, at=None, **kw: self._pushed(n, at)})
             self.handler_added = True
         self.interval = _config.get_timedelta("coro.inline.interval")
         try:
@@ -389,15 +390,33 @@ class _KeyWatcher(WorkerPlugin):
             logger.debug("dask_coro inline subscription ended: %r", e)
         self.idle.n = 0
 
-    def _pushed(self, n: int) -> None:
+    def _pushed(self, n: int, at: dict[str, int] | None = None) -> None:
         """The scheduler says ``n`` threads are idle: hand out up to that many
         calls, for one interval, and at least ``_MIN_HOLD`` (a count not used
-        by then is out of date)."""
+        by then is out of date). Those it counted here (``at``: the idle
+        threads by worker) are taken as this worker counts them now, and
+        ``n`` is cut to what is left of them all: the scheduler hears of a thread a
+        resumed step took back only a message later, a few ms, up to tens
+        under load (the worker's loop waits for the GIL behind the steps),
+        and a call handed out then would queue behind those very steps (seen:
+        a small tree's call handed out to its own worker, where it waited a
+        wide tree's leaf for a thread, then its parent another)."""
         self.pushes += 1
-        self.idle.n = n
+        if at and self.worker is not None:
+            counted = at.get(self.worker.address, 0)
+            if counted:
+                wrong = max(0, counted - self._free_threads(self.worker))
+                n = min(n, sum(at.values()) - wrong)
+        self.idle.n = max(0, n)
         self.pushed_at = push = self.pushes
         hold = max(self.interval, _MIN_HOLD)
         asyncio.get_running_loop().call_later(hold, self._expire, push)
+
+    def _free_threads(self, worker: Worker) -> int:
+        """Threads of the pool nobody holds now: less the tasks executing
+        (not seceded) and the threads steps of seceded runs took again."""
+        over = self.lanes.seats.over if self.lanes is not None else 0
+        return worker_free_slots(worker) - over
 
     def _expire(self, push: int) -> None:
         if self.pushed_at == push:

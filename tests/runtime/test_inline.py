@@ -815,8 +815,8 @@ async def test_a_tree_starting_on_a_subscribed_worker_is_pushed_to_at_once(c, s,
     events_at_push = []
     push = plugin._push
 
-    def recording_push(n):
-        sent = push(n)
+    def recording_push(n, *args):
+        sent = push(n, *args)
         if sent:  # (none to a worker with no task running)
             events_at_push.append(plugin.counts["event"])
         return sent
@@ -925,6 +925,33 @@ async def test_each_idle_thread_is_pushed_to_one_worker_round_robin(c, s, *worke
     finally:
         THREAD_EVENTS[go].set()
     assert await c.gather(futs) == [[True, 2]] * 3
+
+
+@pytest.mark.timeout(60)
+@cluster(nthreads=[("", 1)])
+async def test_a_worker_takes_the_idle_threads_counted_on_it_as_it_counts_them(c, s, a):
+    """The scheduler hears a thread was taken again (a resumed step of a
+    seceded run) a message late: a push may count one of a worker's own
+    threads idle that is not. That worker counts its own threads itself:
+    a's one thread runs a call inline, so a push of one idle thread counted
+    on a hands nothing out, one counted on another worker does."""
+    go = f"go-{uuid.uuid4().hex}"
+    fut = c.compute(blocks_inline(go), workers=[a.address])
+    try:
+        await async_poll_for(lambda: INLINE in s.plugins and a.address in s.plugins[INLINE].subscribed, timeout=20)
+        plugin = s.plugins[INLINE]
+        await async_poll_for(lambda: _pushes_received(a) == plugin.counts["push"], timeout=20)
+        watcher = a.plugins[_KeyWatcher.name]
+        elsewhere = "tcp://127.0.0.1:1"
+        for at, expected in (({a.address: 1}, 0), ({elsewhere: 1}, 1), ({a.address: 1, elsewhere: 1}, 1), (None, 1)):
+            before = _received(a)
+            watcher.idle.n = 0
+            assert plugin._push(1, at) == 1
+            await async_poll_for(lambda before=before: _received(a) == before + 1, timeout=20)
+            assert watcher.idle.n == expected, at
+    finally:
+        THREAD_EVENTS[go].set()
+    assert await fut == [True, 2]
 
 
 @pytest.mark.timeout(60)

@@ -88,17 +88,25 @@ def idle_threads(scheduler: Any, busy: dict[str, int] | None = None) -> int:
     ones. With queuing on (finite ``Scheduler.WORKER_SATURATION``),
     ``Scheduler.idle_task_count`` holds exactly the workers that have a free
     slot; else look at them all."""
+    free = sum(idle_by_worker(scheduler, busy).values())
+    return max(0, free - len(scheduler.queued) - len(scheduler.unrunnable))
+
+
+def idle_by_worker(scheduler: Any, busy: dict[str, int] | None = None) -> dict[str, int]:
+    """The free threads of each running worker that has any, counted as
+    ``idle_threads`` counts them (before the tasks waiting for one)."""
     if math.isinf(scheduler.WORKER_SATURATION):
         workers = scheduler.workers.values()
     else:
         workers = scheduler.idle_task_count
     busy = busy or {}
-    free = 0
+    out: dict[str, int] = {}
     for ws in workers:
         if ws.status == Status.running:
             used = len(ws.processing) - len(ws.long_running) + busy.get(ws.address, 0)
-            free += max(0, ws.nthreads - used)
-    return max(0, free - len(scheduler.queued) - len(scheduler.unrunnable))
+            if ws.nthreads > used:
+                out[ws.address] = ws.nthreads - used
+    return out
 
 
 def fail_task(scheduler: Any, key: Key, error: BaseException, stimulus_id: str) -> None:

@@ -86,6 +86,14 @@ def worker_slots_full(worker: Any) -> bool:
     return len(state.executing) >= state.nthreads
 
 
+def worker_free_slots(worker: Any) -> int:
+    """Thread slots of the worker's state machine no executing task takes
+    (a seceded task is ``long_running`` and takes none), as
+    ``WorkerState._ensure_computing`` counts them."""
+    state = worker.state
+    return state.nthreads - len(state.executing)
+
+
 def worker_task_priority(worker: Any, key: Key) -> tuple[Any, ...]:
     """The priority the scheduler gave ``key`` (``TaskState.priority`` on the
     worker is the scheduler's, from ``ComputeTaskEvent.priority``, plus the
