@@ -33,6 +33,7 @@ NumPy is needed: the ``shm`` extra (``pip install ".[shm]"`` from a clone).
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import sys
@@ -757,18 +758,23 @@ SENT_GRACE = 10.0
 
 
 class sending_to:
-    """A worker sending ``segments`` to a worker of ``host``. While it does,
-    and for ``SENT_GRACE`` seconds after, any worker of this host asked for
-    them by another worker of that host answers ``busy`` (distributed's
-    answer: the asking worker asks the scheduler who else holds the key and
-    tries again, then from its own host's worker that got the bytes). So the
-    bytes cross to a host once, not once per worker of it asking at about the
-    same time. A marker in this host's /dev/shm says it for every worker
-    process of the host: the sender's pid while it sends, "sent" after; one
-    whose sender died is taken over."""
+    """A worker sending keys' values that hold segments (``held``: pairs of
+    a key and a segment its value holds) to a worker of ``host``. While it
+    does, and for ``SENT_GRACE`` seconds after, any worker of this host asked
+    for the same key by another worker of that host answers ``busy``
+    (distributed's answer: the asking worker asks the scheduler who else
+    holds the key and tries again, then from its own host's worker that got
+    the bytes). So the bytes cross to a host once, not once per worker of it
+    asking at about the same time. A marker in this host's /dev/shm says it
+    for every worker process of the host: the sender's pid while it sends,
+    "sent" after; one whose sender died is taken over. Per key and segment,
+    not per segment: another key holding the same segment is held by no
+    worker of that host yet, so a ``busy`` would only send its asker back
+    here until the grace ran out (10 s a key, seen on two hosts)."""
 
-    def __init__(self, segments: list[_Segment], host: str):
-        self.paths = [_marker(s.origin, host) for s in segments]
+    def __init__(self, held: list[tuple[Any, _Segment]], host: str):
+        # Sorted: two senders claim shared markers in the same order.
+        self.paths = sorted({_marker(s.origin, host, key) for key, s in held})
         self.claimed: list[str] = []
 
     def claim(self) -> bool:
@@ -796,9 +802,14 @@ class sending_to:
         self.claimed = []
 
 
-def _marker(origin: str, host: str) -> str:
-    # Not "dask-coro-...": segments() lists segments only.
-    return os.path.join(_SHM_DIR, f"dask-coro.to-{host}.{origin}")
+def _marker(origin: str, host: str, key: Any = None) -> str:
+    # Not "dask-coro-...": segments() lists segments only. The key by a
+    # digest of its name (a key may be long, or a tuple); after the
+    # segment's name, so a release finds it by that name (``release``).
+    name = f"dask-coro.to-{host}.{origin}"
+    if key is not None:
+        name += "." + hashlib.blake2b(str(key).encode(), digest_size=8).hexdigest()
+    return os.path.join(_SHM_DIR, name)
 
 
 def _marker_file(path: str, text: str) -> str:

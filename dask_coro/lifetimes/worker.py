@@ -173,8 +173,8 @@ def _naming_the_recipient(worker: Any) -> Callable[[Any], Any]:
                     return await get_data(comm, keys=keys, who=who, **kwargs)
                 if who is None:  # a client: it gets a plain array
                     return await get_data(comm, keys=keys, who=who, **kwargs)
-                values = [fast_memory_value(worker, k) for k in keys]
-                sending = shm.sending_to(shm.segments_held(values), to)
+                held = [(k, s) for k in keys for s in shm.segments_held(fast_memory_value(worker, k))]
+                sending = shm.sending_to(held, to)
                 if not sending.claim():
                     return {"status": "busy"}  # distributed's answer: later, or elsewhere
                 out: Any = None

@@ -242,7 +242,7 @@ def test_a_sending_marker_is_never_seen_half_written(tmp_path, monkeypatch):
 
     monkeypatch.setattr(impl, "_SHM_DIR", str(tmp_path))
     segment = type("Seg", (), {"origin": "dask-coro-0123"})()
-    path = impl._marker(segment.origin, "127.0.0.9")
+    path = impl._marker(segment.origin, "127.0.0.9", "k")
     stop = threading.Event()
     seen_empty: list[int] = []
 
@@ -259,7 +259,7 @@ def test_a_sending_marker_is_never_seen_half_written(tmp_path, monkeypatch):
     t.start()
     try:
         for _ in range(3000):
-            sending = impl.sending_to([segment], "127.0.0.9")
+            sending = impl.sending_to([("k", segment)], "127.0.0.9")
             assert sending.claim()
             sending.done(sent=True)
             assert impl._marker_holds(path)
@@ -299,3 +299,24 @@ def test_a_strided_array_is_not_hashed_as_it_is_copied():
     assert not _copy_hashed(out, a, h)
     assert h.hexdigest() == xxhash.xxh3_128().hexdigest()  # fed nothing
     del out
+
+
+def test_a_sent_segment_holds_back_the_same_key_to_that_host_not_another(tmp_path, monkeypatch):
+    """A key's value sent to a host marks the key and its segment for that
+    host: the same key asked again from that host is ``busy`` (fetch it from
+    the worker there that got it), but another key holding the same segment
+    is sent (no worker there holds that key: a ``busy`` sent its asker back
+    here until the grace ran out, 10 s)."""
+    from dask_coro.lifetimes import shm as impl
+
+    monkeypatch.setattr(impl, "_SHM_DIR", str(tmp_path))
+    segment = type("Seg", (), {"origin": "dask-coro-0123"})()
+    first = impl.sending_to([("x", segment)], "127.0.0.9")
+    assert first.claim()
+    first.done(sent=True)
+    assert not impl.sending_to([("x", segment)], "127.0.0.9").claim()  # same key, just sent
+    assert impl.sending_to([(("y", 0), segment)], "127.0.0.9").claim()  # another key
+    assert impl.sending_to([("x", segment)], "127.0.0.8").claim()  # another host
+    both = impl.sending_to([("x", segment), ("z", segment)], "127.0.0.9")
+    assert not both.claim()  # x is held back, so z's marker is let go of again
+    assert impl.sending_to([("z", segment)], "127.0.0.9").claim()
