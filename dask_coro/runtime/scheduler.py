@@ -233,7 +233,8 @@ class InlinePlugin(SchedulerPlugin):
             return
         counted, self._counted = self._counted, False
         self.counts["check"] += 1
-        n = idle_threads(self.scheduler, self.busy)
+        at = idle_by_worker(self.scheduler, self.busy)
+        n = idle_threads(self.scheduler, at=at)
         if n > 0 or counted:
             self._last = monotonic()
         # else: only tasks started since the last look, and no thread is idle
@@ -255,7 +256,7 @@ class InlinePlugin(SchedulerPlugin):
         elif self._left:
             self._backoff = min(MAX_BACKOFF, max(self._backoff, self.interval, 0.001) * 2)
         self._left = n
-        self._stranded = not self._push(n, idle_by_worker(self.scheduler, self.busy))
+        self._stranded = not self._push(n, at)
         # The look again, below, counts only if it finds threads still idle
         # (then it pushes again). One that finds none (the thieves started:
         # the common case) must not delay the look at the next thread that

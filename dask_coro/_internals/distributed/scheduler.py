@@ -78,7 +78,7 @@ def used_resources(scheduler: Any, worker: str) -> dict[str, float]:
     return dict(scheduler.workers[worker].used_resources)
 
 
-def idle_threads(scheduler: Any, busy: dict[str, int] | None = None) -> int:
+def idle_threads(scheduler: Any, busy: dict[str, int] | None = None, at: dict[str, int] | None = None) -> int:
     """Free threads on running workers, less the tasks already waiting for one.
 
     A seceded (long-running) task holds no thread, as in distributed's own
@@ -87,9 +87,11 @@ def idle_threads(scheduler: Any, busy: dict[str, int] | None = None) -> int:
     distributed (a coroutine's step after it seceded), taken off its free
     ones. With queuing on (finite ``Scheduler.WORKER_SATURATION``),
     ``Scheduler.idle_task_count`` holds exactly the workers that have a free
-    slot; else look at them all."""
-    free = sum(idle_by_worker(scheduler, busy).values())
-    return max(0, free - len(scheduler.queued) - len(scheduler.unrunnable))
+    slot; else look at them all. ``at``: ``idle_by_worker``'s answer, if
+    the caller has it already."""
+    if at is None:
+        at = idle_by_worker(scheduler, busy)
+    return max(0, sum(at.values()) - len(scheduler.queued) - len(scheduler.unrunnable))
 
 
 def idle_by_worker(scheduler: Any, busy: dict[str, int] | None = None) -> dict[str, int]:
