@@ -17,9 +17,10 @@ from dask.typing import Key
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .._internals.distributed.client import client_holds
-from .._internals.distributed.core import add_handlers
+from .._internals.distributed.core import add_handlers, wrap_stream_handler
 from .._internals.distributed.worker import send_on_worker_stream
 from .._internals.distributed.worker_state_machine import (
+    fetch_only_from_here_missing,
     release_own_keys,
     worker_dependent_states,
     worker_task_state,
@@ -28,6 +29,23 @@ from .book import EARLY, LET_GO, MARK, READY, REVOKE, Pending
 
 #: Worker task states in which a local task no longer needs its dependencies.
 _DONE = frozenset({"memory", "error", "released", "forgotten"})
+
+
+def _released_here_first(worker: Any) -> Any:
+    """``compute-task``: a key this worker released early may be named as
+    held here alone by a scheduler that has not heard of the release yet
+    (the message crossed ours, and the copy it was fetching from meanwhile
+    was lost with its worker): not fetched from nobody
+    (``fetch_only_from_here_missing``)."""
+
+    def wrap(handler: Any) -> Any:
+        def compute_task(**msg: Any) -> None:
+            fetch_only_from_here_missing(worker, msg.get("who_has") or {}, msg.get("stimulus_id", ""))
+            handler(**msg)
+
+        return compute_task
+
+    return wrap
 
 
 class ReleaseWorkerPlugin(WorkerPlugin):
@@ -42,6 +60,7 @@ class ReleaseWorkerPlugin(WorkerPlugin):
     def setup(self, worker: Any) -> None:
         self.worker = worker
         add_handlers(worker, stream={MARK: self.handle_mark, REVOKE: self.handle_revoke})
+        wrap_stream_handler(worker, "compute-task", _released_here_first(worker), "_dask_coro_release")
         # Marks are sent only to workers that said they take them: a stream
         # message without a handler would close the worker's stream.
         send_on_worker_stream(worker, {"op": READY})

@@ -5,11 +5,14 @@ revocations recomputed, nothing left afterwards."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import dask
 import pytest
 from bodies import first_items_one_by_one
 from distributed import Event, SchedulerPlugin, Worker, wait
 from distributed.utils_test import async_poll_for, gen_cluster
+from distributed.worker_state_machine import ComputeTaskEvent, FreeKeysEvent
 from filelog import append as _append
 from filelog import lines as _lines
 from helpers import cluster
@@ -323,6 +326,36 @@ async def test_a_dependent_arriving_after_the_release_recomputes_the_key(c, s, a
     assert _lines(folder, "leaves").count("0") == 2
     del first
     await _nothing_left(s, a, b)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], config={**VALIDATE, "coro.worker-release.enabled": True})
+async def test_a_key_named_held_here_after_its_early_release_is_missing_not_fetched_from_nobody(c, s, a):
+    """The crossing the property test met: a worker released its copy of
+    ``d`` early, the worker it had fetched ``d`` from was lost, and the
+    scheduler, not yet told of the release, names this worker as ``d``'s
+    only holder in a ``compute-task`` while ``d`` waits here to be fetched
+    again (its holder's address busy with another transfer). distributed
+    drops this worker from ``who_has`` and left ``d`` in ``fetch`` with no
+    holder: ``InvalidTaskState`` under validation, a dependent waiting for
+    ever without. Now ``d`` is ``missing`` (asked again of the scheduler)."""
+    await c.register_plugin(ReleasePlugin())
+    await async_poll_for(lambda: a.address in s.plugins[NAME].ready, timeout=10)
+    gone = "tcp://127.0.0.1:1"  # the lost worker: nothing listens there
+    handler = a.stream_handlers["compute-task"]
+
+    def compute_task(key, who_has):
+        ev = ComputeTaskEvent.dummy(key, who_has=who_has, stimulus_id=f"test-{key}")
+        handler(**{f.name: getattr(ev, f.name) for f in dataclasses.fields(ev)})
+
+    # In one go, as one batch of the stream: no transfer starts in between.
+    compute_task("x0", {"d0": [gone]})  # a transfer from the lost worker in flight
+    compute_task("x1", {"d": [gone]})  # d waits for it: fetch
+    assert a.state.tasks["d"].state == "fetch"
+    compute_task("x2", {"d": [a.address]})  # the scheduler's view, before the release
+    assert a.state.tasks["d"].state == "missing" and not a.state.tasks["d"].who_has
+    assert a.status.name == "running"
+    a.handle_stimulus(FreeKeysEvent(keys=["x0", "x1", "x2"], stimulus_id="test-free"))
+    await async_poll_for(lambda: not a.state.tasks, timeout=10)
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 2, config={**VALIDATE, "coro.worker-release.enabled": True})

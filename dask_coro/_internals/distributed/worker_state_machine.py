@@ -263,6 +263,31 @@ def release_own_keys(worker: Any, keys: list[Key], stimulus_id: str) -> None:
     worker.handle_stimulus(FreeKeysEvent(keys=keys, stimulus_id=stimulus_id))
 
 
+def fetch_only_from_here_missing(worker: Any, who_has: dict[Key, Any], stimulus_id: str) -> None:
+    """Before a ``compute-task`` with ``who_has``: a dependency this worker
+    is fetching, which the message says only this worker holds, is made
+    ``missing`` first, as ``RefreshWhoHasEvent`` does
+    (``WorkerState._handle_refresh_who_has``). It happens when this worker
+    released its copy on its own (worker release) and the other holder was
+    lost before the scheduler heard: ``WorkerState._handle_compute_task``
+    then drops this worker from ``who_has`` (``_update_who_has``) and leaves
+    the dependency in ``fetch`` with no holder, where nothing fetches it
+    (distributed's validation raises ``InvalidTaskState``). ``missing`` asks
+    the scheduler again (``find_missing``), which by then has the release
+    and computes the key again."""
+    from distributed.worker_state_machine import RefreshWhoHasEvent
+
+    here = worker.address
+    tasks = worker.state.tasks
+    gone = [
+        k
+        for k, holders in who_has.items()
+        if (ts := tasks.get(k)) is not None and ts.state == "fetch" and not set(holders) - {here}
+    ]
+    if gone:
+        worker.handle_stimulus(RefreshWhoHasEvent(who_has={k: [] for k in gone}, stimulus_id=stimulus_id))
+
+
 def local_data(worker: Any, keys: list[Key]) -> list[Any] | None:
     """The values of ``keys`` if every one is in memory on this worker (its
     state machine's task in state ``memory``, the value in ``Worker.data``,
