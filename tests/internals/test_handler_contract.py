@@ -49,7 +49,7 @@ WRAPPED = {
         "worker-status-change",  # inline: a thread may be idle
     },
     ("worker", "handlers"): {"get_data"},  # lifetimes: names the recipient host
-    ("worker", "stream_handlers"): set(),
+    ("worker", "stream_handlers"): {"compute-task"},  # release: a key named held here after its early release
 }
 #: The methods dask_coro replaces on an instance (``seceding_waits``).
 REPLACED = {"worker": {"_get_client"}, "client": {"sync"}}
