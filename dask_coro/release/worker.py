@@ -27,6 +27,11 @@ from .._internals.distributed.worker_state_machine import (
 )
 from .book import EARLY, LET_GO, MARK, READY, REVOKE, Pending
 
+#: The scheduler's messages that release keys on a worker.
+_SCHEDULER_RELEASES = ("free-keys", "cancel-compute", "steal-request", "remove-replicas")
+#: The stimulus of a compute given back (``ReleaseWorkerPlugin._reschedule``).
+DROPPED = "dask-coro-dropped"
+
 #: Worker task states in which a local task no longer needs its dependencies.
 _DONE = frozenset({"memory", "error", "released", "forgotten"})
 
@@ -54,6 +59,9 @@ class ReleaseWorkerPlugin(WorkerPlugin):
 
     def __init__(self) -> None:
         self.pending = Pending()
+        self.freeing: frozenset[Key] = frozenset()  # keys the scheduler's message being handled releases
+        self.dropped: set[Key] = set()  # computes the worker dropped on its own (``transition``)
+        self.rescheduled = 0  # of those, given back to the scheduler
         self.clients: dict[str, Any] = {}  # this worker's clients that let go of children
         self.worker: Any = None
 
@@ -61,6 +69,8 @@ class ReleaseWorkerPlugin(WorkerPlugin):
         self.worker = worker
         add_handlers(worker, stream={MARK: self.handle_mark, REVOKE: self.handle_revoke})
         wrap_stream_handler(worker, "compute-task", _released_here_first(worker), "_dask_coro_release")
+        for op in _SCHEDULER_RELEASES:
+            wrap_stream_handler(worker, op, self._scheduler_releases, "_dask_coro_release")
         # Marks are sent only to workers that said they take them: a stream
         # message without a handler would close the worker's stream.
         send_on_worker_stream(worker, {"op": READY})
@@ -91,12 +101,58 @@ class ReleaseWorkerPlugin(WorkerPlugin):
         self.pending.revoke(key)
 
     def transition(self, key: Key, start: str, finish: str, **kwargs: Any) -> None:
+        if key in self.freeing:
+            self.dropped.discard(key)  # the scheduler's own release
+        elif start == "resumed" and finish == "released":
+            # distributed released a task the scheduler asked this worker to
+            # compute while its copy was in flight (``resumed``): a dependent
+            # released here (early, or a cancelled one ending) releases its
+            # dependencies that no task waits for, and ``resumed`` is not
+            # spared (``WorkerState._transition_generic_released``; see
+            # dask/distributed#6893). The scheduler is not told, and waits
+            # for it for ever: once the transfer ended, it is given back
+            # (``_reschedule``). Early releases make such transfers likely:
+            # a dependent assigned after one fetches the key again.
+            self.dropped.add(key)
+        elif key in self.dropped and finish in ("released", "forgotten"):
+            self.dropped.discard(key)  # the transfer ended, or asked to end
+            asyncio.get_running_loop().call_soon(self._reschedule, key)
+        elif finish in ("memory", "error"):
+            self.dropped.discard(key)  # asked for again, and done
         if finish in ("memory", "error"):
             ready = self.pending.finished(key)
             if ready:
                 self._soon(ready)
         if start == "memory" and key in self.pending:
             self.pending.revoke(key)  # released or lost meanwhile
+
+    def _scheduler_releases(self, handler: Any) -> Any:
+        """A scheduler's message that releases keys here: its keys are not
+        dropped on the worker's own (``transition``)."""
+
+        def releases(**msg: Any) -> None:
+            keys = msg.get("keys")
+            self.freeing = frozenset(keys if keys is not None else [msg["key"]])
+            try:
+                handler(**msg)
+            finally:
+                self.freeing = frozenset()
+
+        return releases
+
+    def _reschedule(self, key: Key) -> None:
+        """Tell the scheduler that ``key``, which it sees processing here, is
+        not: ``Scheduler._reschedule`` computes it again, and does nothing
+        if the scheduler assigned it elsewhere or no longer wants it (or
+        asked again meanwhile: the compute it sends next is released)."""
+        state = worker_task_state(self.worker, key)
+        if state == "cancelled":
+            self.dropped.add(key)  # released while in flight: when the transfer ends
+            return
+        if state not in (None, "released"):
+            return  # asked for again meanwhile
+        self.rescheduled += 1
+        send_on_worker_stream(self.worker, {"op": "reschedule", "key": key, "stimulus_id": f"{DROPPED}-{time()}"})
 
     def let_go(self, client: Any, keys: list[Key]) -> None:
         """This worker's ``client`` let go of ``keys`` (a coroutine resumed;

@@ -49,7 +49,14 @@ WRAPPED = {
         "worker-status-change",  # inline: a thread may be idle
     },
     ("worker", "handlers"): {"get_data"},  # lifetimes: names the recipient host
-    ("worker", "stream_handlers"): {"compute-task"},  # release: a key named held here after its early release
+    ("worker", "stream_handlers"): {
+        "compute-task",  # release: a key named held here alone after its early release
+        # release: the keys the scheduler releases itself, not a compute the worker dropped
+        "free-keys",
+        "cancel-compute",
+        "steal-request",
+        "remove-replicas",
+    },
 }
 #: The methods dask_coro replaces on an instance (``seceding_waits``).
 REPLACED = {"worker": {"_get_client"}, "client": {"sync"}}

@@ -5,13 +5,14 @@ revocations recomputed, nothing left afterwards."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import dask
 import pytest
 from bodies import first_items_one_by_one
 from distributed import Event, SchedulerPlugin, Worker, wait
-from distributed.utils_test import async_poll_for, gen_cluster
+from distributed.utils_test import BlockedGatherDep, async_poll_for, gen_cluster, inc
 from distributed.worker_state_machine import ComputeTaskEvent, FreeKeysEvent
 from filelog import append as _append
 from filelog import lines as _lines
@@ -22,6 +23,7 @@ import dask_coro
 from dask_coro import coroutine
 from dask_coro.release.book import FINISHED, MARK, Dependents, Marks, Pending
 from dask_coro.release.scheduler import NAME, ReleasePlugin
+from dask_coro.release.worker import ReleaseWorkerPlugin
 from dask_coro.runtime.extensions import Extension, register, unregister
 
 VALIDATE = {"distributed.scheduler.validate": True, "distributed.worker.validate": True}
@@ -356,6 +358,43 @@ async def test_a_key_named_held_here_after_its_early_release_is_missing_not_fetc
     assert a.status.name == "running"
     a.handle_stimulus(FreeKeysEvent(keys=["x0", "x1", "x2"], stimulus_id="test-free"))
     await async_poll_for(lambda: not a.state.tasks, timeout=10)
+
+
+@gen_cluster(
+    client=True,
+    nthreads=[("", 1)] * 2,
+    Worker=BlockedGatherDep,
+    config={**VALIDATE, "coro.worker-release.enabled": True, "distributed.comm.timeouts.connect": "2s"},
+)
+async def test_a_compute_the_worker_drops_on_its_own_is_given_back_to_the_scheduler(c, s, a, b):
+    """The stall the property test met: worker ``a`` lets go of its copy of
+    ``x`` (an early release), fetches ``x`` again for a new dependent, and
+    ``x``'s holder is lost meanwhile: the scheduler asks ``a`` to compute
+    ``x`` while the transfer is in flight (``resumed``). A dependent of
+    ``x`` released on ``a`` then releases ``x`` with it
+    (``WorkerState._transition_generic_released``), and the scheduler, never
+    told, waited for ``x`` for ever. ``a`` now gives it back
+    (``reschedule``) once the transfer ended."""
+    await c.register_plugin(ReleasePlugin())
+    await async_poll_for(lambda: len(s.plugins[NAME].ready) == 2, timeout=10)
+    a.block_gather_dep.set()  # transfers go through, until the one below
+    x = c.submit(inc, 1, key="x", workers=[b.address], allow_other_workers=True)
+    k = c.submit(inc, x, key="k", workers=[a.address])
+    assert await k == 3
+    if a.address in {ws.address for ws in s.tasks["x"].who_has}:  # not released early already
+        s.request_remove_replicas(a.address, ["x"], stimulus_id="test-remove")
+    await async_poll_for(lambda: "x" not in a.data and a.state.tasks["x"].state == "released", timeout=5)
+    a.in_gather_dep.clear()
+    a.block_gather_dep.clear()
+    m = c.submit(inc, x, key="m", workers=[a.address])
+    await a.in_gather_dep.wait()  # x in flight from b
+    await b.close()
+    await async_poll_for(lambda: a.state.tasks["x"].state == "resumed", timeout=5)
+    del k  # released on a, and x with it
+    await async_poll_for(lambda: a.state.tasks["x"].state == "cancelled", timeout=5)
+    a.block_gather_dep.set()  # the transfer from b fails
+    assert await asyncio.wait_for(m, 20) == 3
+    assert a.plugins[ReleaseWorkerPlugin.name].rescheduled == 1
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 2, config={**VALIDATE, "coro.worker-release.enabled": True})
