@@ -440,6 +440,22 @@ class Seats:
         """Whether a step holds a thread of the pool here (cheap; no lock)."""
         return bool(self._seated)
 
+    def behind(self) -> frozenset[Any]:
+        """The trees furthest behind their share (the least virtual time),
+        when other trees here are ahead of them; none when one tree alone,
+        or every tree alike, holds or wants threads here. Their calls stay
+        inline, on the threads they hold (``_KeyWatcher._spread``): a call
+        handed out waits for a thread where other trees' steps run leaves,
+        and its parent waits for it."""
+        with self._lock:
+            now = time.monotonic()
+            vtimes = {t: self._vtime(t, now) for t, sh in self._shares.items() if sh.seated or sh.waiting}
+        if len(vtimes) < 2:
+            return frozenset()
+        low = min(vtimes.values())
+        behind = frozenset(t for t, v in vtimes.items() if v <= low)
+        return behind if len(behind) < len(vtimes) else frozenset()
+
 
 class Lanes:
     """``n`` lanes to begin with, gated by ``pool`` (the worker's thread pool)."""

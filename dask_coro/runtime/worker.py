@@ -224,6 +224,9 @@ class _KeyWatcher(WorkerPlugin):
         # (pushed, or polled) while any run on this worker runs calls inline;
         # trampolines read it.
         self.idle = Idle()
+        # What each tree's runs read of it (``_spread``): a tree and its
+        # view, with how many runs of it are here.
+        self.idle_of: dict[str, tuple[Idle, int]] = {}
         self.inline_runs = 0
         self.inline_ended_at = 0.0  # when the last inline run ended
         self.stealer: asyncio.Task[None] | None = None  # subscribed, or polling
@@ -336,6 +339,7 @@ class _KeyWatcher(WorkerPlugin):
         """A run handed ``n`` calls out: they take idle threads the last count
         announced, until a count sent after this says otherwise."""
         self.idle.n = max(0, self.idle.n - n)
+        self._spread()
         self.handed_out = time()
 
     async def install_plugins(self, worker: Worker, active: Active) -> bool:
@@ -389,6 +393,7 @@ class _KeyWatcher(WorkerPlugin):
         except Exception as e:  # the stream is closed: the worker is going
             logger.debug("dask_coro inline subscription ended: %r", e)
         self.idle.n = 0
+        self._spread()
 
     def _pushed(self, n: int, at: dict[str, int] | None = None) -> None:
         """The scheduler says ``n`` threads are idle: hand out up to that many
@@ -408,9 +413,41 @@ class _KeyWatcher(WorkerPlugin):
                 wrong = max(0, counted - self._free_threads(self.worker))
                 n = min(n, sum(at.values()) - wrong)
         self.idle.n = max(0, n)
+        self._spread()
         self.pushed_at = push = self.pushes
         hold = max(self.interval, _MIN_HOLD)
         asyncio.get_running_loop().call_later(hold, self._expire, push)
+
+    def idle_for(self, tree: str) -> Idle:
+        """The view of ``idle`` a run of ``tree`` reads (one more run of it);
+        ``idle_done`` when the run ends."""
+        view, count = self.idle_of.get(tree, (None, 0))
+        if view is None:
+            # A tree new here starts behind the others (at their least
+            # virtual time, ``Seats._share``): none while another holds a thread.
+            busy = self.lanes is not None and self.lanes.seats.busy()
+            view = Idle(0 if busy else self.idle.n)
+        self.idle_of[tree] = (view, count + 1)
+        return view
+
+    def idle_done(self, tree: str) -> None:
+        view, count = self.idle_of[tree]
+        if count > 1:
+            self.idle_of[tree] = (view, count - 1)
+        else:
+            del self.idle_of[tree]
+
+    def _spread(self) -> None:
+        """Each tree's view of the idle threads: the count, but none for the
+        trees furthest behind their share while others here are ahead
+        (``Seats.behind``): their calls stay on the threads they hold. (The
+        small tree beside a wide one: a call it handed out waited for a wide
+        leaf to end on the thread it was given, and its parent for another
+        to resume; inline, its calls never leave its thread.)"""
+        n = self.idle.n
+        behind = self.lanes.seats.behind() if n > 0 and self.lanes is not None and len(self.idle_of) > 1 else ()
+        for tree, (view, _) in self.idle_of.items():
+            view.n = 0 if tree in behind else n
 
     def _free_threads(self, worker: Worker) -> int:
         """Threads of the pool nobody holds now: less the tasks executing
@@ -421,6 +458,7 @@ class _KeyWatcher(WorkerPlugin):
     def _expire(self, push: int) -> None:
         if self.pushed_at == push:
             self.idle.n = 0
+            self._spread()
 
     async def _poll(self, worker: Worker) -> None:
         """Poll mode: ask the scheduler for idle threads every interval while
@@ -436,8 +474,10 @@ class _KeyWatcher(WorkerPlugin):
                 logger.debug("dask_coro_idle failed: %r", e)
                 n = 0
             self.idle.n = n if sent > self.handed_out else 0
+            self._spread()
             await asyncio.sleep(interval)
         self.idle.n = 0
+        self._spread()
 
     def transition(self, key: Key, start: str, finish: str, **kwargs: Any) -> None:
         if finish == "executing":
@@ -766,16 +806,21 @@ class _Run:
             watcher.inline_started(self.worker)  # raises on a bad setting
         watcher.runs[self.key] = self
         count = inline and active.counts_calls
-        tramp = trampoline(
-            self.name,
-            inline=inline,
-            idle=watcher.idle,
-            cancelled=self._cancelled,
-            on_ended=self._ended,
-            localize=localizer(self._scope_of, self._fetch),
-            count=count,
-            short=short_call,
-        )
+        idle = watcher.idle_for(self.tree)
+        try:
+            tramp = trampoline(
+                self.name,
+                inline=inline,
+                idle=idle,
+                cancelled=self._cancelled,
+                on_ended=self._ended,
+                localize=localizer(self._scope_of, self._fetch),
+                count=count,
+                short=short_call,
+            )
+        except BaseException:
+            watcher.idle_done(self.tree)
+            raise
         self.tramp = tramp
         host: Run = self  # for features that start children of their own
         tramp.host = host
@@ -879,6 +924,7 @@ class _Run:
                 watcher.inline_ended()
             if self.lane is not None:
                 watcher.lanes_of(self.worker).unpin(self.lane)
+            watcher.idle_done(self.tree)
             if watcher.runs.get(self.key) is self:
                 del watcher.runs[self.key]
                 # Asked to pause for a queued task, it ended before it could.

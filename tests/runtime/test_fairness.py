@@ -250,3 +250,77 @@ def test_a_waiting_step_asks_every_step_due_a_pause_and_the_first_to_stop_serves
             for seat in [*wide, small]:
                 if seat.release is not None:
                     seat.done()
+
+
+def test_the_trees_behind_their_share_are_named_while_another_is_ahead():
+    """No cluster: ``Seats.behind`` names the trees with the least virtual
+    time, only while another tree here is ahead of them: not for one tree
+    alone, nor for trees alike."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dask_coro.runtime.lanes import Seats, _Seat
+
+    with ThreadPoolExecutor(2) as pool:
+        seats = Seats(pool)
+        wide = _Seat(seats, None, "wide-0", "wide", 1.0, None)
+        small = _Seat(seats, None, "small-0", "small", 1.0, None)
+        try:
+            assert seats.behind() == frozenset()
+            wide.take()
+            assert seats.behind() == frozenset()  # one tree alone
+            time.sleep(0.05)
+            small.take()  # arrives at the least virtual time
+            assert seats.behind() == frozenset({"small"})
+            wide.done()
+            assert seats.behind() == frozenset()  # the small tree alone again
+        finally:
+            for seat in (wide, small):
+                if seat.release is not None:
+                    seat.done()
+
+
+def holds(seconds_max):
+    """A body without a yield: its one step holds a thread of the pool
+    until the other tree is done."""
+    FLAGS["holding"].set()
+    FLAGS["other-done"].wait(seconds_max)
+    return 1
+
+
+@coroutine
+def where_leaf():
+    from distributed import get_worker
+
+    time.sleep(0.02)
+    return get_worker().address
+
+
+@coroutine
+def small():
+    # 20 calls of 20 ms inline: the scheduler's count of idle threads
+    # (pushed at most every 20 ms) comes in while they run.
+    xs = yield [where_leaf() for _ in range(20)]
+    FLAGS["other-done"].set()
+    return xs
+
+
+@gen_cluster(client=True, nthreads=[("", 2), ("", 2)], timeout=90)
+async def test_a_tree_behind_its_share_keeps_its_calls_inline_while_another_is_ahead(c, s, a, b):
+    """Worker b's threads are idle. Alone on a, a small tree hands calls out
+    to them. Beside a tree that holds a thread of a and is ahead of its
+    share, the same tree keeps every call on the thread it holds
+    (``Seats.behind``): a call handed out waited for a thread where the
+    other tree's steps run leaves, and its parent for another (the wide-first
+    rounds of benchmarks/bench_fairness.py)."""
+    FLAGS.update({"other-done": threading.Event(), "holding": threading.Event()})
+    with dask.annotate(workers=[a.address]):
+        alone = await c.compute(small())
+    assert b.address in alone, alone
+    FLAGS["other-done"] = threading.Event()
+    with dask.annotate(workers=[a.address]):
+        wide = c.compute(coroutine(holds)(30))
+    await async_poll_for(lambda: FLAGS["holding"].is_set(), timeout=30)
+    with dask.annotate(workers=[a.address]):
+        beside = await c.compute(small())
+    assert set(beside) == {a.address}, beside
+    assert await wide == 1
