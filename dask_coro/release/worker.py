@@ -36,23 +36,6 @@ DROPPED = "dask-coro-dropped"
 _DONE = frozenset({"memory", "error", "released", "forgotten"})
 
 
-def _released_here_first(worker: Any) -> Any:
-    """``compute-task``: a key this worker released early may be named as
-    held here alone by a scheduler that has not heard of the release yet
-    (the message crossed ours, and the copy it was fetching from meanwhile
-    was lost with its worker): not fetched from nobody
-    (``fetch_only_from_here_missing``)."""
-
-    def wrap(handler: Any) -> Any:
-        def compute_task(**msg: Any) -> None:
-            fetch_only_from_here_missing(worker, msg.get("who_has") or {}, msg.get("stimulus_id", ""))
-            handler(**msg)
-
-        return compute_task
-
-    return wrap
-
-
 class ReleaseWorkerPlugin(WorkerPlugin):
     name = "dask-coro-release"
     idempotent = True
@@ -68,7 +51,7 @@ class ReleaseWorkerPlugin(WorkerPlugin):
     def setup(self, worker: Any) -> None:
         self.worker = worker
         add_handlers(worker, stream={MARK: self.handle_mark, REVOKE: self.handle_revoke})
-        wrap_stream_handler(worker, "compute-task", _released_here_first(worker), "_dask_coro_release")
+        wrap_stream_handler(worker, "compute-task", self._compute_task, "_dask_coro_release")
         for op in _SCHEDULER_RELEASES:
             wrap_stream_handler(worker, op, self._scheduler_releases, "_dask_coro_release")
         # Marks are sent only to workers that said they take them: a stream
@@ -117,14 +100,26 @@ class ReleaseWorkerPlugin(WorkerPlugin):
         elif key in self.dropped and finish in ("released", "forgotten"):
             self.dropped.discard(key)  # the transfer ended, or asked to end
             asyncio.get_running_loop().call_soon(self._reschedule, key)
-        elif finish in ("memory", "error"):
-            self.dropped.discard(key)  # asked for again, and done
         if finish in ("memory", "error"):
+            self.dropped.discard(key)  # asked for again, and done
             ready = self.pending.finished(key)
             if ready:
                 self._soon(ready)
         if start == "memory" and key in self.pending:
             self.pending.revoke(key)  # released or lost meanwhile
+
+    def _compute_task(self, handler: Any) -> Any:
+        """``compute-task``: a key this worker released early may be named as
+        held here alone by a scheduler that has not heard of the release yet
+        (the message crossed ours, and the copy it was fetching from meanwhile
+        was lost with its worker): not fetched from nobody
+        (``fetch_only_from_here_missing``)."""
+
+        def compute_task(**msg: Any) -> None:
+            fetch_only_from_here_missing(self.worker, msg.get("who_has") or {}, msg.get("stimulus_id", ""))
+            handler(**msg)
+
+        return compute_task
 
     def _scheduler_releases(self, handler: Any) -> Any:
         """A scheduler's message that releases keys here: its keys are not

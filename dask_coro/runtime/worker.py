@@ -338,8 +338,7 @@ class _KeyWatcher(WorkerPlugin):
     def handed(self, n: int) -> None:
         """A run handed ``n`` calls out: they take idle threads the last count
         announced, until a count sent after this says otherwise."""
-        self.idle.n = max(0, self.idle.n - n)
-        self._spread()
+        self._set_idle(self.idle.n - n)
         self.handed_out = time()
 
     async def install_plugins(self, worker: Worker, active: Active) -> bool:
@@ -392,8 +391,7 @@ class _KeyWatcher(WorkerPlugin):
             send_on_worker_stream(worker, {"op": UNSUBSCRIBE})
         except Exception as e:  # the stream is closed: the worker is going
             logger.debug("dask_coro inline subscription ended: %r", e)
-        self.idle.n = 0
-        self._spread()
+        self._set_idle(0)
 
     def _pushed(self, n: int, at: dict[str, int] | None = None) -> None:
         """The scheduler says ``n`` threads are idle: hand out up to that many
@@ -412,8 +410,7 @@ class _KeyWatcher(WorkerPlugin):
             if counted:
                 wrong = max(0, counted - self._free_threads(self.worker))
                 n = min(n, sum(at.values()) - wrong)
-        self.idle.n = max(0, n)
-        self._spread()
+        self._set_idle(n)
         self.pushed_at = push = self.pushes
         hold = max(self.interval, _MIN_HOLD)
         asyncio.get_running_loop().call_later(hold, self._expire, push)
@@ -437,6 +434,12 @@ class _KeyWatcher(WorkerPlugin):
         else:
             del self.idle_of[tree]
 
+    def _set_idle(self, n: int) -> None:
+        """The idle threads this worker may hand calls out to now, and each
+        tree's view of them (``_spread``)."""
+        self.idle.n = max(0, n)
+        self._spread()
+
     def _spread(self) -> None:
         """Each tree's view of the idle threads: the count, but none for the
         trees furthest behind their share while others here are ahead
@@ -457,8 +460,7 @@ class _KeyWatcher(WorkerPlugin):
 
     def _expire(self, push: int) -> None:
         if self.pushed_at == push:
-            self.idle.n = 0
-            self._spread()
+            self._set_idle(0)
 
     async def _poll(self, worker: Worker) -> None:
         """Poll mode: ask the scheduler for idle threads every interval while
@@ -473,11 +475,9 @@ class _KeyWatcher(WorkerPlugin):
             except Exception as e:  # the scheduler is going away, or restarting
                 logger.debug("dask_coro_idle failed: %r", e)
                 n = 0
-            self.idle.n = n if sent > self.handed_out else 0
-            self._spread()
+            self._set_idle(n if sent > self.handed_out else 0)
             await asyncio.sleep(interval)
-        self.idle.n = 0
-        self._spread()
+        self._set_idle(0)
 
     def transition(self, key: Key, start: str, finish: str, **kwargs: Any) -> None:
         if finish == "executing":
