@@ -77,6 +77,8 @@ _returned: dict[str, int] = {}
 #: given back but still mapped somewhere then.
 reused = [0]
 busy = [0]
+#: Items handed over in the segment their array was made in (``seal``).
+sealed = [0]
 
 
 def _posix() -> Any:
@@ -100,6 +102,8 @@ def _unlink(name: str) -> None:
         _returned.pop(name, None)
         pool = _made_by.pop(name, None)
         spares.drop(name)  # a spare's own release: its worker left, or the cluster closes
+        if pool is not None and name in pool.armed:
+            pool.retire(name)  # an array of the producer's may live in it: never a spare
         if pool is None or not pool.give_back(name):
             # Else kept for a later stream of this process (``Spares``).
             mapping = pool.maps.pop(name, None) if pool is not None else None
@@ -285,6 +289,12 @@ class Pool:
         #: descriptor of it (its shared lock's, ``_mapping``): a segment given
         #: back is copied into again without being mapped again.
         self.maps: dict[str, tuple[mmap.mmap, int]] = {}
+        #: Segments given back offered to the allocator (``arm``), by name:
+        #: their address. Not in ``returned`` while there.
+        self.armed: dict[str, int] = {}
+        #: The size of the arrays offered (0: none yet): a segment given back
+        #: of that size is offered at once.
+        self.size = 0
 
     def add(self, names: list[str]) -> None:
         with _lock:
@@ -336,6 +346,8 @@ class Pool:
         _made_by[target] = self
         self.returned.append(target)
         self.recycling = True
+        if self.size:
+            self._arm(target, self.size)  # for the body's next array already
         return True
 
     def forget(self, name: str) -> None:
@@ -345,12 +357,86 @@ class Pool:
         if entry is not None:
             os.close(entry[1])
 
+    def arm(self, nbytes: int) -> None:
+        """On the producer's lane, after an emit: every segment given back of
+        ``nbytes`` that nothing maps (``_reuse``) offered to the allocator,
+        for the body's next arrays of that size (``Items born in a segment``)."""
+        if allocator() is None:
+            return
+        with _lock:
+            self.size = nbytes
+            for name in list(self.returned):
+                if not self._arm(name, nbytes):
+                    break
+
+    def _arm(self, name: str, nbytes: int) -> bool:
+        """Under ``_lock``: ``arm`` segment ``name`` if it can be; False if
+        the allocator has no slot left."""
+        alloc = allocator()
+        if alloc is None or not self.open:
+            return False
+        entry = self.maps.get(name)
+        if entry is None or len(entry[0]) != nbytes or _reuse(name, entry, nbytes) is None:
+            return True
+        address = _address(entry[0])
+        del entry
+        if not alloc.arm(address, nbytes):
+            return False
+        self.returned.remove(name)
+        self.armed[name] = address
+        return True
+
+    def sealable(self, a: Any) -> str | None:
+        """The name of the armed segment array ``a`` was made in, whole, if
+        it can be handed over in it (``seal``)."""
+        if not self.armed or type(a) is not np.ndarray or not a.flags.owndata:
+            return None
+        if not (a.flags.c_contiguous or a.flags.f_contiguous):
+            return None
+        address = a.__array_interface__["data"][0]
+        for name, at in self.armed.items():
+            if at == address:
+                entry = self.maps.get(name)
+                alloc = allocator()
+                if entry is not None and alloc is not None and len(entry[0]) == a.nbytes and alloc.state(at) == alloc.USED:
+                    return name
+        return None
+
+    def disarm(self) -> None:
+        """At an emit: the armed segments the body made no array in go back
+        to ``returned`` (those it did stay armed until their array is freed
+        or handed over)."""
+        alloc = allocator()
+        if alloc is None or not self.armed:
+            return
+        with _lock:
+            for name, address in list(self.armed.items()):
+                if alloc.take(address, 1 << alloc.FREE) == alloc.FREE:
+                    del self.armed[name]
+                    self.returned.append(name)
+
+    def retire(self, name: str) -> None:
+        """Under ``_lock``: armed segment ``name`` is not ours any more (its
+        release runs, or the pool closes). An array of the body's that lives
+        in it keeps our mapping of it until it is freed (``_collect``); the
+        segment is never given back nor kept."""
+        address = self.armed.pop(name)
+        entry = self.maps.pop(name, None)
+        alloc = allocator()
+        if alloc is not None and alloc.retire(address) == alloc.USED and entry is not None:
+            _sealed[address] = entry[0]
+            entry = (entry[0], -1)
+        if entry is not None and entry[1] >= 0:
+            os.close(entry[1])
+
     def close(self) -> None:
         """The producer ended: its segments are released as any other from
         now on (those given back with its key), or kept as spares of this
         process (``Spares``): the pool keeps its mappings of them for that
         until their release."""
         with _lock:
+            for name in list(self.armed):
+                self.retire(name)
             self.open = False
             self.names.clear()
             self.returned.clear()
@@ -508,12 +594,20 @@ def _reuse(name: str, entry: tuple[mmap.mmap, int], nbytes: int) -> _Segment | N
     mm = entry[0]
     if len(mm) != max(nbytes, 1) or sys.getrefcount(mm) > 3:  # entry, mm, getrefcount's argument
         return None
+    if _sealed:
+        _collect()
+        if _sealed_over.get(mm) in _sealed:
+            # An item handed over in it was made there: the producer's array
+            # still reads its pages not written since (``seal``).
+            return None
     assert fcntl is not None  # given back on Linux only
     try:
         fcntl.flock(entry[1], fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return None
     fcntl.flock(entry[1], fcntl.LOCK_SH)
+    if mm in _cold:  # to be written again
+        _populate(mm)
     return _Segment(name, mm, managed=True)
 
 
@@ -661,6 +755,140 @@ def copy_into(name: str, a: np.ndarray, pool: Pool | None = None, hasher: Any = 
     if hasher is None or not _copy_hashed(out, a, hasher):
         out[...] = a
     return out
+
+
+# -- items born in a segment ---------------------------------------------------
+#
+# A stream producer's body makes its next item's array (``np.full``, say) in a
+# segment given back to its pool: NumPy's data allocator (NEP 49,
+# ``_npalloc.c``, installed in the producer's run context only) serves arrays
+# of exactly an armed segment's size from it (``Pool.arm``). The emit then
+# hands that segment over instead of copying the array into one (``seal``):
+# the producer's range of it is mapped again privately, so the body's array
+# reads the same bytes and its later writes stay in its process (``emit(x)``
+# is a snapshot of ``x``, as a copy is), and the item gets a fresh shared
+# mapping. The private range is unmapped once the body's array is freed
+# (``_collect``); until then the segment is not copied into again (``_reuse``).
+# Without the compiled allocator every item is copied, as before.
+
+_npalloc: Any
+try:
+    from . import _npalloc
+except ImportError:  # not built: items are copied
+    _npalloc = None
+
+#: The producer's private ranges of segments handed over, by address: the
+#: mapping that held them, unmapped once its array is freed.
+_sealed: dict[int, mmap.mmap] = {}
+#: A pool's mapping of a segment handed over: the address of its private range.
+_sealed_over: weakref.WeakKeyDictionary[mmap.mmap, int] = weakref.WeakKeyDictionary()
+_allocator_ok: list[Any] = []
+#: A pool's mappings made by ``seal``, not written through yet: their pages
+#: are mapped as they are offered (``_populate``), off the body's lane where
+#: a segment is given back.
+_cold: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()
+#: ``madvise(MADV_POPULATE_WRITE)``: Linux 5.14 on.
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None)
+
+
+def _populate(mm: mmap.mmap) -> None:
+    """Map every page of ``mm`` writable now, in one call, rather than one
+    fault per page as an array is made in it (10 MB: 2,560 faults, several
+    times the cost)."""
+    _cold.discard(mm)
+    if _MADV_POPULATE_WRITE is not None:
+        try:
+            mm.madvise(_MADV_POPULATE_WRITE)
+        except OSError:  # an older kernel: the pages fault in as written
+            pass
+
+
+def allocator() -> Any:
+    """``_npalloc`` if it serves here: built, on Linux, and NumPy names it as
+    the handler once installed (NEP 49, NumPy 1.22 on); else None."""
+    if not _allocator_ok:
+        _allocator_ok.append(_check_allocator())
+    return _allocator_ok[0]
+
+
+def _numpy_api() -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module("numpy._core._multiarray_umath")
+    except ImportError:  # NumPy 1
+        return importlib.import_module("numpy.core._multiarray_umath")
+
+
+def _check_allocator() -> Any:
+    if _npalloc is None or fcntl is None or not os.path.isdir(_SHM_DIR):
+        return None
+    import contextvars
+
+    umath = _numpy_api()
+    if not hasattr(umath, "get_handler_name") or not hasattr(umath, "_ARRAY_API"):
+        return None
+
+    def installed() -> bool:
+        _npalloc.install(umath._ARRAY_API)
+        return bool(umath.get_handler_name() == "dask_coro_shm")
+
+    try:
+        return _npalloc if contextvars.copy_context().run(installed) else None
+    except Exception:  # pragma: no cover - a NumPy whose API table differs
+        return None
+
+
+def install_allocator() -> None:
+    """In a stream producer's run context: NumPy's arrays made there come
+    from its pool's armed segments when they fit one exactly."""
+    if allocator() is not None:
+        _npalloc.install(_numpy_api()._ARRAY_API)
+
+
+def _address(mm: mmap.mmap) -> int:
+    return int(np.frombuffer(mm, dtype=np.uint8).__array_interface__["data"][0])
+
+
+def _collect() -> None:
+    """Under ``_lock``: the private ranges whose array was freed, unmapped."""
+    alloc = allocator()
+    for address, mm in list(_sealed.items()):
+        if alloc.state(address) == alloc.RELEASED:
+            try:
+                mm.close()
+            except BufferError:  # pragma: no cover - viewed still: next time
+                continue
+            alloc.take(address, 1 << alloc.RELEASED)
+            del _sealed[address]
+
+
+def seal(name: str, a: np.ndarray, pool: Pool, hasher: Any = None) -> ShmArray:
+    """The item's copy of ``a``, made in the armed segment ``name`` of
+    ``pool`` (``Pool.sealable``): that segment, handed over without a copy.
+    ``hasher`` is fed ``a``'s bytes first (its pages are mapped still)."""
+    alloc = allocator()
+    if hasher is not None:
+        hasher.update(a.ravel(order="K").view(np.uint8))
+    order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
+    with _lock:
+        address = pool.armed.pop(name)
+        mm, fd = pool.maps.pop(name)
+        if not alloc.seal(address, fd):  # pragma: no cover - checked by ``sealable``, on this thread
+            raise RuntimeError(f"segment {name!r} holds no array to hand over")
+        _sealed[address] = mm
+        fresh = mmap.mmap(fd, len(mm))
+        _sealed_over[fresh] = address
+        _cold.add(fresh)
+        pool.maps[name] = (fresh, fd)
+        _returned.pop(name, None)
+        _made_by[name] = pool
+        segment = _Segment(name, fresh, managed=True)
+        _mapped[name] = segment
+        _managed.add(segment)
+        reused[0] += 1
+        sealed[0] += 1
+    return segment.array(a.shape, a.dtype, _strides(a.shape, a.dtype.itemsize, order), 0)
 
 
 class _Handle:

@@ -68,8 +68,9 @@ def emit(x: Any) -> Any:
         # (the run's own task is), so its items are dropped.
         req = InPlace(_dropped, x)
     else:
-        from .remote import emit_on_worker
+        from .remote import allocate_here, emit_on_worker
 
+        allocate_here(tramp.host)
         req = InPlace(emit_on_worker, tramp.host, x)
     if sys._getframe(1).f_code.co_flags & _BODY:
         return req  # yielded or awaited by the body

@@ -20,6 +20,7 @@ import logging
 import sys
 import uuid
 import weakref
+from contextvars import ContextVar
 from typing import Any
 
 from dask.base import tokenize
@@ -89,6 +90,9 @@ class Producer:
         #: the last item given to it.
         self.publisher: concurrent.futures.ThreadPoolExecutor | None = None
         self.last: concurrent.futures.Future[None] | None = None
+        #: NumPy's allocator of arrays in segments given back is installed
+        #: in the run's context (``lifetimes.shm.seal``).
+        self.allocating = False
 
 
 async def _producer(run: Run) -> Producer:
@@ -116,15 +120,23 @@ def _shareable(a: Any) -> bool:
     )
 
 
-def _count_shareable(x: Any) -> int:
-    """The arrays of item ``x`` that go through shared memory (``SHARED``)."""
+def _count_shareable(x: Any, pool: Any = None, born: dict[int, str] | None = None) -> int:
+    """The arrays of item ``x`` that go through shared memory (``SHARED``);
+    with the producer's ``pool``, those made in one of its segments are not
+    counted but noted in ``born`` (``id`` -> the segment's name: handed over
+    in it, ``shm.seal``)."""
     if _shareable(x):
+        if born is not None:
+            name = pool.sealable(x)
+            if name is not None:
+                born[id(x)] = name
+                return 0
         return 1
     t = type(x)
     if t is list or t is tuple:
-        return sum(_count_shareable(v) for v in x)
+        return sum(_count_shareable(v, pool, born) for v in x)
     if t is dict:
-        return sum(_count_shareable(v) for v in x.values())
+        return sum(_count_shareable(v, pool, born) for v in x.values())
     return 0
 
 
@@ -133,13 +145,16 @@ class _Released(Exception):
     forgotten (it is being cancelled)."""
 
 
-def _share(x: Any, names: list[str], p: Producer, digests: dict[int, str] | None = None) -> Any:
+def _share(
+    x: Any, names: list[str], p: Producer, digests: dict[int, str] | None = None, born: dict[int, str] | None = None
+) -> Any:
     """``x`` with its shareable arrays copied into the segments of those
-    ``names`` (taken from the list, in order). With ``digests`` (xxhash is
-    installed), a contiguous array is hashed as it is copied (one pass over
-    its bytes): its copy's digest under the copy's ``id``."""
+    ``names`` (taken from the list, in order), or handed over in the segment
+    they were made in (``born``, from ``_count_shareable``). With ``digests``
+    (xxhash is installed), a contiguous array is hashed as it is copied (one
+    pass over its bytes): its copy's digest under the copy's ``id``."""
     if _shareable(x):
-        from ..lifetimes.shm import copy_into
+        from ..lifetimes import shm
 
         p.size = x.nbytes
         hasher = None
@@ -147,7 +162,11 @@ def _share(x: Any, names: list[str], p: Producer, digests: dict[int, str] | None
             import xxhash
 
             hasher = xxhash.xxh3_128()
-        out = copy_into(names.pop(0), x, p.pool, hasher)
+        out: Any
+        if born and id(x) in born:
+            out = shm.seal(born[id(x)], x, p.pool, hasher)
+        else:
+            out = shm.copy_into(names.pop(0), x, p.pool, hasher)
         if out is None:
             raise _Released
         if hasher is not None and digests is not None:
@@ -155,9 +174,9 @@ def _share(x: Any, names: list[str], p: Producer, digests: dict[int, str] | None
         return out
     t = type(x)
     if t is list or t is tuple:
-        return t(_share(v, names, p, digests) for v in x)
+        return t(_share(v, names, p, digests, born) for v in x)
     if t is dict:
-        return {k: _share(v, names, p, digests) for k, v in x.items()}
+        return {k: _share(v, names, p, digests, born) for k, v in x.items()}
     return x
 
 
@@ -343,21 +362,33 @@ async def emit_on_worker(run: Run, x: Any) -> None:
         if not await _on_loop(run, _room(run, p, i)):
             return
     shared: list[str] = []
-    n = _count_shareable(x)
-    if n:
+    born: dict[int, str] | None = None
+    if p.pool is not None and p.pool.armed:
+        # Arrays the body made in segments given back are handed over in
+        # them (``shm.seal``); the segments it made nothing in are not
+        # offered any more (they are copied into, ``Pool.take``).
+        born = {}
+        n = _count_shareable(x, p.pool, born)
+        p.pool.disarm()
+    else:
+        n = _count_shareable(x)
+    if n or born:
+        # With n = 0 (every array handed over in its segment) this still
+        # ties names ahead: what segments are given back under.
         names = await _names(run, p, n)
         if names is None:
             return  # our consumer let go of us
-        shared = list(names)
         digests: dict[int, str] | None = {} if _xxhash() is not None else None
         try:
-            x = _share(x, names, p, digests)
+            x = _share(x, names[:], p, digests, born)
         except _Released:
             return  # our consumer let go of us
+        shared = list(names) + list(born.values() if born else ())
         # Every array hashed as it was copied: the token is at hand (the
         # rest of the item is small); else it is taken on the publisher's
         # thread, while the body makes the next item.
-        token = _token(x, digests) if digests is not None and len(digests) == n else None
+        k = n + (len(born) if born else 0)
+        token = _token(x, digests) if digests is not None and len(digests) == k else None
     else:
         token = tokenize(x)
     p.index = i + 1
@@ -369,6 +400,30 @@ async def emit_on_worker(run: Run, x: Any) -> None:
         p.last = _publisher(p).submit(_publish_later, run, x, msg)
     else:
         run.loop.call_soon_threadsafe(_send, run, x, msg)
+    if p.size and p.pool is not None and p.pool.returned:
+        # The body's next arrays of an item's size made in segments given
+        # back (``shm.seal``): NumPy's allocator is installed in the body's
+        # context by its next ``emit`` (``allocate_here``).
+        p.pool.arm(p.size)
+        p.allocating = p.allocating or bool(p.pool.armed)
+
+
+#: NumPy's allocator of arrays in segments given back is installed in this
+#: context (a producer body's).
+_allocating: ContextVar[bool] = ContextVar("dask_coro_allocating", default=False)
+
+
+def allocate_here(run: Run) -> None:
+    """In ``emit``, in the body's own context (a context variable set by
+    a call the body yields is not the body's): once its producer armed
+    segments (``emit_on_worker``), NumPy's arrays made in the body come
+    from them when they fit one (``lifetimes.shm.seal``)."""
+    p: Producer | None = run.notes.get(NOTE)
+    if p is not None and p.allocating and not _allocating.get():
+        from ..lifetimes.shm import install_allocator
+
+        install_allocator()
+        _allocating.set(True)
 
 
 # -- the consumer's side -------------------------------------------------------

@@ -963,6 +963,48 @@ def test_a_stream_s_producer_copies_later_items_into_segments_given_back(client,
     assert_released(client, names)
 
 
+@coroutine
+def writes_after_emit(n: int):
+    """Emits ``(i, a)``, then writes over ``a``; keeps every third array."""
+    kept = []
+    for i in range(n):
+        a = _item(i)
+        yield dask_coro.emit((i, a))
+        a[:] = -1.0
+        if i % 3 == 0:
+            kept.append(a)
+    # What it wrote after each emit stays its own: no later item reaches it.
+    return all(bool((k == -1.0).all()) for k in kept)
+
+
+@coroutine
+def reads_snapshots(n: int, where: str):
+    with dask.annotate(workers=[where], allow_other_workers=False):
+        s = dask_coro.stream(writes_after_emit(n), buffer=2)
+    got = [(i, a.segment_name, bool(np.array_equal(a, _item(i)))) for i, a in s]
+    return got, s.result
+
+
+def _sealed() -> int:
+    return _shm_impl.sealed[0]
+
+
+@pytest.mark.skipif(_shm_impl.allocator() is None, reason="the allocator of items made in a segment is not built")
+def test_an_array_made_in_a_segment_given_back_is_handed_over_in_it_as_a_snapshot(client):
+    """Once segments are given back, the producer's next arrays of their size
+    are made in them (NumPy's allocator in its body's context) and handed
+    over without a copy: the consumer reads each item as it was at its emit
+    though the body wrote over it afterwards, and the arrays the body keeps
+    read what it wrote, never a later item made in the same segment."""
+    a, b = sorted(workers_now(client))
+    before = client.run(_sealed)[b]
+    got, kept_own = client.compute(reads_snapshots(30, b), workers=[a], allow_other_workers=False).result(timeout=120)
+    assert [(i, equal) for i, _, equal in got] == [(i, True) for i in range(30)], got
+    assert kept_own is True
+    assert client.run(_sealed)[b] - before >= 10  # most items after the first few
+    assert_released(client, [name for _, name, _ in got])
+
+
 def _keep(n: int) -> int:
     old, _shm_impl.Pool.KEEP = _shm_impl.Pool.KEEP, n
     return old
