@@ -2,7 +2,7 @@
  * A NumPy data allocator (NEP 49) that places an array of a stream item's
  * size in a shared-memory segment its producer was given back, so that the
  * item's emit hands the segment over instead of copying the array into one
- * (lifetimes/shm.py, "Items born in a segment").
+ * (lifetimes/shm.py, "Arrays made in a segment").
  *
  * Optional: without it (no compiler, or a NumPy without NEP 49) every item
  * is copied, as before. It is installed in a stream producer's run context
@@ -12,10 +12,10 @@
  * comes here from any thread or context.
  *
  * A slot: FREE (armed, nothing in it), USED (an array of the producer's
- * lives in it), SEALED (that array was emitted: its range was mapped again
- * privately, so the producer's later writes to it no longer reach the
- * segment), RELEASED (a sealed array was freed: Python unmaps the range).
- * Python owns every mapping; this file never unmaps one.
+ * lives in it), HANDED (that array was emitted and nothing but the item
+ * held it: the segment is the item's now, and the array's free empties the
+ * slot, never making it FREE for another array). Python owns every mapping;
+ * this file never maps nor unmaps one.
  *
  * The NumPy structures below are NEP 49's, version 1 (numpy/ndarraytypes.h):
  * declared here so the build needs no NumPy headers. In NumPy's API table
@@ -30,7 +30,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 typedef struct {
     void *ctx;
@@ -46,7 +45,7 @@ typedef struct {
     DataAllocator allocator;
 } DataHandler;
 
-enum { EMPTY = 0, FREE = 1, USED = 2, SEALED = 3, RELEASED = 4 };
+enum { EMPTY = 0, FREE = 1, USED = 2, HANDED = 3 };
 
 #define SLOTS 128
 
@@ -95,7 +94,7 @@ static void *s_calloc(void *ctx, size_t nelem, size_t elsize) {
     return base.calloc(base.ctx, nelem, elsize);
 }
 
-/* True if ``ptr`` was a slot's (now FREE or RELEASED). */
+/* True if ``ptr`` was a slot's (now FREE, or emptied if it was HANDED). */
 static int s_release(void *ptr) {
     int found = 0;
     if (active) {
@@ -103,8 +102,12 @@ static int s_release(void *ptr) {
         int i = find(ptr);
         if (i >= 0) {
             found = 1;
-            if (slots[i].state == USED) slots[i].state = FREE;
-            else if (slots[i].state == SEALED) slots[i].state = RELEASED;
+            if (slots[i].state == USED) {
+                slots[i].state = FREE;
+            } else if (slots[i].state == HANDED) {
+                slots[i].state = EMPTY;
+                active--;
+            }
         }
         pthread_mutex_unlock(&lock);
     }
@@ -215,35 +218,24 @@ static PyObject *state(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(s);
 }
 
-/* seal(addr, fd): the USED slot of ``addr`` mapped again as a private
- * mapping of the segment ``fd`` (same bytes: the producer's array reads
- * what it wrote, and its later writes stay in this process); SEALED.
- * False if the slot is not USED. */
-static PyObject *seal(PyObject *self, PyObject *args) {
+/* hand(addr): the USED slot of ``addr`` is the item's now: HANDED. False
+ * if it is not USED. */
+static PyObject *hand(PyObject *self, PyObject *arg) {
     (void)self;
-    unsigned long long addr;
-    int fd;
-    if (!PyArg_ParseTuple(args, "Ki", &addr, &fd)) return NULL;
+    unsigned long long addr = PyLong_AsUnsignedLongLong(arg);
+    if (addr == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
     pthread_mutex_lock(&lock);
     int i = find((void *)(uintptr_t)addr);
-    if (i < 0 || slots[i].state != USED) {
-        pthread_mutex_unlock(&lock);
-        Py_RETURN_FALSE;
-    }
-    void *got = mmap(slots[i].addr, slots[i].size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, 0);
-    if (got == MAP_FAILED) {
-        pthread_mutex_unlock(&lock);
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    slots[i].state = SEALED;
+    int ok = i >= 0 && slots[i].state == USED;
+    if (ok) slots[i].state = HANDED;
     pthread_mutex_unlock(&lock);
-    Py_RETURN_TRUE;
+    return PyBool_FromLong(ok);
 }
 
-/* retire(addr): a slot no pool will seal any more: emptied if FREE, else
- * (USED) marked SEALED without a new mapping, so its array's free makes it
- * RELEASED (Python unmaps it), never FREE for another array. Its state
- * before. */
+/* retire(addr): a slot no pool will hand over any more: emptied if FREE,
+ * else (USED) marked HANDED, so its array's free empties it, never making
+ * it FREE for another array (Python keeps the mapping until then). Its
+ * state before. */
 static PyObject *retire(PyObject *self, PyObject *arg) {
     (void)self;
     unsigned long long addr = PyLong_AsUnsignedLongLong(arg);
@@ -255,7 +247,7 @@ static PyObject *retire(PyObject *self, PyObject *arg) {
         slots[i].state = EMPTY;
         active--;
     } else if (s == USED) {
-        slots[i].state = SEALED;
+        slots[i].state = HANDED;
     }
     pthread_mutex_unlock(&lock);
     return PyLong_FromLong(s);
@@ -275,9 +267,9 @@ static PyMethodDef methods[] = {
     {"install", install, METH_O, "Make this handler the current context's (NumPy's _ARRAY_API capsule); the old one."},
     {"arm", arm, METH_VARARGS, "arm(addr, size): a FREE slot at addr; False if none is left or it is in use."},
     {"take", take, METH_VARARGS, "take(addr, states): empty addr's slot if its state is in the mask; its state."},
-    {"state", state, METH_O, "state(addr): the slot's state (0 none, 1 free, 2 used, 3 sealed, 4 released)."},
-    {"seal", seal, METH_VARARGS, "seal(addr, fd): remap a USED slot privately over segment fd; SEALED."},
-    {"retire", retire, METH_O, "retire(addr): FREE emptied, USED sealed in place; its state before."},
+    {"state", state, METH_O, "state(addr): the slot's state (0 none, 1 free, 2 used, 3 handed)."},
+    {"hand", hand, METH_O, "hand(addr): a USED slot is the item's now: HANDED; False if not USED."},
+    {"retire", retire, METH_O, "retire(addr): FREE emptied, USED made HANDED; its state before."},
     {"stats", stats, METH_NOARGS, "(arrays served from slots, slots not empty)."},
     {NULL, NULL, 0, NULL},
 };
@@ -292,8 +284,8 @@ PyMODINIT_FUNC PyInit__npalloc(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (PyModule_AddIntConstant(m, "FREE", FREE) || PyModule_AddIntConstant(m, "USED", USED) ||
-        PyModule_AddIntConstant(m, "SEALED", SEALED) || PyModule_AddIntConstant(m, "RELEASED", RELEASED) ||
+    if (PyModule_AddIntConstant(m, "EMPTY", EMPTY) || PyModule_AddIntConstant(m, "FREE", FREE) ||
+        PyModule_AddIntConstant(m, "USED", USED) || PyModule_AddIntConstant(m, "HANDED", HANDED) ||
         PyModule_AddObjectRef(m, "handler", capsule)) {
         Py_DECREF(m);
         return NULL;

@@ -77,8 +77,8 @@ _returned: dict[str, int] = {}
 #: given back but still mapped somewhere then.
 reused = [0]
 busy = [0]
-#: Items handed over in the segment their array was made in (``seal``).
-sealed = [0]
+#: Items handed over in the segment their array was made in (``hand_over``).
+handed = [0]
 
 
 def _posix() -> Any:
@@ -279,6 +279,10 @@ class Pool:
     #: At most this many mappings kept (``maps``: each holds a descriptor):
     #: a producer far ahead of its consumer (``buffer=None``) maps more.
     KEEP = 32
+    #: After an emit, segments given back and spares are offered to the
+    #: allocator up to this many armed (a segment given back is offered as
+    #: it comes back, ``give_back``).
+    ARMED = 8
 
     def __init__(self) -> None:
         self.names: list[str] = []  # tied, for items to come
@@ -360,14 +364,38 @@ class Pool:
     def arm(self, nbytes: int) -> None:
         """On the producer's lane, after an emit: every segment given back of
         ``nbytes`` that nothing maps (``_reuse``) offered to the allocator,
-        for the body's next arrays of that size (``Items born in a segment``)."""
+        for the body's next arrays of that size (``Arrays made in a
+        segment``); short of ``ARMED``, spares of that size too (``Spares``:
+        a stream's first items find some)."""
         if allocator() is None:
+            return
+        if _orphans:
+            with _lock:
+                _collect()
+        if not (self.returned or spares.held) or len(self.armed) >= self.ARMED:
             return
         with _lock:
             self.size = nbytes
             for name in list(self.returned):
-                if not self._arm(name, nbytes):
+                if len(self.armed) >= self.ARMED or not self._arm(name, nbytes):
+                    return
+            for target in [name for name in self.names if name in _reserved]:
+                if len(self.armed) >= self.ARMED or len(self.maps) >= self.KEEP or not spares.held:
                     break
+                got = spares.take(target, nbytes)  # renamed to our name
+                if got is None:
+                    break
+                entry = got[1]
+                del got  # its segment: ``_reuse`` counts who maps it
+                self.names.remove(target)
+                _reserved.discard(target)
+                _returned[target] = nbytes
+                _made_by[target] = self
+                self.maps[target] = entry
+                self.returned.append(target)
+                del entry
+                if not self._arm(target, nbytes):
+                    return
 
     def _arm(self, name: str, nbytes: int) -> bool:
         """Under ``_lock``: ``arm`` segment ``name`` if it can be; False if
@@ -386,20 +414,22 @@ class Pool:
         self.armed[name] = address
         return True
 
-    def sealable(self, a: Any) -> str | None:
-        """The name of the armed segment array ``a`` was made in, whole, if
-        it can be handed over in it (``seal``)."""
+    def made_here(self, a: Any) -> str | None:
+        """The name of the armed segment array ``a`` was made in, whole (its
+        own data, contiguous), if any (``hand_over``)."""
         if not self.armed or type(a) is not np.ndarray or not a.flags.owndata:
             return None
         if not (a.flags.c_contiguous or a.flags.f_contiguous):
             return None
         address = a.__array_interface__["data"][0]
-        for name, at in self.armed.items():
-            if at == address:
-                entry = self.maps.get(name)
-                alloc = allocator()
-                if entry is not None and alloc is not None and len(entry[0]) == a.nbytes and alloc.state(at) == alloc.USED:
-                    return name
+        alloc = allocator()
+        with _lock:  # a segment given back is armed on the worker's loop
+            for name, at in self.armed.items():
+                if at == address:
+                    entry = self.maps.get(name)
+                    if entry is not None and len(entry[0]) == a.nbytes and alloc.state(at) == alloc.USED:
+                        return name
+                    return None
         return None
 
     def disarm(self) -> None:
@@ -417,17 +447,17 @@ class Pool:
 
     def retire(self, name: str) -> None:
         """Under ``_lock``: armed segment ``name`` is not ours any more (its
-        release runs, or the pool closes). An array of the body's that lives
-        in it keeps our mapping of it until it is freed (``_collect``); the
-        segment is never given back nor kept."""
+        release runs, or the pool closes). Empty, it is as any segment given
+        back (its release gives it back, or keeps it as a spare). An array of
+        the body's that lives in it keeps our mapping of it until it is freed
+        (``_orphans``): that segment is never given back nor kept."""
         address = self.armed.pop(name)
-        entry = self.maps.pop(name, None)
         alloc = allocator()
-        if alloc is not None and alloc.retire(address) == alloc.USED and entry is not None:
-            _sealed[address] = entry[0]
-            entry = (entry[0], -1)
-        if entry is not None and entry[1] >= 0:
-            os.close(entry[1])
+        if alloc is not None and alloc.retire(address) == alloc.USED:
+            entry = self.maps.pop(name, None)
+            if entry is not None:
+                _orphans[address] = entry[0]
+                os.close(entry[1])
 
     def close(self) -> None:
         """The producer ended: its segments are released as any other from
@@ -594,20 +624,15 @@ def _reuse(name: str, entry: tuple[mmap.mmap, int], nbytes: int) -> _Segment | N
     mm = entry[0]
     if len(mm) != max(nbytes, 1) or sys.getrefcount(mm) > 3:  # entry, mm, getrefcount's argument
         return None
-    if _sealed:
-        _collect()
-        if _sealed_over.get(mm) in _sealed:
-            # An item handed over in it was made there: the producer's array
-            # still reads its pages not written since (``seal``).
-            return None
+    alloc = allocator()
+    if alloc is not None and alloc.state(_address(mm)) == alloc.HANDED:
+        return None  # the array made in it, handed over, is not freed yet
     assert fcntl is not None  # given back on Linux only
     try:
         fcntl.flock(entry[1], fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return None
     fcntl.flock(entry[1], fcntl.LOCK_SH)
-    if mm in _cold:  # to be written again
-        _populate(mm)
     return _Segment(name, mm, managed=True)
 
 
@@ -757,19 +782,19 @@ def copy_into(name: str, a: np.ndarray, pool: Pool | None = None, hasher: Any = 
     return out
 
 
-# -- items born in a segment ---------------------------------------------------
+# -- arrays made in a segment --------------------------------------------------
 #
 # A stream producer's body makes its next item's array (``np.full``, say) in a
 # segment given back to its pool: NumPy's data allocator (NEP 49,
-# ``_npalloc.c``, installed in the producer's run context only) serves arrays
-# of exactly an armed segment's size from it (``Pool.arm``). The emit then
-# hands that segment over instead of copying the array into one (``seal``):
-# the producer's range of it is mapped again privately, so the body's array
-# reads the same bytes and its later writes stay in its process (``emit(x)``
-# is a snapshot of ``x``, as a copy is), and the item gets a fresh shared
-# mapping. The private range is unmapped once the body's array is freed
-# (``_collect``); until then the segment is not copied into again (``_reuse``).
-# Without the compiled allocator every item is copied, as before.
+# ``_npalloc.c``, installed in the producer body's context only) serves
+# arrays of exactly an armed segment's size from it (``Pool.arm``). If nothing
+# but the item holds such an array when it is emitted (``yield
+# emit(make())``: no name in the body, no view of it), the emit hands the
+# segment itself over (``hand_over``) instead of copying the array into one:
+# no one can write it any more, so the item is what was emitted, as with a
+# copy. Else (the body keeps it) it is copied as any other. The segment
+# stays mapped in the producer, its pages with it: the next array made in it
+# faults none. Without the compiled allocator every item is copied.
 
 _npalloc: Any
 try:
@@ -777,30 +802,11 @@ try:
 except ImportError:  # not built: items are copied
     _npalloc = None
 
-#: The producer's private ranges of segments handed over, by address: the
-#: mapping that held them, unmapped once its array is freed.
-_sealed: dict[int, mmap.mmap] = {}
-#: A pool's mapping of a segment handed over: the address of its private range.
-_sealed_over: weakref.WeakKeyDictionary[mmap.mmap, int] = weakref.WeakKeyDictionary()
+#: Mappings of retired segments an array of the body's still lives in, by
+#: its address: closed once the array is freed (``_collect``, at a later
+#: emit of a stream of the process).
+_orphans: dict[int, mmap.mmap] = {}
 _allocator_ok: list[Any] = []
-#: A pool's mappings made by ``seal``, not written through yet: their pages
-#: are mapped as they are offered (``_populate``), off the body's lane where
-#: a segment is given back.
-_cold: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()
-#: ``madvise(MADV_POPULATE_WRITE)``: Linux 5.14 on.
-_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None)
-
-
-def _populate(mm: mmap.mmap) -> None:
-    """Map every page of ``mm`` writable now, in one call, rather than one
-    fault per page as an array is made in it (10 MB: 2,560 faults, several
-    times the cost)."""
-    _cold.discard(mm)
-    if _MADV_POPULATE_WRITE is not None:
-        try:
-            mm.madvise(_MADV_POPULATE_WRITE)
-        except OSError:  # an older kernel: the pages fault in as written
-            pass
 
 
 def allocator() -> Any:
@@ -840,7 +846,7 @@ def _check_allocator() -> Any:
 
 
 def install_allocator() -> None:
-    """In a stream producer's run context: NumPy's arrays made there come
+    """In a stream producer's body's context: NumPy's arrays made there come
     from its pool's armed segments when they fit one exactly."""
     if allocator() is not None:
         _npalloc.install(_numpy_api()._ARRAY_API)
@@ -851,43 +857,36 @@ def _address(mm: mmap.mmap) -> int:
 
 
 def _collect() -> None:
-    """Under ``_lock``: the private ranges whose array was freed, unmapped."""
+    """Under ``_lock``: the mappings of retired segments whose array was
+    freed, closed."""
     alloc = allocator()
-    for address, mm in list(_sealed.items()):
-        if alloc.state(address) == alloc.RELEASED:
+    for address, mm in list(_orphans.items()):
+        if alloc.state(address) == alloc.EMPTY:
             try:
                 mm.close()
             except BufferError:  # pragma: no cover - viewed still: next time
                 continue
-            alloc.take(address, 1 << alloc.RELEASED)
-            del _sealed[address]
+            del _orphans[address]
 
 
-def seal(name: str, a: np.ndarray, pool: Pool, hasher: Any = None) -> ShmArray:
-    """The item's copy of ``a``, made in the armed segment ``name`` of
-    ``pool`` (``Pool.sealable``): that segment, handed over without a copy.
-    ``hasher`` is fed ``a``'s bytes first (its pages are mapped still)."""
+def hand_over(name: str, a: np.ndarray, pool: Pool) -> ShmArray:
+    """The item's array for ``a``, made in the armed segment ``name`` of
+    ``pool`` (``Pool.made_here``) and held by nothing but the item: that
+    segment, without a copy."""
     alloc = allocator()
-    if hasher is not None:
-        hasher.update(a.ravel(order="K").view(np.uint8))
     order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
     with _lock:
         address = pool.armed.pop(name)
-        mm, fd = pool.maps.pop(name)
-        if not alloc.seal(address, fd):  # pragma: no cover - checked by ``sealable``, on this thread
+        if not alloc.hand(address):  # pragma: no cover - checked by ``made_here``, on this thread
             raise RuntimeError(f"segment {name!r} holds no array to hand over")
-        _sealed[address] = mm
-        fresh = mmap.mmap(fd, len(mm))
-        _sealed_over[fresh] = address
-        _cold.add(fresh)
-        pool.maps[name] = (fresh, fd)
+        mm = pool.maps[name][0]
         _returned.pop(name, None)
         _made_by[name] = pool
-        segment = _Segment(name, fresh, managed=True)
+        segment = _Segment(name, mm, managed=True)
         _mapped[name] = segment
         _managed.add(segment)
         reused[0] += 1
-        sealed[0] += 1
+        handed[0] += 1
     return segment.array(a.shape, a.dtype, _strides(a.shape, a.dtype.itemsize, order), 0)
 
 

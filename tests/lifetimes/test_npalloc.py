@@ -1,6 +1,6 @@
 """NumPy's allocator of a stream item's arrays in shared memory
 (``lifetimes/_npalloc.c``), without a cluster: which arrays it serves, and
-what sealing one does (``shm.seal``)."""
+what handing one over does (``shm.hand_over``)."""
 
 from __future__ import annotations
 
@@ -55,18 +55,16 @@ def test_only_arrays_of_an_armed_size_made_in_its_context_are_served(segment):
     del smaller, b, other
 
 
-def test_a_sealed_array_keeps_its_writes_to_itself_and_is_released_when_freed(segment):
-    fd, _, address = segment
+def test_an_array_handed_over_empties_its_slot_when_freed(segment):
+    _, _, address = segment
     a = _in_context(lambda: np.full(N, 7, np.uint8))
-    assert alloc.seal(address, fd)
-    assert alloc.state(address) == alloc.SEALED
-    a[:] = 9  # after the emit: the segment keeps what was emitted
-    reader = mmap.mmap(fd, N)
-    assert reader[:4] == b"\x07" * 4 and reader[-1] == 7
-    assert int(a[0]) == 9 and int(a[-1]) == 9
-    reader.close()
+    assert alloc.hand(address)
+    assert alloc.state(address) == alloc.HANDED
+    assert not alloc.hand(address)  # once
     del a
-    assert alloc.state(address) == alloc.RELEASED  # Python unmaps the range (``shm._collect``)
+    assert alloc.state(address) == alloc.EMPTY  # the segment is the item's
+    b = _in_context(lambda: np.full(N, 1, np.uint8))
+    assert b.__array_interface__["data"][0] != address
 
 
 def test_a_retired_slot_is_never_served_again(segment):
@@ -74,6 +72,6 @@ def test_a_retired_slot_is_never_served_again(segment):
     a = _in_context(lambda: np.full(N, 7, np.uint8))
     assert alloc.retire(address) == alloc.USED
     del a
-    assert alloc.state(address) == alloc.RELEASED
+    assert alloc.state(address) == alloc.EMPTY
     b = _in_context(lambda: np.full(N, 1, np.uint8))
     assert b.__array_interface__["data"][0] != address
