@@ -60,15 +60,16 @@ class OptionalBuildExt(build_ext):
         try:
             super().build_extension(ext)
         except Exception as e:
-            self._left_out(e)
+            self._left_out(e, ext.name)
 
-    def _left_out(self, error: Exception) -> None:
+    def _left_out(self, error: Exception, name: str = "dask_coro.core._cengine") -> None:
         if os.environ.get("DASK_CORO_REQUIRE_COMPILED", "") not in ("", "0"):
             raise error
-        print(
-            f"dask_coro: the compiled engine was not built ({error}); installing the pure engine",
-            file=sys.stderr,
-        )
+        what = {
+            "dask_coro.core._cengine": "the compiled engine was not built ({}); installing the pure engine",
+            "dask_coro.lifetimes._npalloc": "the stream items' allocator was not built ({}); items are copied",
+        }
+        print("dask_coro: " + what.get(name, name + " was not built ({})").format(error), file=sys.stderr)
 
 
 if __name__ == "__main__":  # also under pip (setuptools.build_meta runs it so); tests import it
@@ -81,6 +82,20 @@ if __name__ == "__main__":  # also under pip (setuptools.build_meta runs it so);
                 extra_compile_args=["-Wall", "-Wno-missing-field-initializers"] if os.name != "nt" else [],
                 optional=False,
             )
-        ],
+        ]
+        + (
+            # NumPy arrays of a stream's items made in shared memory
+            # (lifetimes/_npalloc.c): POSIX only, no NumPy headers needed.
+            [
+                Extension(
+                    "dask_coro.lifetimes._npalloc",
+                    ["dask_coro/lifetimes/_npalloc.c"],
+                    extra_compile_args=["-Wall", "-Wno-missing-field-initializers"],
+                    optional=False,
+                )
+            ]
+            if os.name == "posix"
+            else []
+        ),
         cmdclass={"build_ext": OptionalBuildExt},
     )

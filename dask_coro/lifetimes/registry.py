@@ -51,12 +51,15 @@ def write_record(path: str, scheduler: str, rid: str, release: Callable[[str], o
     data = scheduler.encode() + b"\n" + dumps((rid, release))
     tmp = f"{path}.{os.getpid()}.{threading.get_ident():x}.tmp"
     for attempt in range(3):
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         try:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
             with open(tmp, "wb") as f:
                 f.write(data)
             break
-        except FileNotFoundError:  # the folder was removed as it emptied
+        # The folder was removed as it emptied (``run_record``): before the
+        # open, or inside makedirs, between its mkdir (EEXIST) and its
+        # check that the folder is there (FileExistsError).
+        except (FileNotFoundError, FileExistsError):
             if attempt == 2:
                 raise
     new = not os.path.exists(path)

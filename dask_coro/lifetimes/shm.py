@@ -77,6 +77,8 @@ _returned: dict[str, int] = {}
 #: given back but still mapped somewhere then.
 reused = [0]
 busy = [0]
+#: Items handed over in the segment their array was made in (``hand_over``).
+handed = [0]
 
 
 def _posix() -> Any:
@@ -100,6 +102,8 @@ def _unlink(name: str) -> None:
         _returned.pop(name, None)
         pool = _made_by.pop(name, None)
         spares.drop(name)  # a spare's own release: its worker left, or the cluster closes
+        if pool is not None and name in pool.armed:
+            pool.retire(name)  # an array of the producer's may live in it: never a spare
         if pool is None or not pool.give_back(name):
             # Else kept for a later stream of this process (``Spares``).
             mapping = pool.maps.pop(name, None) if pool is not None else None
@@ -275,6 +279,10 @@ class Pool:
     #: At most this many mappings kept (``maps``: each holds a descriptor):
     #: a producer far ahead of its consumer (``buffer=None``) maps more.
     KEEP = 32
+    #: After an emit, segments given back and spares are offered to the
+    #: allocator up to this many armed (a segment given back is offered as
+    #: it comes back, ``give_back``).
+    ARMED = 8
 
     def __init__(self) -> None:
         self.names: list[str] = []  # tied, for items to come
@@ -285,6 +293,12 @@ class Pool:
         #: descriptor of it (its shared lock's, ``_mapping``): a segment given
         #: back is copied into again without being mapped again.
         self.maps: dict[str, tuple[mmap.mmap, int]] = {}
+        #: Segments given back offered to the allocator (``arm``), by name:
+        #: their address. Not in ``returned`` while there.
+        self.armed: dict[str, int] = {}
+        #: The size of the arrays offered (0: none yet): a segment given back
+        #: of that size is offered at once.
+        self.size = 0
 
     def add(self, names: list[str]) -> None:
         with _lock:
@@ -336,6 +350,8 @@ class Pool:
         _made_by[target] = self
         self.returned.append(target)
         self.recycling = True
+        if self.size:
+            self._arm(target, self.size)  # for the body's next array already
         return True
 
     def forget(self, name: str) -> None:
@@ -345,12 +361,112 @@ class Pool:
         if entry is not None:
             os.close(entry[1])
 
+    def arm(self, nbytes: int) -> None:
+        """On the producer's lane, after an emit: every segment given back of
+        ``nbytes`` that nothing maps (``_reuse``) offered to the allocator,
+        for the body's next arrays of that size (``Arrays made in a
+        segment``); short of ``ARMED``, spares of that size too (``Spares``:
+        a stream's first items find some)."""
+        if allocator() is None:
+            return
+        if _orphans:
+            with _lock:
+                _collect()
+        if not (self.returned or spares.held) or len(self.armed) >= self.ARMED:
+            return
+        with _lock:
+            self.size = nbytes
+            for name in list(self.returned):
+                if len(self.armed) >= self.ARMED or not self._arm(name, nbytes):
+                    return
+            for target in [name for name in self.names if name in _reserved]:
+                if len(self.armed) >= self.ARMED or len(self.maps) >= self.KEEP or not spares.held:
+                    break
+                got = spares.take(target, nbytes)  # renamed to our name
+                if got is None:
+                    break
+                entry = got[1]
+                del got  # its segment: ``_reuse`` counts who maps it
+                self.names.remove(target)
+                _reserved.discard(target)
+                _returned[target] = nbytes
+                _made_by[target] = self
+                self.maps[target] = entry
+                self.returned.append(target)
+                del entry
+                if not self._arm(target, nbytes):
+                    return
+
+    def _arm(self, name: str, nbytes: int) -> bool:
+        """Under ``_lock``: ``arm`` segment ``name`` if it can be; False if
+        the allocator has no slot left."""
+        alloc = allocator()
+        if alloc is None or not self.open:
+            return False
+        entry = self.maps.get(name)
+        if entry is None or len(entry[0]) != nbytes or _reuse(name, entry, nbytes) is None:
+            return True
+        address = _address(entry[0])
+        del entry
+        if not alloc.arm(address, nbytes):
+            return False
+        self.returned.remove(name)
+        self.armed[name] = address
+        return True
+
+    def made_here(self, a: Any) -> str | None:
+        """The name of the armed segment array ``a`` was made in, whole (its
+        own data, contiguous), if any (``hand_over``)."""
+        if not self.armed or type(a) is not np.ndarray or not a.flags.owndata:
+            return None
+        if not (a.flags.c_contiguous or a.flags.f_contiguous):
+            return None
+        address = a.__array_interface__["data"][0]
+        alloc = allocator()
+        with _lock:  # a segment given back is armed on the worker's loop
+            for name, at in self.armed.items():
+                if at == address:
+                    entry = self.maps.get(name)
+                    if entry is not None and len(entry[0]) == a.nbytes and alloc.state(at) == alloc.USED:
+                        return name
+                    return None
+        return None
+
+    def disarm(self) -> None:
+        """At an emit: the armed segments the body made no array in go back
+        to ``returned`` (those it did stay armed until their array is freed
+        or handed over)."""
+        alloc = allocator()
+        if alloc is None or not self.armed:
+            return
+        with _lock:
+            for name, address in list(self.armed.items()):
+                if alloc.take(address, 1 << alloc.FREE) == alloc.FREE:
+                    del self.armed[name]
+                    self.returned.append(name)
+
+    def retire(self, name: str) -> None:
+        """Under ``_lock``: armed segment ``name`` is not ours any more (its
+        release runs, or the pool closes). Empty, it is as any segment given
+        back (its release gives it back, or keeps it as a spare). An array of
+        the body's that lives in it keeps our mapping of it until it is freed
+        (``_orphans``): that segment is never given back nor kept."""
+        address = self.armed.pop(name)
+        alloc = allocator()
+        if alloc is not None and alloc.retire(address) == alloc.USED:
+            entry = self.maps.pop(name, None)
+            if entry is not None:
+                _orphans[address] = entry[0]
+                os.close(entry[1])
+
     def close(self) -> None:
         """The producer ended: its segments are released as any other from
         now on (those given back with its key), or kept as spares of this
         process (``Spares``): the pool keeps its mappings of them for that
         until their release."""
         with _lock:
+            for name in list(self.armed):
+                self.retire(name)
             self.open = False
             self.names.clear()
             self.returned.clear()
@@ -508,6 +624,9 @@ def _reuse(name: str, entry: tuple[mmap.mmap, int], nbytes: int) -> _Segment | N
     mm = entry[0]
     if len(mm) != max(nbytes, 1) or sys.getrefcount(mm) > 3:  # entry, mm, getrefcount's argument
         return None
+    alloc = allocator()
+    if alloc is not None and alloc.state(_address(mm)) == alloc.HANDED:
+        return None  # the array made in it, handed over, is not freed yet
     assert fcntl is not None  # given back on Linux only
     try:
         fcntl.flock(entry[1], fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -661,6 +780,114 @@ def copy_into(name: str, a: np.ndarray, pool: Pool | None = None, hasher: Any = 
     if hasher is None or not _copy_hashed(out, a, hasher):
         out[...] = a
     return out
+
+
+# -- arrays made in a segment --------------------------------------------------
+#
+# A stream producer's body makes its next item's array (``np.full``, say) in a
+# segment given back to its pool: NumPy's data allocator (NEP 49,
+# ``_npalloc.c``, installed in the producer body's context only) serves
+# arrays of exactly an armed segment's size from it (``Pool.arm``). If nothing
+# but the item holds such an array when it is emitted (``yield
+# emit(make())``: no name in the body, no view of it), the emit hands the
+# segment itself over (``hand_over``) instead of copying the array into one:
+# no one can write it any more, so the item is what was emitted, as with a
+# copy. Else (the body keeps it) it is copied as any other. The segment
+# stays mapped in the producer, its pages with it: the next array made in it
+# faults none. Without the compiled allocator every item is copied.
+
+_npalloc: Any
+try:
+    from . import _npalloc
+except ImportError:  # not built: items are copied
+    _npalloc = None
+
+#: Mappings of retired segments an array of the body's still lives in, by
+#: its address: closed once the array is freed (``_collect``, at a later
+#: emit of a stream of the process).
+_orphans: dict[int, mmap.mmap] = {}
+_allocator_ok: list[Any] = []
+
+
+def allocator() -> Any:
+    """``_npalloc`` if it serves here: built, on Linux, and NumPy names it as
+    the handler once installed (NEP 49, NumPy 1.22 on); else None."""
+    if not _allocator_ok:
+        _allocator_ok.append(_check_allocator())
+    return _allocator_ok[0]
+
+
+def _numpy_api() -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module("numpy._core._multiarray_umath")
+    except ImportError:  # NumPy 1
+        return importlib.import_module("numpy.core._multiarray_umath")
+
+
+def _check_allocator() -> Any:
+    if _npalloc is None or fcntl is None or not os.path.isdir(_SHM_DIR):
+        return None
+    import contextvars
+
+    umath = _numpy_api()
+    if not hasattr(umath, "get_handler_name") or not hasattr(umath, "_ARRAY_API"):
+        return None
+
+    def installed() -> bool:
+        _npalloc.install(umath._ARRAY_API)
+        return bool(umath.get_handler_name() == "dask_coro_shm")
+
+    try:
+        return _npalloc if contextvars.copy_context().run(installed) else None
+    except Exception:  # pragma: no cover - a NumPy whose API table differs
+        return None
+
+
+def install_allocator() -> None:
+    """In a stream producer's body's context: NumPy's arrays made there come
+    from its pool's armed segments when they fit one exactly."""
+    if allocator() is not None:
+        _npalloc.install(_numpy_api()._ARRAY_API)
+
+
+def _address(mm: mmap.mmap) -> int:
+    return int(np.frombuffer(mm, dtype=np.uint8).__array_interface__["data"][0])
+
+
+def _collect() -> None:
+    """Under ``_lock``: the mappings of retired segments whose array was
+    freed, closed."""
+    alloc = allocator()
+    for address, mm in list(_orphans.items()):
+        if alloc.state(address) == alloc.EMPTY:
+            try:
+                mm.close()
+            except BufferError:  # pragma: no cover - viewed still: next time
+                continue
+            del _orphans[address]
+
+
+def hand_over(name: str, a: np.ndarray, pool: Pool) -> ShmArray:
+    """The item's array for ``a``, made in the armed segment ``name`` of
+    ``pool`` (``Pool.made_here``) and held by nothing but the item: that
+    segment, without a copy."""
+    alloc = allocator()
+    order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
+    with _lock:
+        address = pool.armed.pop(name)
+        if not alloc.hand(address):  # pragma: no cover - checked by ``made_here``, on this thread
+            raise RuntimeError(f"segment {name!r} holds no array to hand over")
+        mm = pool.maps[name][0]
+        _returned.pop(name, None)
+        _made_by[name] = pool
+        segment = _Segment(name, mm, managed=True)
+        _mapped[name] = segment
+        _managed.add(segment)
+        reused[0] += 1
+        handed[0] += 1
+    return segment.array(a.shape, a.dtype, _strides(a.shape, a.dtype.itemsize, order), 0)
 
 
 class _Handle:

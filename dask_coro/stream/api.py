@@ -68,9 +68,13 @@ def emit(x: Any) -> Any:
         # (the run's own task is), so its items are dropped.
         req = InPlace(_dropped, x)
     else:
-        from .remote import emit_on_worker
+        from .remote import allocate_here, emit_on_worker
 
-        req = InPlace(emit_on_worker, tramp.host, x)
+        allocate_here()
+        # In a box the emit empties: the item's references are the body's
+        # only (a NumPy array nothing else holds is handed over, not copied).
+        req = InPlace(emit_on_worker, tramp.host, [x])
+    del x
     if sys._getframe(1).f_code.co_flags & _BODY:
         return req  # yielded or awaited by the body
     from ..runtime.result import result

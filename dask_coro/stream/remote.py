@@ -20,6 +20,7 @@ import logging
 import sys
 import uuid
 import weakref
+from contextvars import ContextVar
 from typing import Any
 
 from dask.base import tokenize
@@ -116,16 +117,54 @@ def _shareable(a: Any) -> bool:
     )
 
 
-def _count_shareable(x: Any) -> int:
-    """The arrays of item ``x`` that go through shared memory (``SHARED``)."""
+def _count_shareable(x: Any, born: dict[int, str] | None = None) -> int:
+    """The arrays of item ``x`` that go through shared memory (``SHARED``),
+    but those handed over in the segment they were made in (``born``)."""
     if _shareable(x):
-        return 1
+        return 0 if born and id(x) in born else 1
     t = type(x)
     if t is list or t is tuple:
-        return sum(_count_shareable(v) for v in x)
+        return sum(_count_shareable(v, born) for v in x)
     if t is dict:
-        return sum(_count_shareable(v) for v in x.values())
+        return sum(_count_shareable(v, born) for v in x.values())
     return 0
+
+
+def _refs(container: Any, key: Any) -> int:
+    """References to ``container[key]``: 2 if the container's is its only
+    one (``sys.getrefcount`` counts its own argument)."""
+    return sys.getrefcount(container[key])
+
+
+def _refs_as_expected() -> bool:
+    """``_refs`` tells an object held only by its container from one held
+    elsewhere too, on this interpreter (an interpreter that borrows
+    references on its stack counts one less: then nothing is handed over)."""
+    held = object()
+    return _refs([object()], 0) == 2 and _refs([held], 0) == 3
+
+
+def _born(container: Any, key: Any, pool: Any, born: dict[int, str]) -> None:
+    """Note in ``born`` the arrays of ``container[key]`` and below made in a
+    segment of the producer's ``pool`` and held by nothing but their
+    container, each container on the way held by nothing but its own: no
+    name in the body, no view reaches them, so no one writes them after the
+    emit (``shm.hand_over``). ``id`` -> the segment's name."""
+    if _refs(container, key) != 2:
+        return
+    x = container[key]
+    if _shareable(x):
+        name = pool.made_here(x)
+        if name is not None:
+            born[id(x)] = name
+        return
+    t = type(x)
+    if t is list or t is tuple:
+        for i in range(len(x)):
+            _born(x, i, pool, born)
+    elif t is dict:
+        for k in x:
+            _born(x, k, pool, born)
 
 
 class _Released(Exception):
@@ -133,21 +172,29 @@ class _Released(Exception):
     forgotten (it is being cancelled)."""
 
 
-def _share(x: Any, names: list[str], p: Producer, digests: dict[int, str] | None = None) -> Any:
+def _share(
+    x: Any, names: list[str], p: Producer, digests: dict[int, str] | None = None, born: dict[int, str] | None = None
+) -> Any:
     """``x`` with its shareable arrays copied into the segments of those
-    ``names`` (taken from the list, in order). With ``digests`` (xxhash is
-    installed), a contiguous array is hashed as it is copied (one pass over
-    its bytes): its copy's digest under the copy's ``id``."""
+    ``names`` (taken from the list, in order), or handed over in the segment
+    they were made in (``born``, from ``_count_shareable``). With ``digests``
+    (xxhash is installed), a contiguous array is hashed as it is copied (one
+    pass over its bytes): its copy's digest under the copy's ``id``."""
     if _shareable(x):
-        from ..lifetimes.shm import copy_into
+        from ..lifetimes import shm
 
         p.size = x.nbytes
+        out: Any
+        if born and id(x) in born:
+            # No one writes it any more: hashed on the publisher's thread,
+            # while the body makes the next item.
+            return shm.hand_over(born[id(x)], x, p.pool)
         hasher = None
         if digests is not None and (x.flags.c_contiguous or x.flags.f_contiguous):
             import xxhash
 
             hasher = xxhash.xxh3_128()
-        out = copy_into(names.pop(0), x, p.pool, hasher)
+        out = shm.copy_into(names.pop(0), x, p.pool, hasher)
         if out is None:
             raise _Released
         if hasher is not None and digests is not None:
@@ -155,9 +202,9 @@ def _share(x: Any, names: list[str], p: Producer, digests: dict[int, str] | None
         return out
     t = type(x)
     if t is list or t is tuple:
-        return t(_share(v, names, p, digests) for v in x)
+        return t(_share(v, names, p, digests, born) for v in x)
     if t is dict:
-        return {k: _share(v, names, p, digests) for k, v in x.items()}
+        return {k: _share(v, names, p, digests, born) for k, v in x.items()}
     return x
 
 
@@ -329,35 +376,50 @@ def _on_loop(run: Run, coro: Any) -> Any:
     return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, run.loop))
 
 
-async def emit_on_worker(run: Run, x: Any) -> None:
-    """``emit(x)`` in a run on a worker (on the run's lane). Returns at once
-    while the buffer has room (as last heard from the scheduler); else the
-    body waits, without its thread, until the consumer takes an item."""
+async def emit_on_worker(run: Run, box: list[Any]) -> None:
+    """``emit(x)`` in a run on a worker (on the run's lane), ``box`` holding
+    ``x`` (its only reference here). Returns at once while the buffer has
+    room (as last heard from the scheduler); else the body waits, without
+    its thread, until the consumer takes an item."""
     p: Producer | None = run.notes.get(NOTE)
     if p is None:
         p = await _on_loop(run, _producer(run))
     if not p.on:
         return  # no stream's producer: the item is dropped
+    born: dict[int, str] | None = None
+    if p.pool is not None and p.pool.armed:
+        # Arrays the body made in segments given back and keeps no
+        # reference to are handed over in them (``shm.hand_over``); the
+        # segments it made nothing in are not offered any more (copied
+        # into, ``Pool.take``).
+        born = {}
+        if _HAND_OVER:
+            _born(box, 0, p.pool, born)
+        p.pool.disarm()
+    x = box.pop()
     i = p.index
     if p.buffer is not None and i - p.taken >= p.buffer:
         if not await _on_loop(run, _room(run, p, i)):
             return
     shared: list[str] = []
-    n = _count_shareable(x)
-    if n:
+    n = _count_shareable(x, born)
+    if n or born:
+        # With n = 0 (every array handed over in its segment) this still
+        # ties names ahead: what segments are given back under.
         names = await _names(run, p, n)
         if names is None:
             return  # our consumer let go of us
-        shared = list(names)
         digests: dict[int, str] | None = {} if _xxhash() is not None else None
         try:
-            x = _share(x, names, p, digests)
+            x = _share(x, names[:], p, digests, born)
         except _Released:
             return  # our consumer let go of us
+        shared = list(names) + list(born.values() if born else ())
         # Every array hashed as it was copied: the token is at hand (the
         # rest of the item is small); else it is taken on the publisher's
         # thread, while the body makes the next item.
-        token = _token(x, digests) if digests is not None and len(digests) == n else None
+        k = n + (len(born) if born else 0)
+        token = _token(x, digests) if digests is not None and len(digests) == k else None
     else:
         token = tokenize(x)
     p.index = i + 1
@@ -369,6 +431,32 @@ async def emit_on_worker(run: Run, x: Any) -> None:
         p.last = _publisher(p).submit(_publish_later, run, x, msg)
     else:
         run.loop.call_soon_threadsafe(_send, run, x, msg)
+    if p.size and p.pool is not None:
+        # The body's next arrays of an item's size made in segments given
+        # back or kept (``shm.hand_over``; NumPy's allocator was installed
+        # in the body's context by its first ``emit``, ``allocate_here``).
+        p.pool.arm(p.size)
+
+
+#: ``_refs`` counts as this module expects (checked once).
+_HAND_OVER = _refs_as_expected()
+
+#: NumPy's allocator of arrays in segments given back is installed in this
+#: context (a producer body's).
+_allocating: ContextVar[bool] = ContextVar("dask_coro_allocating", default=False)
+
+
+def allocate_here() -> None:
+    """In ``emit``, in the body's own context (a context variable set by
+    a call the body yields is not the body's): NumPy's arrays made in the
+    body from now on come from the segments its producer arms
+    (``emit_on_worker``) when they fit one (``lifetimes.shm.hand_over``);
+    the others, and all of them while none is armed, as before."""
+    if _HAND_OVER and not _allocating.get():
+        from ..lifetimes.shm import install_allocator
+
+        install_allocator()
+        _allocating.set(True)
 
 
 # -- the consumer's side -------------------------------------------------------

@@ -417,3 +417,25 @@ def test_release_abandoned_from_the_command_line(own_registry):
     )
     assert out.returncode == 0, out.stderr
     assert "released 1 resources" in out.stdout and "cli-res" in out.stdout
+
+
+def test_a_record_is_written_though_its_folder_is_removed_while_makedirs_looks(tmp_path, monkeypatch):
+    """A folder emptied by another process's last release is removed
+    (``remove_record``); ``os.makedirs`` then finds it existing at its
+    mkdir and gone at its check, and raises FileExistsError: the record is
+    written on the next try, as when the folder goes before the open."""
+    from dask_coro.lifetimes import registry
+
+    made = os.makedirs
+    raced = []
+
+    def makedirs(path, mode=0o777, exist_ok=False):
+        if not raced:
+            raced.append(path)
+            raise FileExistsError(17, "File exists", path)
+        made(path, mode=mode, exist_ok=exist_ok)
+
+    monkeypatch.setattr(registry.os, "makedirs", makedirs)
+    path = os.path.join(str(tmp_path), "records", registry.file_name("rid-1"))
+    assert registry.write_record(path, "tcp://127.0.0.1:1", "rid-1", record_anywhere)
+    assert raced and os.path.exists(path)

@@ -27,6 +27,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import dask
 import numpy as np
@@ -963,6 +964,103 @@ def test_a_stream_s_producer_copies_later_items_into_segments_given_back(client,
     assert_released(client, names)
 
 
+@coroutine
+def emits_some_it_keeps(n: int):
+    """Emits ``(i, array)``: every third array it keeps and writes over
+    after the emit, the others it holds no reference to."""
+    kept = []
+    for i in range(n):
+        if i % 3:
+            yield dask_coro.emit((i, _item(i)))
+            continue
+        a = _item(i)
+        yield dask_coro.emit((i, a))
+        a[:] = -1.0
+        kept.append(a)
+    # What it wrote after each emit stays its own: no later item reaches it.
+    return all(bool((k == -1.0).all()) for k in kept)
+
+
+@coroutine
+def reads_items(n: int, where: str):
+    with dask.annotate(workers=[where], allow_other_workers=False):
+        s = dask_coro.stream(emits_some_it_keeps(n), buffer=2)
+    got = [(i, a.segment_name, bool(np.array_equal(a, _item(i)))) for i, a in s]
+    return got, s.result
+
+
+def _handed() -> int:
+    return _shm_impl.handed[0]
+
+
+@pytest.mark.skipif(_shm_impl.allocator() is None, reason="the allocator of arrays made in a segment is not built")
+def test_an_array_made_in_a_segment_given_back_and_held_by_nothing_else_is_handed_over_in_it(client):
+    """Once segments are given back, the producer's next arrays of their size
+    are made in them (NumPy's allocator in its body's context); one that
+    nothing but the item holds at its emit is handed over in its segment
+    without a copy. One the body keeps is copied: the consumer reads it as
+    it was at the emit though the body wrote over it after, and the body's
+    array keeps what it wrote, never a later item."""
+    a, b = sorted(workers_now(client))
+    before = client.run(_handed)[b]
+    got, kept_own = client.compute(reads_items(30, b), workers=[a], allow_other_workers=False).result(timeout=120)
+    assert [(i, equal) for i, _, equal in got] == [(i, True) for i in range(30)], got
+    assert kept_own is True
+    handed = client.run(_handed)[b] - before
+    assert 5 <= handed <= 20, handed  # of the 20 not kept, all but the first few
+    assert_released(client, [name for _, name, _ in got])
+
+
+@coroutine
+def emits_then_leaves_an_array(n: int):
+    for i in range(n):
+        yield dask_coro.emit((i, _item(i)))
+    alloc = _shm_impl.allocator()
+    left: np.ndarray | None = None
+    for _ in range(200):  # an array of an item's size, made in a segment armed at an emit
+        left = _item(-1)
+        if alloc.state(left.__array_interface__["data"][0]) == alloc.USED:
+            break
+        left = None
+        yield dask_coro.emit(None)  # a small item; arms the segments given back meanwhile
+        time.sleep(0.01)
+    if left is None:
+        raise AssertionError("no segment was armed for an array in 200 emits")
+    get_worker().__dict__.setdefault("_left_arrays", []).append(left)  # outlives the producer
+    yield dask_coro.emit(None)  # with the array still in the body
+    return n
+
+
+@coroutine
+def reads_all(where: str, producer: Any, n: int):
+    with dask.annotate(workers=[where], allow_other_workers=False):
+        s = dask_coro.stream(producer(n), buffer=2)
+    return [bool(item is None or np.array_equal(item[1], _item(item[0]))) for item in s]
+
+
+def _left_state(dask_worker: Any = None) -> list[tuple[bool, int]]:
+    alloc = _shm_impl.allocator()
+    left = dask_worker.__dict__.get("_left_arrays", [])
+    return [(bool(np.array_equal(a, _item(-1))), alloc.state(a.__array_interface__["data"][0])) for a in left]
+
+
+@pytest.mark.skipif(_shm_impl.allocator() is None, reason="the allocator of arrays made in a segment is not built")
+def test_an_array_a_producer_leaves_in_a_segment_is_never_written_by_a_later_stream(client):
+    """An array made in an armed segment that outlives its producer (kept in
+    a global here) keeps its segment out of every later use: the segment is
+    not given back nor kept for later streams, and a later stream on the
+    same worker writes none of it."""
+    a, b = sorted(workers_now(client))
+    got = client.compute(reads_all(b, emits_then_leaves_an_array, 12), workers=[a]).result(timeout=120)
+    assert len(got) >= 13 and all(got)
+    ((intact, state),) = client.run(_left_state)[b]
+    assert intact and state == _shm_impl.allocator().HANDED  # made in a segment, retired with the pool
+    again = client.compute(reads_all(b, emits_plain_arrays, 30), workers=[a]).result(timeout=120)
+    assert again == [True] * 30
+    ((intact, state),) = client.run(_left_state)[b]
+    assert intact and state == _shm_impl.allocator().HANDED
+
+
 def _keep(n: int) -> int:
     old, _shm_impl.Pool.KEEP = _shm_impl.Pool.KEEP, n
     return old
@@ -1067,9 +1165,14 @@ def test_nothing_is_left_of_a_stream_s_shared_items(cluster, client, tmp_path, k
     by the other worker."""
     folder = str(tmp_path)
     a, b = sorted(workers_now(client))
+    handed = client.run(_handed)[b]
     go = f"go-{uuid.uuid4().hex}"
     fut = client.compute(takes_then_leaves(folder, go, b, n), workers=[a], allow_other_workers=False)
     wait_lines(folder, "segments", n)
+    if n == 10 and _shm_impl.allocator() is not None:
+        # Some of its items were made in segments given back, and handed
+        # over in them (``shm.hand_over``): those go too.
+        assert client.run(_handed)[b] > handed
     # The producer's buffer fills: items, and names tied ahead of them.
     poll(lambda: len(client.run_on_scheduler(_tied)) >= 4, lambda: f"tied: {client.run_on_scheduler(_tied)}")
     tied = set(client.run_on_scheduler(_tied))
@@ -1087,10 +1190,10 @@ def test_nothing_is_left_of_a_stream_s_shared_items(cluster, client, tmp_path, k
 
 
 @coroutine
-def reads_a_failing_producer(folder: str):
+def reads_a_failing_producer(folder: str, n: int):
     got = []
     try:
-        for i, a in dask_coro.stream(emits_plain_arrays(3, fail=True), buffer=2):
+        for i, a in dask_coro.stream(emits_plain_arrays(n, fail=True), buffer=2):
             _append(folder, "segments", a.segment_name)
             got.append(i)
     except ValueError as e:
@@ -1098,11 +1201,15 @@ def reads_a_failing_producer(folder: str):
     return got, None
 
 
+@pytest.mark.parametrize("n", [3, 12], ids=["3-items", "12-items"])
 @POOL
-def test_nothing_is_left_of_a_failed_producer_s_shared_items(client, tmp_path, pool):
+def test_nothing_is_left_of_a_failed_producer_s_shared_items(client, tmp_path, pool, n):
+    """After 12 items, some were made in segments given back and handed
+    over in them (``shm.hand_over``, with the allocator built): those go
+    too, as the copies do."""
     folder = str(tmp_path)
-    assert client.compute(reads_a_failing_producer(folder)).result(timeout=120) == (
-        [0, 1, 2], "the producer failed after its items"
+    assert client.compute(reads_a_failing_producer(folder, n)).result(timeout=120) == (
+        list(range(n)), "the producer failed after its items"
     )
     assert_released(client, _lines(folder, "segments"))
 

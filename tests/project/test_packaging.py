@@ -23,15 +23,16 @@ def test_every_file_of_the_package_is_in_the_wheel():
     # missing from an installed dask_coro (as coro.yaml's defaults would).
     data = PYPROJECT["tool"]["setuptools"]["package-data"]["dask_coro"]
     package = ROOT / "dask_coro"
-    # The compiled engine's C source is setup.py's (an extension module, in
-    # the sdist), and a module built in place is the build's, not a file.
+    # The compiled engine's and the stream allocator's C sources are
+    # setup.py's (extension modules, in the sdist), and a module built in
+    # place is the build's, not a file.
     others = {
         str(p.relative_to(package)) for p in package.rglob("*")
         if p.is_file() and p.suffix not in (".py", ".pyc", ".so", ".pyd", ".c")
         and "__pycache__" not in p.parts
     }
     sources = {str(p.relative_to(ROOT)) for p in package.rglob("*.c")}
-    assert sources == {"dask_coro/core/_cengine.c"}
+    assert sources == {"dask_coro/core/_cengine.c", "dask_coro/lifetimes/_npalloc.c"}
     assert all(f'"{src}"' in (ROOT / "setup.py").read_text() for src in sources)
     assert others, "dask_coro has no files but code: coro.yaml, coro-schema.yaml and py.typed are"
     assert others <= set(data), sorted(others - set(data))
