@@ -5,7 +5,7 @@
  * (lifetimes/shm.py, "Arrays made in a segment").
  *
  * Optional: without it (no compiler, or a NumPy without NEP 49) every item
- * is copied, as before. It is installed in a stream producer's run context
+ * is copied, as before. It is installed in a stream producer body's context
  * only (NumPy keeps the current handler in a context variable), and serves
  * only sizes equal to a slot it was given ("armed"); everything else goes
  * to NumPy's default handler. An array remembers its handler, so its free
@@ -189,47 +189,41 @@ static PyObject *arm(PyObject *self, PyObject *args) {
     return PyBool_FromLong(i >= 0 && i < SLOTS);
 }
 
-/* The slot of ``addr`` emptied if its state is one of ``states`` (a bit
- * mask); its state before (EMPTY: no such slot). */
-static PyObject *take(PyObject *self, PyObject *args) {
-    (void)self;
-    unsigned long long addr;
-    int states;
-    if (!PyArg_ParseTuple(args, "Ki", &addr, &states)) return NULL;
-    pthread_mutex_lock(&lock);
-    int i = find((void *)(uintptr_t)addr);
-    int state = i < 0 ? EMPTY : slots[i].state;
-    if (i >= 0 && (states & (1 << state))) {
-        slots[i].state = EMPTY;
-        active--;
-    }
-    pthread_mutex_unlock(&lock);
-    return PyLong_FromLong(state);
-}
-
-static PyObject *state(PyObject *self, PyObject *arg) {
-    (void)self;
+/* The slot of ``arg``'s address moved to ``to[state]`` (-1: stays), as one
+ * step under the lock; its state before (EMPTY: no such slot). */
+static PyObject *move(PyObject *arg, const int to[4]) {
     unsigned long long addr = PyLong_AsUnsignedLongLong(arg);
     if (addr == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
     pthread_mutex_lock(&lock);
     int i = find((void *)(uintptr_t)addr);
     int s = i < 0 ? EMPTY : slots[i].state;
+    if (i >= 0 && to[s] >= 0 && to[s] != s) {
+        if (to[s] == EMPTY) active--;
+        slots[i].state = to[s];
+    }
     pthread_mutex_unlock(&lock);
     return PyLong_FromLong(s);
 }
 
-/* hand(addr): the USED slot of ``addr`` is the item's now: HANDED. False
- * if it is not USED. */
+/* state(addr): the slot's state. */
+static PyObject *state(PyObject *self, PyObject *arg) {
+    (void)self;
+    static const int to[4] = {-1, -1, -1, -1};
+    return move(arg, to);
+}
+
+/* disarm(addr): a FREE slot emptied. Its state before. */
+static PyObject *disarm(PyObject *self, PyObject *arg) {
+    (void)self;
+    static const int to[4] = {-1, EMPTY, -1, -1};
+    return move(arg, to);
+}
+
+/* hand(addr): a USED slot is the item's now: HANDED. Its state before. */
 static PyObject *hand(PyObject *self, PyObject *arg) {
     (void)self;
-    unsigned long long addr = PyLong_AsUnsignedLongLong(arg);
-    if (addr == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    pthread_mutex_lock(&lock);
-    int i = find((void *)(uintptr_t)addr);
-    int ok = i >= 0 && slots[i].state == USED;
-    if (ok) slots[i].state = HANDED;
-    pthread_mutex_unlock(&lock);
-    return PyBool_FromLong(ok);
+    static const int to[4] = {-1, -1, HANDED, -1};
+    return move(arg, to);
 }
 
 /* retire(addr): a slot no pool will hand over any more: emptied if FREE,
@@ -238,19 +232,8 @@ static PyObject *hand(PyObject *self, PyObject *arg) {
  * state before. */
 static PyObject *retire(PyObject *self, PyObject *arg) {
     (void)self;
-    unsigned long long addr = PyLong_AsUnsignedLongLong(arg);
-    if (addr == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    pthread_mutex_lock(&lock);
-    int i = find((void *)(uintptr_t)addr);
-    int s = i < 0 ? EMPTY : slots[i].state;
-    if (s == FREE) {
-        slots[i].state = EMPTY;
-        active--;
-    } else if (s == USED) {
-        slots[i].state = HANDED;
-    }
-    pthread_mutex_unlock(&lock);
-    return PyLong_FromLong(s);
+    static const int to[4] = {-1, EMPTY, HANDED, -1};
+    return move(arg, to);
 }
 
 static PyObject *stats(PyObject *self, PyObject *unused) {
@@ -266,9 +249,9 @@ static PyObject *stats(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"install", install, METH_O, "Make this handler the current context's (NumPy's _ARRAY_API capsule); the old one."},
     {"arm", arm, METH_VARARGS, "arm(addr, size): a FREE slot at addr; False if none is left or it is in use."},
-    {"take", take, METH_VARARGS, "take(addr, states): empty addr's slot if its state is in the mask; its state."},
     {"state", state, METH_O, "state(addr): the slot's state (0 none, 1 free, 2 used, 3 handed)."},
-    {"hand", hand, METH_O, "hand(addr): a USED slot is the item's now: HANDED; False if not USED."},
+    {"disarm", disarm, METH_O, "disarm(addr): a FREE slot emptied; its state before."},
+    {"hand", hand, METH_O, "hand(addr): a USED slot made HANDED (the item's); its state before."},
     {"retire", retire, METH_O, "retire(addr): FREE emptied, USED made HANDED; its state before."},
     {"stats", stats, METH_NOARGS, "(arrays served from slots, slots not empty)."},
     {NULL, NULL, 0, NULL},

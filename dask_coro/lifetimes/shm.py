@@ -441,7 +441,7 @@ class Pool:
             return
         with _lock:
             for name, address in list(self.armed.items()):
-                if alloc.take(address, 1 << alloc.FREE) == alloc.FREE:
+                if alloc.disarm(address) == alloc.FREE:
                     del self.armed[name]
                     self.returned.append(name)
 
@@ -877,7 +877,7 @@ def hand_over(name: str, a: np.ndarray, pool: Pool) -> ShmArray:
     order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
     with _lock:
         address = pool.armed.pop(name)
-        if not alloc.hand(address):  # pragma: no cover - checked by ``made_here``, on this thread
+        if alloc.hand(address) != alloc.USED:  # pragma: no cover - checked by ``made_here``, on this thread
             raise RuntimeError(f"segment {name!r} holds no array to hand over")
         mm = pool.maps[name][0]
         _returned.pop(name, None)

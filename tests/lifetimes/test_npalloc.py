@@ -27,7 +27,7 @@ def segment():
     address = shm._address(mm)
     assert alloc.arm(address, N)
     yield fd, mm, address
-    alloc.take(address, 0xFF)
+    alloc.disarm(address)  # freed arrays leave it FREE or empty
     os.close(fd)
 
 
@@ -58,9 +58,9 @@ def test_only_arrays_of_an_armed_size_made_in_its_context_are_served(segment):
 def test_an_array_handed_over_empties_its_slot_when_freed(segment):
     _, _, address = segment
     a = _in_context(lambda: np.full(N, 7, np.uint8))
-    assert alloc.hand(address)
+    assert alloc.hand(address) == alloc.USED
     assert alloc.state(address) == alloc.HANDED
-    assert not alloc.hand(address)  # once
+    assert alloc.hand(address) == alloc.HANDED  # once: it stays the item's
     del a
     assert alloc.state(address) == alloc.EMPTY  # the segment is the item's
     b = _in_context(lambda: np.full(N, 1, np.uint8))
