@@ -33,6 +33,7 @@ NumPy is needed: the ``shm`` extra (``pip install ".[shm]"`` from a clone).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import mmap
 import os
@@ -404,10 +405,11 @@ class Pool:
         if alloc is None or not self.open:
             return False
         entry = self.maps.get(name)
-        if entry is None or len(entry[0]) != nbytes or _reuse(name, entry, nbytes) is None:
+        segment = _reuse(name, entry, nbytes) if entry is not None and len(entry[0]) == nbytes else None
+        if segment is None:
             return True
-        address = _address(entry[0])
-        del entry
+        address = segment.address
+        del entry, segment
         if not alloc.arm(address, nbytes):
             return False
         self.returned.remove(name)
@@ -806,15 +808,13 @@ except ImportError:  # not built: items are copied
 #: its address: closed once the array is freed (``_collect``, at a later
 #: emit of a stream of the process).
 _orphans: dict[int, mmap.mmap] = {}
-_allocator_ok: list[Any] = []
 
 
+@functools.cache
 def allocator() -> Any:
     """``_npalloc`` if it serves here: built, on Linux, and NumPy names it as
     the handler once installed (NEP 49, NumPy 1.22 on); else None."""
-    if not _allocator_ok:
-        _allocator_ok.append(_check_allocator())
-    return _allocator_ok[0]
+    return _check_allocator()
 
 
 def _numpy_api() -> Any:

@@ -416,10 +416,10 @@ async def emit_on_worker(run: Run, box: list[Any]) -> None:
             return  # our consumer let go of us
         shared = list(names) + list(born.values() if born else ())
         # Every array hashed as it was copied: the token is at hand (the
-        # rest of the item is small); else it is taken on the publisher's
-        # thread, while the body makes the next item.
-        k = n + (len(born) if born else 0)
-        token = _token(x, digests) if digests is not None and len(digests) == k else None
+        # rest of the item is small); else (an array not hashed, or one
+        # handed over) it is taken on the publisher's thread, while the body
+        # makes the next item.
+        token = _token(x, digests) if digests is not None and not born and len(digests) == n else None
     else:
         token = tokenize(x)
     p.index = i + 1
