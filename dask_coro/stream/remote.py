@@ -177,14 +177,13 @@ def _share(
 ) -> Any:
     """``x`` with its shareable arrays copied into the segments of those
     ``names`` (taken from the list, in order), or handed over in the segment
-    they were made in (``born``, from ``_count_shareable``). With ``digests``
+    they were made in (``born``, from ``_born``). With ``digests``
     (xxhash is installed), a contiguous array is hashed as it is copied (one
     pass over its bytes): its copy's digest under the copy's ``id``."""
     if _shareable(x):
         from ..lifetimes import shm
 
         p.size = x.nbytes
-        out: Any
         if born and id(x) in born:
             # No one writes it any more: hashed on the publisher's thread,
             # while the body makes the next item.
@@ -409,12 +408,12 @@ async def emit_on_worker(run: Run, box: list[Any]) -> None:
         names = await _names(run, p, n)
         if names is None:
             return  # our consumer let go of us
+        shared = list(names) + list(born.values() if born else ())
         digests: dict[int, str] | None = {} if _xxhash() is not None else None
         try:
-            x = _share(x, names[:], p, digests, born)
+            x = _share(x, names, p, digests, born)
         except _Released:
             return  # our consumer let go of us
-        shared = list(names) + list(born.values() if born else ())
         # Every array hashed as it was copied: the token is at hand (the
         # rest of the item is small); else (an array not hashed, or one
         # handed over) it is taken on the publisher's thread, while the body
